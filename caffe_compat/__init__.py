@@ -1,0 +1,46 @@
+"""caffe-compat: Caffe's files, layers, losses and solvers, faithful in numbers, on PyTorch and ONNX.
+
+The file readers need no deep-learning stack: ``read_net``, ``read_solver``, ``read_blob``,
+``read_solverstate``, ``write_net``, ``write_blob`` come from :mod:`caffe_compat.io`.  The torch side
+(``load_net``, the pycaffe-compatible ``Net``, solvers) is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from caffe_compat.io import read_blob, read_net, read_solver, read_solverstate, write_blob, write_net
+
+__version__ = "0.1.0"
+
+# name -> module providing it, imported lazily so that `import caffe_compat` needs no torch.
+_LAZY = {
+    "load_net": "caffe_compat.net",
+    "CaffeNet": "caffe_compat.net",
+    "load_checkpoint": "caffe_compat.net",
+    "Solver": "caffe_compat.solver",
+    "get_solver": "caffe_compat.solver",
+    "SGDSolver": "caffe_compat.solver",
+    "NesterovSolver": "caffe_compat.solver",
+    "AdamSolver": "caffe_compat.solver",
+    "Net": "caffe_compat.pycaffe",
+    "TRAIN": "caffe_compat.pycaffe",
+    "TEST": "caffe_compat.pycaffe",
+    "set_mode_cpu": "caffe_compat.pycaffe",
+    "set_mode_gpu": "caffe_compat.pycaffe",
+    "set_device": "caffe_compat.pycaffe",
+    "set_random_seed": "caffe_compat.pycaffe",
+    "Layer": "caffe_compat.pycaffe",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'caffe_compat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["read_blob", "read_net", "read_solver", "read_solverstate", "write_blob", "write_net", *_LAZY]

@@ -1,0 +1,45 @@
+"""The ``caffe-compat`` command line: argument parsing only; every command calls the library.
+
+Each module ``caffe_compat/cli/<name>_cmd.py`` defines ``register(subparsers)``, which adds its
+sub-command and sets ``func``.  Errors from the user's input (:class:`CaffeCompatError`) print one line
+and exit with status 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from caffe_compat.errors import CaffeCompatError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="caffe-compat",
+                                     description="Caffe-era metric learning on PyTorch / ONNX Runtime.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    package = sys.modules[__name__]
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name.endswith("_cmd"):
+            importlib.import_module(f"{__name__}.{info.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = args.func(args)
+    except CaffeCompatError as exc:
+        print(f"caffe-compat {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"caffe-compat {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from caffe_compat.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""``caffe-compat inspect NET.prototxt [--weights W.caffemodel] [--json]``.
+
+Exit status: 0 consistent, 1 when the weights check finds missing or mismatched blobs, 2 unreadable.
+"""
+
+from __future__ import annotations
+
+from caffe_compat.cli.output import dump_json, print_table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="layer table, shapes, parameter counts; check a caffemodel against a net")
+    p.add_argument("net", help="prototxt (any Caffe version) or caffemodel")
+    p.add_argument("--weights", help="caffemodel to check against the net by layer name and shape")
+    p.add_argument("--input-shape", action="append", default=[], metavar="BLOB=N,C,H,W",
+                   help="shape of a blob the net cannot infer (e.g. the top of a Python data layer); repeatable")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def parse_input_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    from caffe_compat.errors import CaffeCompatError
+
+    shapes = {}
+    for item in items:
+        name, _, dims = item.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise CaffeCompatError(f"--input-shape {item!r}: expected BLOB=N,C,H,W with integers") from None
+        if not name or not shapes[name]:
+            raise CaffeCompatError(f"--input-shape {item!r}: expected BLOB=N,C,H,W")
+    return shapes
+
+
+def _shape(s):
+    return "?" if s is None else "x".join(str(d) for d in s) or "scalar"
+
+
+def run(args) -> int:
+    from caffe_compat.io import read_net
+    from caffe_compat.io.report import inspect_net
+
+    net = read_net(args.net)
+    weights = read_net(args.weights) if args.weights else None
+    report = inspect_net(net, weights, input_shapes=parse_input_shapes(args.input_shape))
+    if args.json:
+        dump_json(report)
+    else:
+        rows = [[r["name"], r["type"], ",".join(r["bottoms"]) + " -> " + ",".join(r["tops"]),
+                 " ".join(_shape(s) for s in r["top_shapes"]), " ".join(_shape(s) for s in r["param_shapes"]),
+                 f"{r['params']:,}"] for r in report["layers"]]
+        print_table(rows, ["layer", "type", "bottoms -> tops", "output", "learnable blobs", "params"])
+        print(f"\n{len(report['layers'])} layers, {report['total_params']:,} parameters, "
+              f"{report['total_macs']:,} multiply-adds")
+        check = report.get("weights_check")
+        if check:
+            print(f"weights: {check['matched_blobs']} blobs match", end="")
+            for kind in ("missing", "mismatched", "extra"):
+                if check[kind]:
+                    print(f"; {len(check[kind])} {kind}", end="")
+            print()
+            for kind in ("missing", "mismatched", "extra"):
+                for item in check[kind]:
+                    print(f"  {kind}: layer '{item['layer']}': {item['reason']}")
+    check = report.get("weights_check")
+    return 0 if check is None or check["consistent"] else 1

@@ -1,0 +1,34 @@
+"""Shared output helpers for commands: JSON + human tables, progress bars."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def print_table(rows: list[list], headers: list[str], file=None) -> None:
+    """A plain aligned text table."""
+    file = sys.stdout if file is None else file
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    print(line, file=file)
+    print("  ".join("-" * w for w in widths), file=file)
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)), file=file)
+
+
+def markdown_table(rows: list[list], headers: list[str]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def dump_json(obj, path=None) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=False)
+    if path in (None, "-"):
+        print(text)
+    else:
+        from caffe_compat.io.atomic import write_text_atomic
+
+        write_text_atomic(path, text + "\n")

@@ -1,0 +1,36 @@
+"""The project's typed errors.
+
+Every error a user can provoke with bad input derives from :class:`CaffeCompatError`; the CLI turns
+these into one line on stderr and exit status 2.  Messages name the file (``path:line:col`` for text),
+the layer or field, and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class CaffeCompatError(Exception):
+    """Base class of every error caused by the user's input (files, prototxt, arguments)."""
+
+
+class ParseError(CaffeCompatError):
+    """A text or binary Caffe file could not be parsed (syntax, truncated bytes, unknown field)."""
+
+
+class FormatError(CaffeCompatError):
+    """A file parsed but its content is not what Caffe would accept (wrong message, bad shapes)."""
+
+
+class ShapeMismatchError(CaffeCompatError):
+    """Weights and net disagree: names the layer, the blob index and both shapes."""
+
+
+class UnknownLayerError(CaffeCompatError):
+    """A layer type (or a Python layer's ``module.layer``) has no registered port."""
+
+
+class DataError(CaffeCompatError):
+    """A data set file is missing or malformed: names the file and the line."""
+
+
+class TrainingDiverged(CaffeCompatError):
+    """The loss became NaN or infinite: names the iteration."""

@@ -1,0 +1,92 @@
+"""BlobProto <-> numpy, and mean ``.binaryproto`` files.
+
+A BlobProto's shape is its ``shape.dim`` when present, else the legacy 4-D ``num, channels, height,
+width`` (what old caffemodels and ``compute_image_mean`` write).  Data are ``data`` (float32) or
+``double_data`` (float64).  Caffe compares a legacy 4-D blob with a target shape after padding the
+target with leading 1s (``Blob::ShapeEquals``): :func:`legacy_shape_equals` does the same, so an old
+InnerProduct weight 1×1×M×K loads into an M×K blob.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from caffe_compat.errors import FormatError, ShapeMismatchError
+from caffe_compat.io.protofiles import read_message, write_message
+from caffe_compat.proto import caffe_pb2
+
+
+def blob_shape(blob: caffe_pb2.BlobProto) -> tuple[int, ...]:
+    if blob.HasField("shape"):
+        return tuple(int(d) for d in blob.shape.dim)
+    if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
+        return (blob.num, blob.channels, blob.height, blob.width)
+    n = len(blob.data) or len(blob.double_data)
+    return (n,) if n else (0,)
+
+
+def is_legacy(blob: caffe_pb2.BlobProto) -> bool:
+    return not blob.HasField("shape")
+
+
+def blob_to_array(blob: caffe_pb2.BlobProto, diff: bool = False, source: str = "blob") -> np.ndarray:
+    """The blob's data (or diff) as an array of its shape; float32, or float64 for double blobs."""
+    shape = blob_shape(blob)
+    single = blob.diff if diff else blob.data
+    double = blob.double_diff if diff else blob.double_data
+    values = np.asarray(double, dtype=np.float64) if len(double) and not len(single) else np.asarray(single, dtype=np.float32)
+    count = int(np.prod(shape)) if shape else 1
+    if values.size != count:
+        raise FormatError(f"{source}: blob has shape {shape} ({count} values) but holds {values.size} values")
+    return values.reshape(shape)
+
+
+def array_to_blob(array, legacy: bool = False, diff=None) -> caffe_pb2.BlobProto:
+    """A BlobProto with ``shape`` (or legacy num/channels/height/width for ≤4-D when ``legacy``)."""
+    array = np.asarray(array)
+    blob = caffe_pb2.BlobProto()
+    if legacy:
+        if array.ndim > 4:
+            raise FormatError(f"legacy blobs hold at most 4 axes, got shape {array.shape}")
+        n, c, h, w = (1,) * (4 - array.ndim) + tuple(array.shape)
+        blob.num, blob.channels, blob.height, blob.width = n, c, h, w
+    else:
+        blob.shape.dim.extend(int(d) for d in array.shape)
+    if array.dtype == np.float64:
+        blob.double_data.extend(array.ravel().tolist())
+    else:
+        blob.data.extend(np.asarray(array, dtype=np.float32).ravel())
+    if diff is not None:
+        blob.diff.extend(np.asarray(diff, dtype=np.float32).ravel())
+    return blob
+
+
+def legacy_shape_equals(blob: caffe_pb2.BlobProto, target: tuple[int, ...]) -> bool:
+    """Caffe's ``Blob::ShapeEquals``: exact for ``shape`` blobs; legacy blobs compare 4-D, target
+    padded with leading 1s (a target of more than 4 axes never matches a legacy blob)."""
+    target = tuple(int(d) for d in target)
+    if not is_legacy(blob):
+        return blob_shape(blob) == target
+    if len(target) > 4:
+        return False
+    return blob_shape(blob) == (1,) * (4 - len(target)) + target
+
+
+def blob_to_array_as(blob: caffe_pb2.BlobProto, target: tuple[int, ...], where: str) -> np.ndarray:
+    """The blob's data shaped as ``target`` when Caffe would accept it, else ShapeMismatchError."""
+    if not legacy_shape_equals(blob, target):
+        raise ShapeMismatchError(f"{where}: the weights have shape {blob_shape(blob)}, the net expects {tuple(target)}")
+    return blob_to_array(blob, source=where).reshape(target)
+
+
+def read_blob(path: str | os.PathLike) -> np.ndarray:
+    """A ``.binaryproto`` BlobProto (e.g. a mean file) as a numpy array of its stored shape."""
+    blob = read_message(path, caffe_pb2.BlobProto(), binary=True)
+    return blob_to_array(blob, source=str(path))
+
+
+def write_blob(array, path: str | os.PathLike, legacy: bool = True) -> None:
+    """Write ``array`` as a binary BlobProto (legacy 4-D dims by default, like compute_image_mean)."""
+    write_message(array_to_blob(array, legacy=legacy), path, binary=True)

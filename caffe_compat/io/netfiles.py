@@ -1,0 +1,76 @@
+"""read_net / write_net, read_solver, read_solverstate: Caffe's files as upgraded protobuf messages."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from caffe_compat.io.dialects import normalize_binary_dialect, to_binary_dialect
+from caffe_compat.io.protofiles import looks_binary, parse_binary, parse_text, read_bytes, write_message
+from caffe_compat.io.upgrade import upgrade_net, upgrade_solver
+from caffe_compat.proto import caffe_pb2
+
+_BINARY_SUFFIXES = {".caffemodel", ".binaryproto", ".solverstate", ".pb", ".bin"}
+
+
+def _source_and_data(path_or_text) -> tuple[str, bytes | str]:
+    if isinstance(path_or_text, caffe_pb2.NetParameter):
+        return "<NetParameter>", path_or_text.SerializeToString()
+    if isinstance(path_or_text, bytes):
+        return "<bytes>", path_or_text
+    if isinstance(path_or_text, os.PathLike) or (isinstance(path_or_text, str) and _is_path(path_or_text)):
+        return str(path_or_text), read_bytes(path_or_text)
+    return "<text>", str(path_or_text)
+
+
+def _is_path(s: str) -> bool:
+    return "\n" not in s and "{" not in s and (os.path.exists(s) or len(s) < 4096 and not s.strip().startswith(("name:", "layer", "input")))
+
+
+def read_net(path_or_text, upgrade: bool = True) -> caffe_pb2.NetParameter:
+    """A NetParameter from a prototxt (text) or caffemodel (binary) path, bytes, or prototxt text.
+
+    Text or binary is detected from the content.  Legacy V0/V1 nets and net-level inputs are upgraded
+    as Caffe upgrades them (see :mod:`caffe_compat.io.upgrade`) unless ``upgrade=False``.
+    """
+    source, data = _source_and_data(path_or_text)
+    net = caffe_pb2.NetParameter()
+    if isinstance(data, str):
+        parse_text(data, net, source)
+    elif looks_binary(data):
+        parse_binary(data, net, source)
+        if upgrade:
+            upgrade_net(net, source)
+        normalize_binary_dialect(net)
+        return net
+    else:
+        parse_text(data.decode("utf-8"), net, source)
+    if upgrade:
+        upgrade_net(net, source)
+    return net
+
+
+def write_net(net: caffe_pb2.NetParameter, path: str | os.PathLike, binary: bool | None = None) -> None:
+    """Write a NetParameter atomically: binary for ``.caffemodel`` (or ``binary=True``), else prototxt."""
+    if binary is None:
+        binary = Path(path).suffix in _BINARY_SUFFIXES
+    write_message(to_binary_dialect(net) if binary else net, path, binary=binary)
+
+
+def read_solver(path_or_text, upgrade: bool = True) -> caffe_pb2.SolverParameter:
+    """A SolverParameter from a solver prototxt; ``solver_type`` is upgraded to ``type``."""
+    source, data = _source_and_data(path_or_text)
+    solver = caffe_pb2.SolverParameter()
+    parse_text(data if isinstance(data, str) else data.decode("utf-8", errors="replace"), solver, source)
+    if upgrade:
+        upgrade_solver(solver, source)
+    return solver
+
+
+def read_solverstate(path: str | os.PathLike) -> caffe_pb2.SolverState:
+    """A binary ``.solverstate`` (iteration, learned net path, history blobs, current_step)."""
+    return parse_binary(read_bytes(path), caffe_pb2.SolverState(), str(path))
+
+
+def write_solverstate(state: caffe_pb2.SolverState, path: str | os.PathLike) -> None:
+    write_message(state, path, binary=True)

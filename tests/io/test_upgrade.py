@@ -1,0 +1,69 @@
+"""Legacy upgrades on hand-built V0 / V1 nets with known Caffe results."""
+
+from __future__ import annotations
+
+from caffe_compat.io import read_net
+from caffe_compat.proto import caffe_pb2
+
+V0 = """
+name: "v0net"
+input: "data"
+input_dim: 1 input_dim: 3 input_dim: 8 input_dim: 8
+layers { layer { name: "pad1" type: "padding" pad: 2 } bottom: "data" top: "pad1" }
+layers { layer { name: "conv1" type: "conv" num_output: 4 kernelsize: 3 stride: 2 biasterm: false
+                 blobs_lr: 1 blobs_lr: 2 weight_decay: 1 weight_decay: 0 } bottom: "pad1" top: "conv1" }
+layers { layer { name: "relu1" type: "relu" } bottom: "conv1" top: "conv1" }
+layers { layer { name: "pool1" type: "pool" pool: AVE kernelsize: 3 stride: 2 } bottom: "conv1" top: "pool1" }
+layers { layer { name: "norm1" type: "lrn" local_size: 3 alpha: 0.5 beta: 0.7 } bottom: "pool1" top: "norm1" }
+layers { layer { name: "fc" type: "innerproduct" num_output: 10 } bottom: "norm1" top: "fc" }
+"""
+
+EXPECTED = """
+name: "v0net"
+layer { name: "input" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+        convolution_param { num_output: 4 bias_term: false pad: 2 kernel_size: 3 stride: 2 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: AVE kernel_size: 3 stride: 2 } }
+layer { name: "norm1" type: "LRN" bottom: "pool1" top: "norm1" lrn_param { local_size: 3 alpha: 0.5 beta: 0.7 } }
+layer { name: "fc" type: "InnerProduct" bottom: "norm1" top: "fc" inner_product_param { num_output: 10 } }
+"""
+
+
+def test_v0_padding_folds_and_fields_move():
+    upgraded = read_net(V0)
+    expected = read_net(EXPECTED, upgrade=False)
+    assert upgraded == expected
+
+
+def test_v1_data_layer_transform_params_move_and_blobs_lr_become_param_specs():
+    v1 = """
+    layers { name: "d" type: DATA top: "data" top: "label"
+             data_param { source: "db" batch_size: 4 scale: 0.5 crop_size: 7 mirror: true mean_file: "m.binaryproto" }
+             include { phase: TRAIN } }
+    layers { name: "ip" type: INNER_PRODUCT bottom: "data" top: "ip" blobs_lr: 10 blobs_lr: 20
+             weight_decay: 1 weight_decay: 0 param: "shared_w" inner_product_param { num_output: 3 } }
+    layers { name: "loss" type: SOFTMAX_LOSS bottom: "ip" bottom: "label" top: "loss" loss_weight: 2 }
+    """
+    net = read_net(v1)
+    d, ip, loss = net.layer
+    assert d.type == "Data" and d.include[0].phase == caffe_pb2.TRAIN
+    assert not d.data_param.HasField("scale") and d.data_param.batch_size == 4
+    t = d.transform_param
+    assert (t.scale, t.crop_size, t.mirror, t.mean_file) == (0.5, 7, True, "m.binaryproto")
+    assert [(p.name, p.lr_mult, p.decay_mult) for p in ip.param] == [("shared_w", 10, 1), ("", 20, 0)]
+    assert loss.type == "SoftmaxWithLoss" and list(loss.loss_weight) == [2]
+
+
+def test_batchnorm_three_param_specs_are_dropped():
+    net = read_net('layer { name: "bn" type: "BatchNorm" bottom: "x" top: "x" '
+                   'param { lr_mult: 0 } param { lr_mult: 0 } param { lr_mult: 0 } }')
+    assert len(net.layer[0].param) == 0
+
+
+def test_input_shape_form_upgrades():
+    net = read_net('input: "a" input_shape { dim: 2 dim: 5 } input: "b" input_shape { dim: 2 }')
+    layer = net.layer[0]
+    assert list(layer.top) == ["a", "b"]
+    assert [list(s.dim) for s in layer.input_param.shape] == [[2, 5], [2]]
