@@ -17,11 +17,13 @@ from google.protobuf import text_format
 
 from caffe_compat.errors import ParseError
 from caffe_compat.io.atomic import write_bytes_atomic, write_text_atomic
+from caffe_compat.io.fast_text import merge_fast
 
 PROTOBUF_LIMIT = 2**31 - 1
 
 _UNKNOWN_FIELD = re.compile(r'Message type "(?:caffe\.)?([\w.]+)" has no field named "(\w+)"')
 _UNKNOWN_ENUM = re.compile(r'Enum type "(?:caffe\.)?([\w.]+)" has no value named (\w+)')
+_CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1f]")
 _POSITION = re.compile(r"^(\d+):(\d+) : ?")
 
 
@@ -44,7 +46,12 @@ def describe_text_error(exc: text_format.ParseError, source: str) -> str:
 
 
 def parse_text(text: str, message, source: str = "<text>"):
-    """Parse prototxt ``text`` into ``message`` (merged, so repeated fields may appear in any order)."""
+    """Parse prototxt ``text`` into ``message`` (merged, so repeated fields may appear in any order).
+
+    Plain Caffe files take the fast path of :mod:`caffe_compat.io.fast_text`; anything else, and every
+    error, goes through protobuf's own text parser."""
+    if not message.ByteSize() and merge_fast(text, message):
+        return message
     try:
         text_format.Merge(text, message)
     except text_format.ParseError as exc:
@@ -68,11 +75,14 @@ def looks_binary(data: bytes) -> bool:
     """True unless ``data`` is plausible prototxt (UTF-8 without control bytes other than whitespace)."""
     if not data:
         return False
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
+    head = data[:65536]
+    if _CONTROL_BYTES.search(head):
         return True
-    return any(ord(ch) < 32 and ch not in "\t\n\r\f\v" for ch in text[:65536])
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start < len(head) - 3 or len(data) == len(head)
+    return False
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:

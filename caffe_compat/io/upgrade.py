@@ -277,18 +277,27 @@ def upgrade_batch_norm(net: caffe_pb2.NetParameter) -> None:
 
 # ---------------------------------------------------------------- entry points
 
+def needs_batch_norm_upgrade(net: caffe_pb2.NetParameter) -> bool:
+    return any(layer.type == "BatchNorm" and len(layer.param) == 3 for layer in net.layer)
+
+
 def upgrade_net(net: caffe_pb2.NetParameter, source: str = "net") -> bool:
     """Upgrade ``net`` in place to the current format; returns True when anything changed."""
-    before = net.SerializeToString()
+    changed = False
     if needs_v0_upgrade(net):
         upgrade_v0_to_v1(net, source)
-    upgrade_data_transformation(net)
+        changed = True
     if needs_v1_upgrade(net):
+        upgrade_data_transformation(net)
         upgrade_v1_to_v2(net, source)
+        changed = True
     if needs_input_upgrade(net):
         upgrade_input(net, source)
-    upgrade_batch_norm(net)
-    return net.SerializeToString() != before
+        changed = True
+    if needs_batch_norm_upgrade(net):
+        upgrade_batch_norm(net)
+        changed = True
+    return changed
 
 
 def upgrade_solver(solver: caffe_pb2.SolverParameter, source: str = "solver") -> bool:

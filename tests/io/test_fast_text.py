@@ -1,0 +1,57 @@
+"""The fast prototxt path builds exactly the message protobuf's text parser builds."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+from google.protobuf import text_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from caffe_compat.io.fast_text import merge_fast
+from caffe_compat.proto import caffe_pb2
+from tests.conftest import FIXTURES, SHARED_REFERENCE
+
+FILES = sorted(set(glob.glob(str(FIXTURES / "**" / "*.prototxt"), recursive=True)
+                   + glob.glob(str(SHARED_REFERENCE.parent / "authors" / "**" / "*.prototxt"), recursive=True)))
+
+
+def _message(path):
+    return caffe_pb2.SolverParameter() if path.endswith("solver.prototxt") or "solver" in path.rsplit("/", 1)[-1] \
+        else caffe_pb2.NetParameter()
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.rsplit("/", 2)[-2] + "/" + p.rsplit("/", 1)[-1])
+def test_fast_equals_protobuf(path):
+    text = open(path).read()
+    fast, slow = _message(path), _message(path)
+    text_format.Merge(text, slow)
+    if merge_fast(text, fast):
+        assert fast == slow
+    else:  # only escapes in strings (the authors' param_str) send a file to the full parser
+        assert "\\" in text
+
+
+def test_plain_subset_takes_the_fast_path():
+    net = caffe_pb2.NetParameter()
+    assert merge_fast('name: "n" layer { name: "c" type: "Convolution" convolution_param { num_output: 3 '
+                      'kernel_size: 3 weight_filler { type: "xavier" std: 1e-2 } } loss_weight: 0.5 }\n', net)
+    assert net.layer[0].convolution_param.weight_filler.std == pytest.approx(0.01)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(['layer', '{', '}', ':', 'name', '"x"', 'type', 'top', 'bottom', '1', '-2.5',
+                                 'inf', 'true', 'loss_weight', 'convolution_param', 'pad', 'engine', 'CAFFE',
+                                 'force_backward', '#c\n', "'y'", 'input_dim', '0x10', '1e3f']), max_size=25))
+def test_random_token_streams_agree(tokens):
+    text = " ".join(tokens)
+    slow = caffe_pb2.NetParameter()
+    try:
+        text_format.Merge(text, slow)
+        slow_ok = True
+    except text_format.ParseError:
+        slow_ok = False
+    fast = caffe_pb2.NetParameter()
+    if merge_fast(text, fast):
+        assert slow_ok and fast == slow
