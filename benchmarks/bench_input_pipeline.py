@@ -1,0 +1,92 @@
+"""Images/s of the training input pipeline: OpenCV JPEG decode + Caffe DataTransformer.
+
+Setup as in the paper's Caffe runs: a toy CUB-200-2011 tree (real digit scans, see
+``caffe_compat.data.toy``) stored at 256x256 JPEG, TRAIN-phase random 224x224 crop, random mirror,
+per-channel mean values (104, 117, 123), batches from the authors' ``LabelShufflingLayer`` rule
+(``max_per_label`` 10).  Rows: ``DataLoader`` with ``num_workers`` 0, 1, 2 (first batch excluded:
+it holds the worker start-up), ``num_workers=0`` again with one torch intra-op thread (the
+main process collates with torch's thread pool, which on a busy small machine can cost more than
+the decode; workers always run with one thread), and two peers measured in the same run: a bare ``cv2.imread`` loop
+(decode only) and decode + transform in a plain loop without a DataLoader.  Ratios are against
+``num_workers=0``.
+
+    python benchmarks/bench_input_pipeline.py [--batches 12] [--batch-size 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from caffe_compat.data import Cub200, DataTransformer, LabelShufflingSampler, make_toy_data  # noqa: E402
+
+
+def time_loader(dataset, batch_size: int, batches: int, workers: int) -> float:
+    sampler = LabelShufflingSampler(dataset.labels, batch_size, max_per_label=10, seed=0, batches_per_epoch=batches + 1)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers)
+    iterator = iter(loader)
+    next(iterator)  # warm-up batch (worker start-up)
+    start = time.perf_counter()
+    count = sum(len(labels) for _, labels in iterator)
+    return count / (time.perf_counter() - start)
+
+
+def time_plain(dataset, n: int, transform: bool) -> float:
+    start = time.perf_counter()
+    for i in range(n):
+        record = dataset.records[i % len(dataset)]
+        if transform:
+            dataset[i % len(dataset)]
+        else:
+            cv2.imread(str(record.path), cv2.IMREAD_COLOR)
+    return n / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--crop", type=int, default=224)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        root = make_toy_data("cub", Path(tmp) / "CUB_200_2011", seed=0, size=args.size, num_classes=40, images_per_class=20)
+        made = time.perf_counter() - start
+        transformer = DataTransformer(crop_size=args.crop, mirror=True, mean_value=(104, 117, 123), phase="TRAIN")
+        dataset = Cub200(root, "train", transformer)
+        n = args.batches * args.batch_size
+        rows = [
+            ("cv2.imread only (peer)", time_plain(dataset, n, transform=False)),
+            ("decode+transform, plain loop (peer)", time_plain(dataset, n, transform=True)),
+        ]
+        threads = torch.get_num_threads()
+        for workers in (0, 1, 2):
+            rows.append((f"DataLoader num_workers={workers}", time_loader(dataset, args.batch_size, args.batches, workers)))
+        torch.set_num_threads(1)  # workers run with 1 intra-op thread; the main process's collate does not
+        rows.append(("DataLoader num_workers=0, 1 torch thread", time_loader(dataset, args.batch_size, args.batches, 0)))
+        torch.set_num_threads(threads)
+    base = rows[2][1]
+    print(
+        f"toy CUB: {len(dataset)} train images {args.size}x{args.size} JPEG (made in {made:.2f} s), crop {args.crop}, "
+        f"batch {args.batch_size} x {args.batches} batches; torch {torch.__version__}, OpenCV {cv2.__version__}, "
+        f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, cv2 threads {cv2.getNumThreads()}"
+    )
+    print(f"| {'pipeline':<42} | {'images/s':>9} | {'vs num_workers=0':>16} |")
+    print(f"| {'-' * 42} | {'-' * 9} | {'-' * 16} |")
+    for name, rate in rows:
+        print(f"| {name:<42} | {rate:>9.1f} | {rate / base:>15.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
