@@ -1,0 +1,277 @@
+"""Caffe's element-wise activation layers (neuron layers): one bottom, one top of the same shape.
+
+Every port returns a new tensor (never writes its input), so a prototxt that runs a layer in place
+(``top == bottom``) keeps a valid autograd graph; the net only rebinds the blob name.
+
+Gradients are autograd's derivative of the forward, which equals Caffe's hand-written backward for
+every layer here; where Caffe's backward has a special case (Power at a zero base, BNLL's clamp) the
+class docstring says how it compares.  ``Threshold`` has no backward in Caffe (its top is detached
+here).  ``Dropout`` reads the layer's ``phase`` at call time: ``"train"`` drops, ``"test"`` is the
+identity (Caffe scales at train time).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from caffe_compat.errors import FormatError
+from caffe_compat.layers.blob_axes import broadcast_view, check_bottoms
+from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
+from caffe_compat.layers.registry import CaffeLayer, register_layer
+
+
+class NeuronLayer(CaffeLayer):
+    """Base of the one-bottom, one-top, same-shape layers (Caffe's ``NeuronLayer``)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1)
+
+    def output_shapes(self) -> list[tuple[int, ...]]:
+        return [self.bottom_shapes[0]]
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.activation(x),)
+
+
+@register_layer("ReLU")
+class ReLU(NeuronLayer):
+    """``y = max(x, 0) + negative_slope · min(x, 0)`` (``relu_param.negative_slope``, default 0).
+
+    Caffe's backward uses ``x > 0`` for the unit slope and ``negative_slope`` at ``x <= 0``, which is
+    ``leaky_relu``'s (and ``relu``'s, zero at 0) gradient."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.negative_slope = float(param.relu_param.negative_slope)
+
+    def activation(self, x):
+        if self.negative_slope == 0.0:
+            return torch.relu(x)
+        return F.leaky_relu(x, self.negative_slope)
+
+
+@register_layer("PReLU")
+class PReLU(NeuronLayer):
+    """``y = max(x, 0) + a_c · min(x, 0)`` with a learned slope per channel (axis 1), or one slope
+    when ``prelu_param.channel_shared``.
+
+    Blob 0 is the slope: shape ``(C,)``, or shape ``()`` (a 0-axis blob, as Caffe makes it) when
+    shared.  Filler: ``prelu_param.filler`` if set, else constant 0.25.  Slope gradient, as Caffe:
+    ``Σ dy · x`` over the positions with ``x <= 0``.  Bottoms need at least 2 axes (Caffe's check)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        shape = self.bottom_shapes[0]
+        if len(shape) < 2:
+            raise FormatError(f"layer '{self.layer_name}': PReLU needs a bottom with >= 2 axes, got {shape}")
+        self.channel_shared = bool(param.prelu_param.channel_shared)
+        slope_shape = () if self.channel_shared else (shape[1],)
+        self.slope = nn.Parameter(torch.full(slope_shape, 0.25))
+        self.filler = layer_filler(param.prelu_param, "filler", constant_filler(0.25))
+
+    def caffe_blobs(self):
+        return [self.slope]
+
+    def fill(self, generator=None):
+        fill_blob(self.slope.data, self.filler, generator)
+
+    def activation(self, x):
+        slope = self.slope if self.channel_shared else self.slope.reshape(broadcast_view(self.slope.shape, x.dim(), 1))
+        return torch.where(x > 0, x, x * slope)
+
+
+@register_layer("ELU")
+class ELU(NeuronLayer):
+    """``y = x`` if ``x > 0`` else ``alpha · (exp(x) - 1)`` (``elu_param.alpha``, default 1)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.alpha = float(param.elu_param.alpha)
+
+    def activation(self, x):
+        return F.elu(x, self.alpha)
+
+
+@register_layer("Sigmoid")
+class Sigmoid(NeuronLayer):
+    """``y = 1 / (1 + exp(-x))`` (Caffe evaluates it as ``0.5 · tanh(0.5 x) + 0.5``; same value to
+    float rounding)."""
+
+    def activation(self, x):
+        return torch.sigmoid(x)
+
+
+@register_layer("TanH")
+class TanH(NeuronLayer):
+    """``y = tanh(x)``."""
+
+    def activation(self, x):
+        return torch.tanh(x)
+
+
+@register_layer("AbsVal")
+class AbsVal(NeuronLayer):
+    """``y = |x|``; gradient ``sign(x) · dy`` with ``sign(0) = 0`` (as Caffe's ``caffe_cpu_sign``)."""
+
+    def activation(self, x):
+        return torch.abs(x)
+
+
+@register_layer("Power")
+class Power(NeuronLayer):
+    """``y = (shift + scale · x) ^ power`` (``power_param``: power 1, scale 1, shift 0).
+
+    As Caffe: ``power == 0`` or ``scale == 0`` gives the constant ``1`` / ``shift ^ power`` with zero
+    gradient.  Caffe's backward divides ``y`` by the base (``power · scale · y / (shift + scale x)``),
+    which is 0/0 = NaN where the base is exactly 0 and ``power`` is neither 1 nor 2; autograd gives the
+    true derivative there (0 for power > 1).  Elsewhere they agree."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        p = param.power_param
+        self.power, self.scale, self.shift = float(p.power), float(p.scale), float(p.shift)
+
+    def activation(self, x):
+        if self.power == 0.0 or self.scale == 0.0:
+            value = 1.0 if self.power == 0.0 else math.pow(self.shift, self.power)
+            return torch.full_like(x, value)
+        base = x if self.scale == 1.0 else x * self.scale
+        if self.shift != 0.0:
+            base = base + self.shift
+        return base if self.power == 1.0 else torch.pow(base, self.power)
+
+
+@register_layer("Exp")
+class Exp(NeuronLayer):
+    """``y = base ^ (shift + scale · x)`` (``exp_param``: base -1 meaning e, scale 1, shift 0).
+
+    Evaluated as Caffe does: ``outer · exp(inner · x)`` with ``inner = ln(base) · scale`` and
+    ``outer = base ^ shift``.  ``base`` must be positive or -1."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        p = param.exp_param
+        base, scale, shift = float(p.base), float(p.scale), float(p.shift)
+        if base != -1.0 and base <= 0.0:
+            raise FormatError(f"layer '{self.layer_name}': exp_param.base must be strictly positive or -1, got {base}")
+        log_base = 1.0 if base == -1.0 else math.log(base)
+        self.inner_scale = log_base * scale
+        self.outer_scale = 1.0 if shift == 0.0 else math.exp(log_base * shift)
+
+    def activation(self, x):
+        y = torch.exp(x * self.inner_scale if self.inner_scale != 1.0 else x)
+        return y if self.outer_scale == 1.0 else y * self.outer_scale
+
+
+@register_layer("Log")
+class Log(NeuronLayer):
+    """``y = log_base(shift + scale · x)`` (``log_param``: base -1 meaning e, scale 1, shift 0).
+
+    BVLC master's ``LogLayer``.  The FAPPY authors' fork has **no** Log layer (its proto keeps
+    ``LogParameter``), so a net using it cannot run on their Caffe; it is ported for other models."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        p = param.log_param
+        base = float(p.base)
+        if base != -1.0 and base <= 0.0:
+            raise FormatError(f"layer '{self.layer_name}': log_param.base must be strictly positive or -1, got {base}")
+        self.base_scale = 1.0 if base == -1.0 else 1.0 / math.log(base)
+        self.scale, self.shift = float(p.scale), float(p.shift)
+
+    def activation(self, x):
+        inner = x if self.scale == 1.0 else x * self.scale
+        if self.shift != 0.0:
+            inner = inner + self.shift
+        y = torch.log(inner)
+        return y if self.base_scale == 1.0 else y * self.base_scale
+
+
+@register_layer("BNLL")
+class BNLL(NeuronLayer):
+    """Binomial normal log-likelihood ``y = log(1 + exp(x))`` in the overflow-free form
+    (Caffe: ``x + log(1 + exp(-x))`` for ``x > 0``, else ``log(1 + exp(x))``).
+
+    ``softplus`` computes the same stable form (it returns ``x`` above 20, where
+    ``log(1 + exp(-x)) < 2e-9`` vanishes in float32 as it does in Caffe).  Gradient: Caffe uses
+    ``sigmoid(min(x, 50))``, softplus ``sigmoid(x)`` (1 above 20): equal in float32."""
+
+    def activation(self, x):
+        return F.softplus(x)
+
+
+@register_layer("Threshold")
+class Threshold(NeuronLayer):
+    """``y = 1`` if ``x > threshold`` else ``0`` (strict: ``x == threshold`` gives 0;
+    ``threshold_param.threshold`` default 0).  Caffe has no backward for it: the top is detached."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.threshold = float(param.threshold_param.threshold)
+
+    def activation(self, x):
+        return (x.detach() > self.threshold).to(x.dtype)
+
+
+@register_layer("Dropout")
+class Dropout(NeuronLayer):
+    """Inverted dropout: at TRAIN ``y = x · m / (1 - ratio)`` with ``m ~ Bernoulli(1 - ratio)`` per
+    element (``dropout_param.dropout_ratio``, default 0.5); at TEST the identity (Caffe scales at train
+    time, not at test time).
+
+    The phase is read at call time from ``self.phase``; ``self.generator`` (a ``torch.Generator`` on
+    the input's device, default None = torch's global RNG) drives the mask, and the last TRAIN mask is
+    kept in ``self.last_mask`` (boolean)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.ratio = float(param.dropout_param.dropout_ratio)
+        if not 0.0 <= self.ratio < 1.0:
+            raise FormatError(f"layer '{self.layer_name}': dropout_ratio must be in [0, 1), got {self.ratio}")
+        self.generator: torch.Generator | None = None
+        self.last_mask: torch.Tensor | None = None
+
+    def activation(self, x):
+        if self.phase != "train" or self.ratio == 0.0:
+            return x
+        keep = torch.rand(x.shape, generator=self.generator, device=x.device, dtype=torch.float32) >= self.ratio
+        self.last_mask = keep
+        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.ratio))
+
+
+@register_layer("Swish")
+class Swish(NeuronLayer):
+    """``y = x · sigmoid(beta · x)`` (``swish_param.beta``, default 1; BVLC master's ``SwishLayer``)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.beta = float(param.swish_param.beta)
+
+    def activation(self, x):
+        return x * torch.sigmoid(x * self.beta if self.beta != 1.0 else x)
+
+
+@register_layer("Clip")
+class Clip(NeuronLayer):
+    """``y = min(max(x, min), max)`` (``clip_param.min``/``max``, both required; BVLC master's
+    ``ClipLayer``).  Gradient passes where ``min <= x <= max`` (inclusive, as Caffe)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        p = param.clip_param
+        if not (p.HasField("min") and p.HasField("max")):
+            raise FormatError(f"layer '{self.layer_name}': Clip needs clip_param.min and clip_param.max")
+        self.min, self.max = float(p.min), float(p.max)
+        if self.min > self.max:
+            raise FormatError(f"layer '{self.layer_name}': clip_param.min {self.min} > max {self.max}")
+
+    def activation(self, x):
+        return torch.clamp(x, self.min, self.max)

@@ -1,0 +1,302 @@
+"""Caffe's general-purpose layers: Eltwise, Softmax, Reduction, ArgMax, Embed, Accuracy, Parameter.
+
+Index-valued tops (ArgMax indices, Accuracy) are float tensors like every Caffe blob and carry no
+gradient (Caffe has no backward for ArgMax/Accuracy, nor into Embed's index bottom).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from caffe_compat.errors import DataError, FormatError
+from caffe_compat.layers.blob_axes import canonical_axis, check_bottoms, count
+from caffe_compat.layers.fillers import fill_blob, layer_filler
+from caffe_compat.layers.registry import CaffeLayer, register_layer
+from caffe_compat.proto import caffe_pb2
+
+_Eltwise = caffe_pb2.EltwiseParameter
+_Reduction = caffe_pb2.ReductionParameter
+
+
+@register_layer("Eltwise")
+class Eltwise(CaffeLayer):
+    """Element-wise combination of >= 2 same-shape bottoms (``eltwise_param.operation``, default SUM).
+
+    * SUM: ``y = Σ_i c_i x_i`` with ``coeff`` (one per bottom, default all 1).
+    * PROD: ``y = Π_i x_i``.  ``stable_prod_grad`` only chooses how Caffe computes the same gradient
+      (product of the other inputs vs ``y / x_i``; the latter is NaN at a zero input); autograd always
+      computes the product of the others, i.e. the stable form.
+    * MAX: ``y = max_i x_i`` with Caffe's argmax routing: between bottoms 0 and 1 a tie goes to bottom
+      1 (``a > b ? a : b``), later bottoms replace the running max only when strictly greater.  The
+      gradient flows to that single bottom per element.
+    Coefficients with PROD/MAX are an error, as in Caffe."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 2, 1 << 30)
+        p = param.eltwise_param
+        self.operation = p.operation
+        self.coeffs = [float(c) for c in p.coeff]
+        if self.coeffs and self.operation != _Eltwise.SUM:
+            raise FormatError(f"layer '{self.layer_name}': Eltwise only takes coefficients for SUM")
+        if self.coeffs and len(self.coeffs) != len(self.bottom_shapes):
+            raise FormatError(f"layer '{self.layer_name}': Eltwise has {len(self.coeffs)} coeff(s) for "
+                              f"{len(self.bottom_shapes)} bottoms")
+        for shape in self.bottom_shapes[1:]:
+            if shape != self.bottom_shapes[0]:
+                raise FormatError(f"layer '{self.layer_name}': Eltwise bottoms must have equal shapes, got "
+                                  f"{self.bottom_shapes[0]} and {shape}")
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0]]
+
+    def forward(self, *bottoms):
+        if self.operation == _Eltwise.PROD:
+            y = bottoms[0] * bottoms[1]
+            for b in bottoms[2:]:
+                y = y * b
+        elif self.operation == _Eltwise.SUM:
+            coeffs = self.coeffs or [1.0] * len(bottoms)
+            terms = [b if c == 1.0 else b * c for b, c in zip(bottoms, coeffs)]
+            y = terms[0]
+            for t in terms[1:]:
+                y = y + t
+        else:
+            a, b = bottoms[0], bottoms[1]
+            y = torch.where(a > b, a, b)
+            for nxt in bottoms[2:]:
+                y = torch.where(nxt > y, nxt, y)
+        return (y,)
+
+
+@register_layer("Softmax")
+class Softmax(CaffeLayer):
+    """``y = exp(x - max) / Σ exp(x - max)`` along ``softmax_param.axis`` (default 1)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1)
+        self.axis = canonical_axis(param.softmax_param.axis, len(self.bottom_shapes[0]), self.layer_name,
+                                   "softmax_param.axis")
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0]]
+
+    def forward(self, x):
+        return (torch.softmax(x, dim=self.axis),)
+
+
+@register_layer("Reduction")
+class Reduction(CaffeLayer):
+    """Reduce every axis from ``axis`` on (``reduction_param``: operation SUM, axis 0, coeff 1); the top
+    has shape ``bottom.shape[:axis]`` (a scalar for axis 0).
+
+    SUM ``coeff·Σx``, ASUM ``coeff·Σ|x|`` (gradient ``sign(x)``, 0 at 0), SUMSQ ``coeff·Σx²``,
+    MEAN ``coeff·Σx / n``."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1)
+        p = param.reduction_param
+        ndim = len(self.bottom_shapes[0])
+        self.axis = canonical_axis(p.axis, ndim, self.layer_name, "reduction_param.axis") if ndim else 0
+        self.operation = p.operation
+        self.coeff = float(p.coeff)
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0][:self.axis]]
+
+    def forward(self, x):
+        flat = x.reshape(tuple(x.shape[:self.axis]) + (-1,))
+        if self.operation == _Reduction.ASUM:
+            y = flat.abs().sum(-1)
+        elif self.operation == _Reduction.SUMSQ:
+            y = (flat * flat).sum(-1)
+        elif self.operation == _Reduction.MEAN:
+            y = flat.mean(-1)
+        else:
+            y = flat.sum(-1)
+        return (y if self.coeff == 1.0 else y * self.coeff,)
+
+
+def _caffe_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k along the last axis in the order of ``std::partial_sort`` with ``std::greater`` on
+    ``(value, index)`` pairs: larger value first, and among equal values the **larger index** first."""
+    n = values.shape[-1]
+    flipped = values.flip(-1)
+    sorted_values, order = torch.sort(flipped, dim=-1, descending=True, stable=True)
+    return sorted_values[..., :k], (n - 1 - order[..., :k])
+
+
+@register_layer("ArgMax")
+class ArgMax(CaffeLayer):
+    """Indices (or values) of the ``top_k`` largest entries (``argmax_param``: out_max_val false,
+    top_k 1, axis unset).
+
+    * with ``axis``: along that axis; the top is the bottom's shape with ``shape[axis] = top_k``, holding
+      indices, or **only values** when ``out_max_val``.
+    * without ``axis``: over each sample's flattened ``count(1)`` values; the top has
+      ``max(3, ndim)`` axes ``(N, 1, top_k, 1, ...)`` with indices, or ``(N, 2, top_k, 1, ...)`` with
+      indices then values when ``out_max_val``.
+    Ties are ordered as Caffe's ``partial_sort`` of (value, index) pairs with ``std::greater``: among
+    equal values the larger index comes first.  No gradient (Caffe has no backward)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1)
+        p = param.argmax_param
+        shape = self.bottom_shapes[0]
+        self.out_max_val = bool(p.out_max_val)
+        self.top_k = int(p.top_k)
+        self.axis = canonical_axis(p.axis, len(shape), self.layer_name, "argmax_param.axis") \
+            if p.HasField("axis") else None
+        available = shape[self.axis] if self.axis is not None else count(shape, 1)
+        if self.top_k < 1 or self.top_k > available:
+            raise FormatError(f"layer '{self.layer_name}': top_k {self.top_k} must be in [1, {available}]")
+
+    def _top_shape(self, shape) -> tuple[int, ...]:
+        if self.axis is not None:
+            top = list(shape)
+            top[self.axis] = self.top_k
+            return tuple(top)
+        top = [1] * max(3, len(shape))
+        top[0] = shape[0]
+        top[1] = 2 if self.out_max_val else 1
+        top[2] = self.top_k
+        return tuple(top)
+
+    def output_shapes(self):
+        return [self._top_shape(self.bottom_shapes[0])]
+
+    def forward(self, x):
+        x = x.detach()
+        if self.axis is not None:
+            values, index = _caffe_topk(x.movedim(self.axis, -1), self.top_k)
+            out = values if self.out_max_val else index.to(x.dtype)
+            return (out.movedim(-1, self.axis).contiguous(),)
+        values, index = _caffe_topk(x.reshape(x.shape[0], -1), self.top_k)
+        parts = [index.to(x.dtype), values] if self.out_max_val else [index.to(x.dtype)]
+        return (torch.stack(parts, dim=1).reshape(self._top_shape(x.shape)),)
+
+
+@register_layer("Embed")
+class Embed(CaffeLayer):
+    """Look-up table: ``y[..., :] = W[int(x[...]), :] (+ b)``; top shape ``bottom.shape + (num_output,)``.
+
+    ``embed_param``: input_dim K, num_output N, bias_term true, weight_filler / bias_filler (unset:
+    constant 0).  Blob 0: W (K, N); blob 1: b (N,).  Indices come as floats and are truncated toward
+    zero (``static_cast<int>``); an index outside [0, K) raises :class:`DataError` (Caffe only
+    DCHECKs).  The index bottom gets no gradient (Caffe cannot backpropagate to it); repeated indices
+    accumulate into W's gradient."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1)
+        p = param.embed_param
+        self.input_dim, self.num_output = int(p.input_dim), int(p.num_output)
+        if self.input_dim < 1 or self.num_output < 1:
+            raise FormatError(f"layer '{self.layer_name}': Embed needs input_dim > 0 and num_output > 0")
+        self.weight = nn.Parameter(torch.zeros(self.input_dim, self.num_output))
+        self.bias = nn.Parameter(torch.zeros(self.num_output)) if p.bias_term else None
+        self.weight_filler = layer_filler(p, "weight_filler")
+        self.bias_filler = layer_filler(p, "bias_filler")
+
+    def caffe_blobs(self):
+        return [b for b in (self.weight, self.bias) if b is not None]
+
+    def fill(self, generator=None):
+        fill_blob(self.weight.data, self.weight_filler, generator)
+        if self.bias is not None:
+            fill_blob(self.bias.data, self.bias_filler, generator)
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0] + (self.num_output,)]
+
+    def forward(self, x):
+        index = x.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
+        if index.numel() and (bool((index < 0).any()) or bool((index >= self.input_dim).any())):
+            bad = x[(index < 0) | (index >= self.input_dim)].flatten()[0].item()
+            raise DataError(f"layer '{self.layer_name}': Embed index {bad} is outside [0, {self.input_dim})")
+        y = F.embedding(index, self.weight)
+        if self.bias is not None:
+            y = y + self.bias
+        return (y,)
+
+
+@register_layer("Accuracy")
+class Accuracy(CaffeLayer):
+    """Top-k classification accuracy of scores (bottom 0) against labels (bottom 1).
+
+    ``accuracy_param``: top_k 1, axis 1 (the class axis), ignore_label unset.  Scores are read as
+    (outer, C, inner) around the axis and labels hold outer·inner values (truncated to int).  A
+    position is correct when ``#{k : score_k >= score_label} - 1 < top_k`` (Caffe master's count, so a
+    tie with the true class counts against it).  Top 0 (scalar): correct / counted (0 when nothing is
+    counted; ignored labels are not counted).  Optional top 1 (C,): per-class accuracy (0 for a class
+    that never occurs).  Labels outside [0, C) raise :class:`DataError`.  No gradient."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 2)
+        p = param.accuracy_param
+        scores, labels = self.bottom_shapes
+        self.top_k = int(p.top_k)
+        self.axis = canonical_axis(p.axis, len(scores), self.layer_name, "accuracy_param.axis")
+        self.ignore_label = int(p.ignore_label) if p.HasField("ignore_label") else None
+        self.num_labels = scores[self.axis]
+        if self.top_k > count(scores) // count(scores, 0, self.axis):
+            raise FormatError(f"layer '{self.layer_name}': top_k {self.top_k} exceeds the {self.num_labels} classes")
+        if count(scores, 0, self.axis) * count(scores, self.axis + 1) != count(labels):
+            raise FormatError(f"layer '{self.layer_name}': {count(labels)} labels for scores of shape {scores} "
+                              f"(need outer·inner = {count(scores, 0, self.axis) * count(scores, self.axis + 1)})")
+        self.num_tops = max(1, len(param.top))
+
+    def output_shapes(self):
+        shapes = [()]
+        if self.num_tops > 1:
+            shapes.append((self.num_labels,))
+        return shapes
+
+    def forward(self, scores, labels):
+        scores = scores.detach()
+        shape = scores.shape
+        s = scores.reshape(count(shape, 0, self.axis), shape[self.axis], count(shape, self.axis + 1))
+        lab = labels.detach().reshape(s.shape[0], s.shape[2]).to(torch.int64)
+        valid = torch.ones_like(lab, dtype=torch.bool) if self.ignore_label is None else lab != self.ignore_label
+        if bool(((lab < 0) | (lab >= self.num_labels))[valid].any()):
+            raise DataError(f"layer '{self.layer_name}': a label is outside [0, {self.num_labels})")
+        safe = torch.where(valid, lab, torch.zeros_like(lab))
+        true_score = torch.gather(s, 1, safe.unsqueeze(1))
+        better = (s >= true_score).sum(dim=1) - 1
+        correct = (better < self.top_k) & valid
+        n_valid = valid.sum()
+        accuracy = torch.where(n_valid > 0, correct.sum().to(scores.dtype) / n_valid.clamp(min=1),
+                               torch.zeros((), dtype=scores.dtype, device=scores.device))
+        if self.num_tops == 1:
+            return (accuracy,)
+        classes = torch.zeros(self.num_labels, dtype=scores.dtype, device=scores.device)
+        totals = classes.index_add(0, safe[valid], torch.ones_like(safe[valid], dtype=scores.dtype))
+        hits = classes.index_add(0, safe[correct], torch.ones_like(safe[correct], dtype=scores.dtype))
+        per_class = torch.where(totals > 0, hits / totals.clamp(min=1), classes)
+        return (accuracy, per_class)
+
+
+@register_layer("Parameter")
+class Parameter(CaffeLayer):
+    """No bottom; its single top is its learnable blob 0 of shape ``parameter_param.shape``
+    (zero-initialised; Caffe's ParameterLayer has no filler)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 0)
+        self.blob = nn.Parameter(torch.zeros(tuple(int(d) for d in param.parameter_param.shape.dim)))
+
+    def caffe_blobs(self):
+        return [self.blob]
+
+    def output_shapes(self):
+        return [tuple(self.blob.shape)]
+
+    def forward(self):
+        return (self.blob,)

@@ -1,0 +1,297 @@
+"""Caffe's normalisation and affine layers: BatchNorm, Scale, Bias, MVN, LRN.
+
+Channels are axis 1 throughout.  BatchNorm's three blobs are non-learnable state (registered buffers,
+still listed by ``caffe_blobs`` in Caffe's order); Scale/Bias blobs are ``nn.Parameter``.  No port
+writes its input, so in-place prototxt chains (``BatchNorm → Scale`` on one blob) stay differentiable.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from caffe_compat.errors import FormatError
+from caffe_compat.layers.blob_axes import broadcast_view, canonical_axis, check_bottoms
+from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
+from caffe_compat.layers.registry import CaffeLayer, register_layer
+from caffe_compat.proto import caffe_pb2
+
+
+@register_layer("BatchNorm")
+class BatchNorm(CaffeLayer):
+    """Caffe's BatchNorm (normalisation only; the affine part is a separate ``Scale`` layer).
+
+    Blobs (all non-learnable, zero-initialised): 0 = accumulated mean (C,), 1 = accumulated variance
+    (C,), 2 = scale factor s (1,).  ``batch_norm_param``: ``use_global_stats`` (unset: true in TEST,
+    false in TRAIN, decided from ``self.phase`` at call time), ``moving_average_fraction`` λ (0.999),
+    ``eps`` (1e-5).  Statistics are per channel (axis 1; one channel for a 1-axis bottom) over every
+    other axis, m = count / C values each.
+
+    * global stats: ``f = 0 if s == 0 else 1/s``; ``y = (x - f·blob0) / sqrt(f·blob1 + eps)``.  A stored
+      factor of 0 therefore normalises with mean 0 and variance 0: ``y = x / sqrt(eps)``.
+    * batch stats (TRAIN): ``μ`` = batch mean, ``σ²`` = biased batch variance ``mean((x - μ)²)``,
+      ``y = (x - μ) / sqrt(σ² + eps)``; then, in the forward pass and without gradient,
+      ``s ← λ·s + 1``, ``blob0 ← λ·blob0 + μ``, ``blob1 ← λ·blob1 + m/(m-1)·σ²`` (factor 1 if m = 1).
+
+    The blobs never get a gradient (Caffe forces their lr_mult to 0 and never writes their diff)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1)
+        p = param.batch_norm_param
+        shape = self.bottom_shapes[0]
+        self.channels = 1 if len(shape) == 1 else shape[1]
+        self.moving_average_fraction = float(p.moving_average_fraction)
+        self.eps = float(p.eps)
+        self._global_stats_setting = p.use_global_stats if p.HasField("use_global_stats") else None
+        self.register_buffer("mean", torch.zeros(self.channels))
+        self.register_buffer("variance", torch.zeros(self.channels))
+        self.register_buffer("scale_factor", torch.zeros(1))
+
+    @property
+    def use_global_stats(self) -> bool:
+        if self._global_stats_setting is not None:
+            return bool(self._global_stats_setting)
+        return self.phase != "train"
+
+    def caffe_blobs(self):
+        return [self.mean, self.variance, self.scale_factor]
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0]]
+
+    def fill(self, generator=None):
+        with torch.no_grad():
+            for blob in self.caffe_blobs():
+                blob.zero_()
+
+    def forward(self, x):
+        if x.dim() == 0 or (x.dim() > 1 and x.shape[1] != self.channels) or (x.dim() == 1 and self.channels != 1):
+            raise FormatError(f"layer '{self.layer_name}': bottom shape {tuple(x.shape)} does not have "
+                              f"{self.channels} channels on axis 1")
+        stat_shape = [1] * x.dim()
+        if x.dim() > 1:
+            stat_shape[1] = self.channels
+        if self.use_global_stats:
+            s = self.scale_factor.to(x.dtype)
+            factor = torch.where(s == 0, torch.zeros_like(s), 1.0 / s)
+            mean = (self.mean.to(x.dtype) * factor).reshape(stat_shape)
+            var = (self.variance.to(x.dtype) * factor).reshape(stat_shape)
+            return ((x - mean) / torch.sqrt(var + self.eps),)
+        dims = [d for d in range(x.dim()) if d != 1] if x.dim() > 1 else [0]
+        mean = x.mean(dim=dims, keepdim=True)
+        centred = x - mean
+        var = (centred * centred).mean(dim=dims, keepdim=True)
+        self._update_statistics(mean.detach().reshape(-1), var.detach().reshape(-1), x.numel() // self.channels)
+        return (centred / torch.sqrt(var + self.eps),)
+
+    def _update_statistics(self, mean, var, m):
+        lam = self.moving_average_fraction
+        correction = m / (m - 1) if m > 1 else 1.0
+        with torch.no_grad():
+            self.scale_factor.copy_(self.scale_factor * lam + 1.0)
+            self.mean.copy_(self.mean * lam + mean.to(self.mean.dtype))
+            self.variance.copy_(self.variance * lam + correction * var.to(self.variance.dtype))
+
+
+def _param_shape(layer: str, bottom_shape, axis: int, num_axes: int, kind: str) -> tuple[int, tuple[int, ...]]:
+    ndim = len(bottom_shape)
+    axis = canonical_axis(axis, ndim, layer, f"{kind}_param.axis") if ndim else 0
+    if num_axes < -1:
+        raise FormatError(f"layer '{layer}': {kind}_param.num_axes must be >= -1, got {num_axes}")
+    end = ndim if num_axes == -1 else axis + num_axes
+    if end > ndim:
+        raise FormatError(f"layer '{layer}': {kind} blob over axes {axis}..{end - 1} exceeds the bottom's "
+                          f"{ndim} axes (shape {tuple(bottom_shape)})")
+    return axis, tuple(bottom_shape[axis:end])
+
+
+def _second_bottom_axis(layer: str, shapes, axis: int, kind: str) -> int:
+    first, second = shapes[0], shapes[1]
+    ndim = len(first)
+    axis = canonical_axis(axis, ndim, layer, f"{kind}_param.axis") if ndim else 0
+    if tuple(first[axis:axis + len(second)]) != tuple(second):
+        raise FormatError(f"layer '{layer}': second bottom shape {tuple(second)} must equal the first bottom's "
+                          f"axes {axis}..{axis + len(second) - 1} (first bottom shape {tuple(first)})")
+    return axis
+
+
+def _broadcast(value: torch.Tensor, ndim: int, axis: int) -> torch.Tensor:
+    return value.reshape(broadcast_view(value.shape, ndim, axis))
+
+
+@register_layer("Scale")
+class Scale(CaffeLayer):
+    """``y = x ⊙ γ (+ β)``, γ broadcast over axes ``axis .. axis+num_axes-1`` of x.
+
+    One bottom: γ is learned, blob 0, shape ``x.shape[axis : axis+num_axes]`` (``scale_param``: axis 1,
+    num_axes 1, -1 = to the end, 0 = a scalar), filler ``scale_param.filler`` else constant 1.
+    Two bottoms: γ is the second bottom, whose shape must equal ``x.shape[axis : axis+γ.ndim]``.
+    ``bias_term`` (false) adds a learned β of γ's shape (filler ``bias_filler``, else constant 0),
+    which is blob 1 with one bottom and blob 0 with two (Caffe's order)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1, 2)
+        p = param.scale_param
+        if len(self.bottom_shapes) == 2:
+            self.axis = _second_bottom_axis(self.layer_name, self.bottom_shapes, p.axis, "scale")
+            shape = self.bottom_shapes[1]
+            self.scale = None
+        else:
+            self.axis, shape = _param_shape(self.layer_name, self.bottom_shapes[0], p.axis, p.num_axes, "scale")
+            self.scale = nn.Parameter(torch.ones(shape))
+        self.scale_filler = layer_filler(p, "filler", constant_filler(1.0))
+        self.bias = nn.Parameter(torch.zeros(shape)) if p.bias_term else None
+        self.bias_filler = layer_filler(p, "bias_filler", caffe_pb2.FillerParameter())
+
+    def caffe_blobs(self):
+        return [b for b in (self.scale, self.bias) if b is not None]
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0]]
+
+    def fill(self, generator=None):
+        if self.scale is not None:
+            fill_blob(self.scale.data, self.scale_filler, generator)
+        if self.bias is not None:
+            fill_blob(self.bias.data, self.bias_filler, generator)
+
+    def forward(self, x, *maybe_scale):
+        gamma = maybe_scale[0] if maybe_scale else self.scale
+        y = x * _broadcast(gamma, x.dim(), self.axis)
+        if self.bias is not None:
+            y = y + _broadcast(self.bias, x.dim(), self.axis)
+        return (y,)
+
+
+@register_layer("Bias")
+class Bias(CaffeLayer):
+    """``y = x + β``, β broadcast over axes ``axis .. axis+num_axes-1`` of x.
+
+    One bottom: β is learned, blob 0, shape ``x.shape[axis : axis+num_axes]`` (``bias_param``: axis 1,
+    num_axes 1, -1 = to the end, 0 = a scalar), filler ``bias_param.filler`` else constant 0.
+    Two bottoms: β is the second bottom, shape ``x.shape[axis : axis+β.ndim]``."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1, 2)
+        p = param.bias_param
+        if len(self.bottom_shapes) == 2:
+            self.axis = _second_bottom_axis(self.layer_name, self.bottom_shapes, p.axis, "bias")
+            self.bias = None
+        else:
+            self.axis, shape = _param_shape(self.layer_name, self.bottom_shapes[0], p.axis, p.num_axes, "bias")
+            self.bias = nn.Parameter(torch.zeros(shape))
+        self.filler = layer_filler(p, "filler", caffe_pb2.FillerParameter())
+
+    def caffe_blobs(self):
+        return [self.bias] if self.bias is not None else []
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0]]
+
+    def fill(self, generator=None):
+        if self.bias is not None:
+            fill_blob(self.bias.data, self.filler, generator)
+
+    def forward(self, x, *maybe_bias):
+        beta = maybe_bias[0] if maybe_bias else self.bias
+        return (x + _broadcast(beta, x.dim(), self.axis),)
+
+
+def _std_plus_eps(std: torch.Tensor, eps: float) -> torch.Tensor:
+    """``std + eps`` in value, with its gradient scaled by ``std / (std + eps)``.
+
+    Caffe's MVN backward is ``(dy - mean(dy) - y·mean(dy·y)) / (std + eps)``: the exact derivative of
+    ``(x - μ)/std`` divided by ``std + eps``.  The exact derivative of ``(x - μ)/(std + eps)`` has
+    ``y·(std + eps)/std`` in the last term instead.  Scaling the gradient through ``std`` by
+    ``std / (std + eps)`` turns autograd's result into Caffe's (identical when eps = 0)."""
+    if eps == 0.0:
+        return std
+    ratio = (std / (std + eps)).detach()
+    scaled = std * ratio
+    return scaled + (std + eps - scaled).detach()
+
+
+@register_layer("MVN")
+class MVN(CaffeLayer):
+    """Mean-variance normalisation: ``y = (x - μ) / (σ + eps)`` per (sample, channel), or per sample when
+    ``across_channels``; without ``normalize_variance`` just ``y = x - μ``.
+
+    ``mvn_param``: normalize_variance true, across_channels false, eps 1e-9.  σ is the biased standard
+    deviation ``sqrt(mean((x - μ)²))``.  **eps is added to σ, not to σ²** (Caffe ``MVNLayer``), and Caffe's
+    backward, reproduced here, treats ``σ + eps`` as if it were σ in the variance term:
+    ``dx = (dy - mean(dy) - y·mean(dy·y)) / (σ + eps)`` (the fixtures' ``mvn_across_eps``, eps 0.01,
+    tell the two apart)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1)
+        p = param.mvn_param
+        self.normalize_variance = bool(p.normalize_variance)
+        self.across_channels = bool(p.across_channels)
+        self.eps = float(p.eps)
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0]]
+
+    def forward(self, x):
+        if x.dim() < 1:
+            raise FormatError(f"layer '{self.layer_name}': MVN needs a bottom with at least one axis")
+        rows = x.shape[0] if (self.across_channels or x.dim() == 1) else x.shape[0] * x.shape[1]
+        flat = x.reshape(rows, -1)
+        centred = flat - flat.mean(dim=1, keepdim=True)
+        if self.normalize_variance:
+            std = torch.sqrt((centred * centred).mean(dim=1, keepdim=True))
+            centred = centred / _std_plus_eps(std, self.eps)
+        return (centred.reshape(x.shape),)
+
+
+@register_layer("LRN")
+class LRN(CaffeLayer):
+    """Local response normalisation over 4-axis bottoms (``lrn_param``: local_size n = 5 (odd),
+    alpha 1, beta 0.75, k 1, norm_region ACROSS_CHANNELS).
+
+    * ACROSS_CHANNELS: ``y = x / (k + α/n · Σ x²)^β``, the sum over the n channels centred on the
+      channel, zero-padded ((n-1)/2 each side).
+    * WITHIN_CHANNEL, as Caffe composes it (square → AVE pool n×n, stride 1, pad (n-1)/2 → Power →
+      product): ``y = x / (1 + α · mean_{n×n} x²)^β`` where the mean always divides by n² (the
+      zero-padded window never leaves [-pad, H+pad)).  **k is ignored** (Caffe's Power layer uses
+      shift 1)."""
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        check_bottoms(self.layer_name, self.bottom_shapes, 1)
+        p = param.lrn_param
+        self.size = int(p.local_size)
+        if self.size % 2 != 1:
+            raise FormatError(f"layer '{self.layer_name}': LRN only supports odd local_size, got {self.size}")
+        self.alpha, self.beta, self.k = float(p.alpha), float(p.beta), float(p.k)
+        self.within_channel = p.norm_region == caffe_pb2.LRNParameter.WITHIN_CHANNEL
+        if len(self.bottom_shapes[0]) != 4:
+            raise FormatError(f"layer '{self.layer_name}': LRN needs a 4-axis bottom (N, C, H, W), "
+                              f"got shape {self.bottom_shapes[0]}")
+
+    def output_shapes(self):
+        return [self.bottom_shapes[0]]
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise FormatError(f"layer '{self.layer_name}': LRN needs a 4-axis bottom, got shape {tuple(x.shape)}")
+        pad = (self.size - 1) // 2
+        square = x * x
+        if self.within_channel:
+            window_mean = F.avg_pool2d(square, self.size, stride=1, padding=pad, count_include_pad=True)
+            scale = 1.0 + self.alpha * window_mean
+        else:
+            # Sum of n channel-shifted copies of the zero-padded squares (3x faster than avg_pool3d
+            # on CPU, same values); the loop runs over the window size only.
+            padded = F.pad(square, (0, 0, 0, 0, pad, pad))
+            channels = x.shape[1]
+            window_sum = padded[:, 0:channels]
+            for shift in range(1, self.size):
+                window_sum = window_sum + padded[:, shift:shift + channels]
+            scale = self.k + (self.alpha / self.size) * window_sum
+        return (x * torch.pow(scale, -self.beta),)

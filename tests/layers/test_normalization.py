@@ -1,0 +1,219 @@
+"""BatchNorm, Scale, Bias, MVN and LRN against real Caffe (layer_zoo), closed forms and gradcheck."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_compat.errors import FormatError
+from tests.layers.zoo_single_layer import Zoo, assert_matches, make_layer, run_and_compare
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    return Zoo("layer_zoo")
+
+
+@pytest.mark.parametrize("layer", ["bn_zero_factor", "bias_ch_h", "scale2", "bias2", "mvn", "mvn_across_mean_only",
+                                   "mvn_across_eps", "lrn_within"])
+def test_layer_matches_caffe_forward_and_backward(zoo, layer):
+    errors = run_and_compare(zoo, layer)
+    assert max(errors.values()) < 1e-6
+
+
+def test_batchnorm_zero_factor_divides_by_sqrt_eps(zoo):
+    x = zoo.blobs[zoo.bottom_keys("bn_zero_factor")[0]].astype(np.float64)
+    assert zoo.params["bn_zero_factor:2"][0] == 0.0
+    np.testing.assert_allclose(zoo.blobs["bn_zero_factor"], x / np.sqrt(1e-5), rtol=1e-6)
+    port = zoo.build("bn_zero_factor")
+    assert [b.requires_grad for b in port.caffe_blobs()] == [False, False, False]
+    assert not any(np.any(zoo.grads[f"param_diff:bn_zero_factor:{i}"]) for i in range(3))
+
+
+def test_batchnorm_then_in_place_scale_matches_caffe(zoo):
+    # bn and bn_scale share the blob "bn" (an output of the net): the stored data is the Scale output
+    # and the stored diff is the random diff injected as that output's top diff.
+    bn, scale = zoo.build("bn"), zoo.build("bn_scale")
+    (x,) = zoo.bottoms("bn")
+    (normalised,) = bn(x)
+    (out,) = scale(normalised)
+    assert_matches(out, zoo.blobs["bn"], what="bn -> bn_scale forward")
+    top_diff = torch.from_numpy(zoo.grads["diff:bn"])
+    gx, g_gamma, g_beta = torch.autograd.grad(out, [x, scale.scale, scale.bias], top_diff)
+    assert_matches(gx, zoo.grads[f"diff:{zoo.bottom_keys('bn')[0]}"], what="bn bottom diff")
+    assert_matches(g_gamma, zoo.grads["param_diff:bn_scale:0"], what="bn_scale gamma diff")
+    assert_matches(g_beta, zoo.grads["param_diff:bn_scale:1"], what="bn_scale beta diff")
+    assert zoo.params["bn:2"][0] == 0.5  # global stats divided by the factor 0.5
+    assert not any(np.any(zoo.grads[f"param_diff:bn:{i}"]) for i in range(3))
+
+
+def test_lrn_across_then_in_place_prelu_matches_caffe(zoo):
+    # lrn_across is rewritten in place by prelu_ch; the blob is a net output, so its stored diff is the
+    # injected top diff of the chain.
+    lrn, prelu = zoo.build("lrn_across"), zoo.build("prelu_ch")
+    (x,) = zoo.bottoms("lrn_across")
+    (normalised,) = lrn(x)
+    (out,) = prelu(normalised)
+    assert_matches(out, zoo.blobs["lrn_across"], what="lrn_across -> prelu_ch forward")
+    top_diff = torch.from_numpy(zoo.grads["diff:lrn_across"])
+    gx, g_slope = torch.autograd.grad(out, [x, prelu.slope], top_diff)
+    assert_matches(g_slope, zoo.grads["param_diff:prelu_ch:0"], what="prelu_ch slope diff")
+    # Caffe quirk: LRN's backward reads its *top data*, which the in-place PReLU has overwritten with
+    # PReLU(y).  Where every channel of the LRN window has y > 0 the two coincide and the port matches;
+    # elsewhere Caffe's gradient is the one computed from the clobbered top (checked in float64 below).
+    reference = zoo.grads[f"diff:{zoo.bottom_keys('lrn_across')[0]}"]
+    y = normalised.detach().double().numpy()
+    negative = np.pad((y <= 0).astype(np.int64), ((0, 0), (1, 1), (0, 0), (0, 0)))
+    clean = (negative[:, :-2] + negative[:, 1:-1] + negative[:, 2:]) == 0
+    assert clean.mean() > 0.1 and (~clean).mean() > 0.1
+    assert_matches(gx.numpy()[clean], reference[clean], what="lrn_across bottom diff (unclobbered windows)")
+    assert np.max(np.abs(gx.numpy() - reference)) > 1e-3
+    np.testing.assert_allclose(_lrn_backward_with_clobbered_top(zoo, y), reference, rtol=1e-5, atol=1e-6)
+
+
+def _lrn_backward_with_clobbered_top(zoo, y):
+    """float64 transcription of Caffe's LRNLayer::CrossChannelBackward_cpu reading PReLU(y) as top."""
+    x = zoo.blobs[zoo.bottom_keys("lrn_across")[0]].astype(np.float64)
+    n, alpha, beta, k, channels = 3, 0.5, 0.6, 1.5, x.shape[1]
+    pad = ((0, 0), (1, 1), (0, 0), (0, 0))
+    squares = np.pad(x * x, pad)
+    scale = k + alpha / n * sum(squares[:, i:i + channels] for i in range(n))
+    slope = zoo.params["prelu_ch:0"].reshape(1, -1, 1, 1).astype(np.float64)
+    top_data = np.where(y > 0, y, slope * y)  # the in-place PReLU output
+    top_diff = zoo.grads["diff:lrn_across"] * np.where(y > 0, 1.0, slope)  # PReLU backward
+    ratio = np.pad(top_diff * top_data / scale, pad)
+    accumulated = sum(ratio[:, i:i + channels] for i in range(n))
+    return top_diff * scale ** -beta - 2.0 * alpha * beta / n * x * accumulated
+
+
+def test_lrn_within_channel_ignores_k():
+    x = torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(0))
+    a = make_layer('type: "LRN" lrn_param { norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.3 beta: 0.7 k: 1 }',
+                   [x.shape])(x)[0]
+    b = make_layer('type: "LRN" lrn_param { norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.3 beta: 0.7 k: 5 }',
+                   [x.shape])(x)[0]
+    assert torch.equal(a, b)
+    # By hand at a corner: the 3x3 window holds 4 in-range values and is still divided by 9.
+    xd = x.double().numpy()
+    window = (xd[0, 1, 0:2, 0:2] ** 2).sum() / 9.0
+    expected = xd[0, 1, 0, 0] / (1 + float(np.float32(0.3)) * window) ** float(np.float32(0.7))
+    assert abs(a[0, 1, 0, 0].item() - expected) < 1e-6 * abs(expected)
+
+
+def test_lrn_across_channels_closed_form():
+    x = torch.randn(2, 6, 3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (y,) = make_layer('type: "LRN" lrn_param { local_size: 5 alpha: 0.5 beta: 0.6 k: 1.5 }', [x.shape])(x)
+    xd, beta = x.numpy(), float(np.float32(0.6))  # prototxt floats are float32
+    expected = np.empty_like(xd)
+    for c in range(6):
+        lo, hi = max(0, c - 2), min(6, c + 3)
+        expected[:, c] = xd[:, c] / (1.5 + 0.5 / 5 * (xd[:, lo:hi] ** 2).sum(axis=1)) ** beta
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-13)
+
+
+def test_lrn_rejects_even_size_and_non_4d():
+    with pytest.raises(FormatError, match="odd local_size"):
+        make_layer('type: "LRN" lrn_param { local_size: 4 }', [(1, 3, 4, 4)])
+    with pytest.raises(FormatError, match="4-axis"):
+        make_layer('type: "LRN"', [(3, 4)])
+
+
+def _bn_reference(x, mean_blob, var_blob, factor, lam, eps):
+    """float64 transcription of Caffe's BatchNorm TRAIN forward (with the statistic updates)."""
+    axes = (0, 2, 3)
+    mean = x.mean(axis=axes)
+    var = ((x - mean.reshape(1, -1, 1, 1)) ** 2).mean(axis=axes)
+    m = x.size // x.shape[1]
+    y = (x - mean.reshape(1, -1, 1, 1)) / np.sqrt(var.reshape(1, -1, 1, 1) + eps)
+    return y, lam * mean_blob + mean, lam * var_blob + m / (m - 1) * var, lam * factor + 1
+
+
+def test_batchnorm_train_updates_statistics_like_caffe():
+    text = 'type: "BatchNorm" batch_norm_param { moving_average_fraction: 0.9 eps: 0.001 }'
+    port = make_layer(text, [(4, 3, 2, 5)], phase="train").double()
+    assert not port.use_global_stats
+    rng = np.random.RandomState(5)
+    mean_blob, var_blob, factor = np.zeros(3), np.zeros(3), 0.0
+    lam, eps = float(np.float32(0.9)), float(np.float32(0.001))  # prototxt floats are float32
+    for step in range(2):
+        x = rng.randn(4, 3, 2, 5) * (step + 2) + step
+        (y,) = port(torch.from_numpy(x))
+        y_ref, mean_blob, var_blob, factor = _bn_reference(x, mean_blob, var_blob, factor, lam, eps)
+        np.testing.assert_allclose(y.numpy(), y_ref, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(port.mean.numpy(), mean_blob, rtol=1e-12)
+        np.testing.assert_allclose(port.variance.numpy(), var_blob, rtol=1e-12)
+        np.testing.assert_allclose(port.scale_factor.numpy(), [factor], rtol=1e-12)
+    # The same blobs in TEST phase: global statistics = blob / factor.
+    port.phase = "test"
+    assert port.use_global_stats
+    x = rng.randn(2, 3, 2, 5)
+    (y,) = port(torch.from_numpy(x))
+    mean, var = (mean_blob / factor).reshape(1, -1, 1, 1), (var_blob / factor).reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(y.numpy(), (x - mean) / np.sqrt(var + eps), rtol=1e-12)
+
+
+def test_batchnorm_explicit_use_global_stats_overrides_phase():
+    port = make_layer('type: "BatchNorm" batch_norm_param { use_global_stats: false }', [(2, 3)], phase="test")
+    assert not port.use_global_stats
+    assert make_layer('type: "BatchNorm"', [(2, 3)], phase="test").use_global_stats
+    assert [tuple(b.shape) for b in port.caffe_blobs()] == [(3,), (3,), (1,)]
+
+
+def test_scale_blob_shapes_fillers_and_order():
+    one = make_layer('type: "Scale" scale_param { axis: 1 num_axes: -1 bias_term: true '
+                     'bias_filler { type: "constant" value: 0.5 } }', [(2, 3, 4)])
+    assert [tuple(b.shape) for b in one.caffe_blobs()] == [(3, 4), (3, 4)]
+    one.fill(torch.Generator().manual_seed(0))
+    assert torch.all(one.scale == 1.0) and torch.all(one.bias == 0.5)
+    scalar = make_layer('type: "Scale" scale_param { num_axes: 0 filler { type: "constant" value: 3 } }', [(2, 3)])
+    scalar.fill()
+    assert scalar.scale.shape == () and torch.equal(scalar(torch.ones(2, 3))[0], torch.full((2, 3), 3.0))
+    two = make_layer('type: "Scale" bottom: "a" bottom: "b" scale_param { axis: 0 bias_term: true }', [(2, 3, 4), (2, 3)])
+    assert [tuple(b.shape) for b in two.caffe_blobs()] == [(2, 3)]  # two bottoms: blob 0 is the bias
+    with pytest.raises(FormatError, match="second bottom shape"):
+        make_layer('type: "Scale" bottom: "a" bottom: "b"', [(2, 3, 4), (2, 3)])
+    bias = make_layer('type: "Bias" bias_param { axis: -1 }', [(2, 3, 4)])
+    assert bias.bias.shape == (4,)
+    with pytest.raises(FormatError, match="exceeds"):
+        make_layer('type: "Bias" bias_param { axis: 2 num_axes: 2 }', [(2, 3, 4)])
+
+
+def test_mvn_backward_is_caffes_formula_not_the_exact_derivative():
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    dy = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    port = make_layer('type: "MVN" mvn_param { eps: 0.5 }', [x.shape])
+    (y,) = port(x)
+    (gx,) = torch.autograd.grad(y, x, dy)
+    xd, g = x.detach().numpy().reshape(6, -1), dy.numpy().reshape(6, -1)
+    c = xd - xd.mean(1, keepdims=True)
+    std = np.sqrt((c * c).mean(1, keepdims=True))
+    yd = c / (std + 0.5)
+    np.testing.assert_allclose(y.detach().numpy().reshape(6, -1), yd, rtol=1e-13)
+    caffe = (g - g.mean(1, keepdims=True) - yd * (g * yd).mean(1, keepdims=True)) / (std + 0.5)
+    np.testing.assert_allclose(gx.numpy().reshape(6, -1), caffe, rtol=1e-10, atol=1e-12)
+    exact = (g - g.mean(1, keepdims=True) - yd * (std + 0.5) / std * (g * yd).mean(1, keepdims=True)) / (std + 0.5)
+    assert np.max(np.abs(caffe - exact)) > 1e-3
+
+
+@pytest.mark.parametrize("text", [
+    'type: "LRN" lrn_param { local_size: 3 alpha: 0.5 beta: 0.6 k: 1.5 }',
+    'type: "LRN" lrn_param { norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.3 beta: 0.7 k: 3 }',
+    'type: "MVN"',
+    'type: "MVN" mvn_param { across_channels: true }',
+    'type: "MVN" mvn_param { normalize_variance: false }',
+    'type: "BatchNorm" batch_norm_param { eps: 0.001 }',
+])
+def test_gradcheck_float64(text):
+    x = torch.randn(3, 4, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(7)).requires_grad_()
+    port = make_layer(text, [x.shape], phase="train").double()
+    assert torch.autograd.gradcheck(lambda t: port(t)[0], (x,))
+
+
+def test_gradcheck_two_bottom_scale_and_bias_float64():
+    x = torch.randn(2, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8)).requires_grad_()
+    s = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(9)).requires_grad_()
+    scale = make_layer('type: "Scale" bottom: "x" bottom: "s"', [x.shape, s.shape])
+    bias = make_layer('type: "Bias" bottom: "x" bottom: "s"', [x.shape, s.shape])
+    assert torch.autograd.gradcheck(lambda a, b: scale(a, b)[0], (x, s))
+    assert torch.autograd.gradcheck(lambda a, b: bias(a, b)[0], (x, s))
