@@ -1,0 +1,25 @@
+"""Metric-learning losses as plain ``nn.Module``s, each called ``loss(embeddings, labels)``.
+
+The Caffe loss *layers* (``caffe_compat/layers/metric_learning.py``) are thin adapters over these.
+Batch geometry (cosines, distances, label masks, Caffe's pair order) lives in :mod:`.pairwise`.
+"""
+
+from caffe_compat.losses.binomial_deviance import BinomialDevianceLoss
+from caffe_compat.losses.contrastive import ContrastiveLoss
+from caffe_compat.losses.cosine_similarity_batch import cosine_similarity_batch
+from caffe_compat.losses.fappy import FAPPYLoss, fappy_caffe, fappy_paper
+from caffe_compat.losses.fastap import FastAPLoss
+from caffe_compat.losses.histogram import HistogramLoss
+from caffe_compat.losses.lifted_struct import LiftedStructLoss
+from caffe_compat.losses.margin import MarginLoss
+from caffe_compat.losses.miners import DistanceWeightedMiner, EasyPositiveMiner, VTHMMiner
+from caffe_compat.losses.multi_similarity import MultiSimilarityLoss
+from caffe_compat.losses.raw import RAWLoss
+from caffe_compat.losses.smooth_ap import SmoothAPLoss
+from caffe_compat.losses.triplet import TripletLoss
+
+__all__ = [
+    "BinomialDevianceLoss", "ContrastiveLoss", "DistanceWeightedMiner", "EasyPositiveMiner", "FAPPYLoss",
+    "FastAPLoss", "HistogramLoss", "LiftedStructLoss", "MarginLoss", "MultiSimilarityLoss", "RAWLoss",
+    "SmoothAPLoss", "TripletLoss", "VTHMMiner", "cosine_similarity_batch", "fappy_caffe", "fappy_paper",
+]
