@@ -18,17 +18,19 @@ from caffe_compat.io.protofiles import read_message, write_message
 from caffe_compat.proto import caffe_pb2
 
 
-def blob_shape(blob: caffe_pb2.BlobProto) -> tuple[int, ...]:
-    if blob.HasField("shape"):
-        return tuple(int(d) for d in blob.shape.dim)
-    if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
-        return (blob.num, blob.channels, blob.height, blob.width)
-    n = len(blob.data) or len(blob.double_data)
-    return (n,) if n else (0,)
+_LEGACY_FIELDS = ("num", "channels", "height", "width")
 
 
 def is_legacy(blob: caffe_pb2.BlobProto) -> bool:
-    return not blob.HasField("shape")
+    """Caffe's rule: any of num/channels/height/width set makes the blob legacy 4-D."""
+    return any(blob.HasField(f) for f in _LEGACY_FIELDS)
+
+
+def blob_shape(blob: caffe_pb2.BlobProto) -> tuple[int, ...]:
+    """Legacy 4-D dims when any is set, else ``shape.dim`` (absent or empty: a 0-axis blob, shape ())."""
+    if is_legacy(blob):
+        return (blob.num, blob.channels, blob.height, blob.width)
+    return tuple(int(d) for d in blob.shape.dim)
 
 
 def blob_to_array(blob: caffe_pb2.BlobProto, diff: bool = False, source: str = "blob") -> np.ndarray:

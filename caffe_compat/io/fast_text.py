@@ -102,11 +102,14 @@ def _merge(message, tokens, i: int, depth: int) -> int:
         if field is None or kind != "word":
             raise _Fallback
         i += 1
-        if i < n and tokens[i] == ("punct", ":"):
+        colon = i < n and tokens[i] == ("punct", ":")
+        if colon:
             i += 1
         if i >= n:
             raise _Fallback
         repeated = _is_repeated(field)
+        if field.cpp_type != _F.CPPTYPE_MESSAGE and not colon:
+            raise _Fallback  # scalars need the colon (messages may omit it)
         if field.cpp_type == _F.CPPTYPE_MESSAGE:
             if tokens[i] != ("punct", "{"):
                 raise _Fallback

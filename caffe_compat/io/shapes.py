@@ -71,12 +71,21 @@ class ConvGeometry:
 
 
 def conv_geometry(layer) -> ConvGeometry:
+    """Caffe's BaseConvolutionLayer rules: ``_h``/``_w`` forms win when either is set (an unset one is 0,
+    which is fine for pad and an error for kernel and stride), else the repeated field (1 or 2 values)."""
     p = layer.convolution_param
-    kernel = _pair(p.kernel_size, _opt(p, "kernel_h"), _opt(p, "kernel_w"), None, "kernel_size", layer.name)
-    stride = _pair(p.stride, _opt(p, "stride_h"), _opt(p, "stride_w"), 1, "stride", layer.name)
-    pad = _pair(p.pad, p.pad_h if p.HasField("pad_h") else None, p.pad_w if p.HasField("pad_w") else None,
-                0, "pad", layer.name)
+
+    def hw(name, repeated, default):
+        if p.HasField(f"{name}_h") or p.HasField(f"{name}_w"):
+            return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
+        return _pair(repeated, None, None, default, name, layer.name)
+
+    kernel = hw("kernel", p.kernel_size, None)
+    stride = hw("stride", p.stride, 1)
+    pad = hw("pad", p.pad, 0)
     dilation = _pair(p.dilation, None, None, 1, "dilation", layer.name)
+    if min(kernel) <= 0 or min(stride) <= 0:
+        raise FormatError(f"layer '{layer.name}': kernel and stride must be > 0, got kernel {kernel} stride {stride}")
     if p.num_output == 0:
         raise FormatError(f"layer '{layer.name}': convolution_param.num_output must be > 0")
     return ConvGeometry(kernel, stride, pad, dilation, int(p.group), int(p.num_output), bool(p.bias_term))
@@ -99,12 +108,20 @@ def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
         if p.HasField("kernel_size") or p.HasField("kernel_h"):
             raise FormatError(f"layer '{layer.name}': global_pooling and kernel_size cannot both be set")
         return PoolGeometry(tuple(in_hw), (1, 1), (0, 0), True, True)
-    kh = _opt(p, "kernel_h")
-    kernel = _pair([p.kernel_size] if p.HasField("kernel_size") else [], kh, _opt(p, "kernel_w"), None,
-                   "kernel_size", layer.name)
-    stride = _pair([p.stride], _opt(p, "stride_h"), _opt(p, "stride_w"), 1, "stride", layer.name)
-    pad = _pair([p.pad], p.pad_h if p.HasField("pad_h") else None, p.pad_w if p.HasField("pad_w") else None,
-                0, "pad", layer.name)
+    # Caffe's PoolingLayer: kernel_h and kernel_w together; pad_h / stride_h, when set, take their _w
+    # partner as given (an unset pad_w is 0), else the single pad / stride serves both axes.
+    if p.HasField("kernel_h") != p.HasField("kernel_w"):
+        raise FormatError(f"layer '{layer.name}': for non-square filters both kernel_h and kernel_w are required")
+    if p.HasField("kernel_h"):
+        kernel = (int(p.kernel_h), int(p.kernel_w))
+    elif p.HasField("kernel_size"):
+        kernel = (int(p.kernel_size),) * 2
+    else:
+        raise FormatError(f"layer '{layer.name}': kernel_size (or kernel_h and kernel_w) is required")
+    pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad),) * 2
+    stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride),) * 2
+    if min(kernel) <= 0 or min(stride) <= 0:
+        raise FormatError(f"layer '{layer.name}': kernel and stride must be > 0, got kernel {kernel} stride {stride}")
     if (pad[0] or pad[1]) and (pad[0] >= kernel[0] or pad[1] >= kernel[1]):
         raise FormatError(f"layer '{layer.name}': pad must be smaller than the kernel")
     return PoolGeometry(kernel, stride, pad, False, p.round_mode == 0)

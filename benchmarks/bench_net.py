@@ -1,0 +1,87 @@
+"""CaffeNet speed on the full-width GoogLeNet embedding net (large/googlenet_full), single thread.
+
+Peer measured in the same run: the same layer ports called in a bare loop over the layers (no blob
+bookkeeping, no split views), i.e. the overhead CaffeNet adds.  Real Caffe's times (README section 6,
+same net, single thread, a 2-vCPU EPYC VM) are printed as an external reference, not a same-run peer.
+
+    /work/venv/bin/python benchmarks/bench_net.py [--batch 8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from caffe_compat.net import CaffeNet
+
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_reference" / "large" / "googlenet_full"
+CAFFE_SECONDS = {8: (0.697, 1.659), 32: (2.824, 6.272)}  # forward, forward+backward (README section 6)
+
+
+def bare_forward(net: CaffeNet, data: torch.Tensor) -> torch.Tensor:
+    values = {"data": data}
+    for step in net.steps:
+        if step.module_key is None:
+            for top in step.tops:
+                values[top] = values[step.bottoms[0]]
+            continue
+        if not step.bottoms:
+            continue
+        outs = net.layers[step.module_key](*[values[b] for b in step.bottoms])
+        values.update(zip(step.tops, outs))
+    return values["fc_embedding"]
+
+
+def timed(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    net = CaffeNet(str(REFERENCE / "deploy.prototxt"), weights=str(REFERENCE / "weights.caffemodel"))
+    data = torch.randn(args.batch, 3, 224, 224) * 50
+    top_diff = torch.randn(args.batch, 512)
+
+    def caffenet_forward():
+        with torch.no_grad():
+            net(data=data)
+
+    def caffenet_backward():
+        blobs = net.run({"data": data}, input_grad=True)
+        net.backward(blobs, {"fc_embedding": top_diff}, loss=False, retain_graph=False)
+
+    def bare_fwd():
+        with torch.no_grad():
+            bare_forward(net, data)
+
+    def bare_backward():
+        x = data.clone().requires_grad_()
+        out = bare_forward(net, x)
+        torch.autograd.backward(out, top_diff)
+
+    rows = [("forward", timed(caffenet_forward, args.repeats), timed(bare_fwd, args.repeats), 0),
+            ("forward+backward", timed(caffenet_backward, args.repeats), timed(bare_backward, args.repeats), 1)]
+    caffe = CAFFE_SECONDS.get(args.batch)
+    print(f"googlenet_full, N={args.batch}, 1 thread, median of {args.repeats}")
+    print(f"{'pass':<18}{'CaffeNet s':>12}{'bare loop s':>13}{'ratio':>8}{'Caffe s (README)':>18}{'ratio':>8}")
+    for name, ours, bare, i in rows:
+        ref = f"{caffe[i]:>18.3f}{ours / caffe[i]:>8.2f}" if caffe else f"{'-':>18}{'-':>8}"
+        print(f"{name:<18}{ours:>12.3f}{bare:>13.3f}{ours / bare:>8.2f}{ref}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""Vision layers: Convolution, Deconvolution, Pooling, InnerProduct (Caffe semantics, 2-D spatial).
+
+* **Convolution** ``y = W ⋆ x + b`` with Caffe's blobs ``W: num_output × (C/group) × kh × kw`` and
+  ``b: num_output``; ``out = (in + 2·pad − (dilation·(k − 1) + 1)) // stride + 1``.  kernel/pad/stride
+  come from the repeated fields (one value for both axes or one per axis) or their ``_h``/``_w`` forms;
+  ``dilation`` is repeated only.  Defaults: pad 0, stride 1, dilation 1, group 1, bias_term true,
+  fillers constant 0 (Caffe's FillerParameter default).  Several bottoms are convolved with the same
+  weights, one top each (Caffe allows this).
+* **Deconvolution** is the transpose of Convolution; Caffe stores its weight **C_in × (num_output/group)
+  × kh × kw** (the convolution it transposes has C_in outputs), which is exactly
+  ``conv_transpose2d``'s layout.  ``out = stride·(in − 1) + dilation·(k − 1) + 1 − 2·pad``.
+* **Pooling** MAX/AVE with Caffe's output size ``ceil((in + 2p − k)/s) + 1``, minus one when padded and
+  ``(out − 1)·s >= in + p`` (``round_mode: FLOOR`` uses floor).  Quirks reproduced:
+  - MAX never selects padding (the input is padded with −inf, also on the right for the ceil overhang);
+  - AVE divides by the window clipped to ``[−p, in + p)``: padding counts, the overhang past ``in + p``
+    does not; with ``p = 0`` a partial last window divides by its in-range size.  Implemented as a plain
+    zero-padded ``avg_pool2d`` (count_include_pad, no ceil_mode) times ``k_h·k_w / divisor`` with a
+    constant divisor map, so it exports to ONNX as Pad + AveragePool + Mul;
+  - ``global_pooling`` pools the whole plane (pad 0, stride 1 required, as in Caffe);
+  - STOCHASTIC is refused (NOT_IMPLEMENTED on Caffe's CPU build);
+  - a second top on MAX pooling is Caffe's mask: the flat index ``h·W + w`` of the maximum, as float.
+* **InnerProduct** ``y = x_flat · Wᵀ + b`` with ``x_flat`` of shape ``(prod(shape[:axis]), K)``;
+  ``W`` is ``N × K``, or ``K × N`` when ``transpose: true`` (then ``y = x_flat · W + b``); the top has
+  shape ``shape[:axis] + (N,)``.  Defaults: axis 1, bias_term true, transpose false, fillers constant 0.
+
+Only ``axis: 1`` is supported for (De)Convolution, and 4-D blobs; anything else raises FormatError.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from caffe_compat.errors import FormatError, ShapeMismatchError
+from caffe_compat.io.shapes import (canonical_axis, conv_geometry, conv_out_size, deconv_out_size, pool_geometry,
+                                    pooled_size)
+from caffe_compat.layers.fillers import fill_blob, layer_filler
+from caffe_compat.layers.registry import CaffeLayer, register_layer
+
+
+def _fill_blob(tensor: torch.Tensor, container, field: str, generator) -> None:
+    """Fill ``tensor`` with ``container.<field>`` (constant 0 when the prototxt leaves it unset)."""
+    fill_blob(tensor, layer_filler(container, field), generator)
+
+
+# ---------------------------------------------------------------------------- convolution
+
+
+class _ConvolutionBase(CaffeLayer):
+    transposed = False
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        p = param.convolution_param
+        shape = self.bottom_shapes[0]
+        if len(shape) != 4:
+            raise FormatError(f"layer '{self.layer_name}' ({param.type}): only 4-D bottoms (N, C, H, W) are "
+                              f"supported, got shape {shape}")
+        if canonical_axis(p.axis, len(shape), self.layer_name) != 1:
+            raise FormatError(f"layer '{self.layer_name}' ({param.type}): only axis 1 is supported, got {p.axis}")
+        for other in self.bottom_shapes[1:]:
+            if other != shape:
+                raise ShapeMismatchError(f"layer '{self.layer_name}': all bottoms must have the same shape, "
+                                         f"got {shape} and {other}")
+        g = conv_geometry(param)
+        if len(p.dilation) > 2:
+            raise FormatError(f"layer '{self.layer_name}': dilation has {len(p.dilation)} values; 2-D takes 1 or 2")
+        channels = shape[1]
+        if g.group < 1 or channels % g.group or g.num_output % g.group:
+            raise FormatError(f"layer '{self.layer_name}': channels {channels} and num_output {g.num_output} must "
+                              f"be divisible by group {g.group}")
+        if g.stride[0] < 1 or g.stride[1] < 1 or g.kernel[0] < 1 or g.kernel[1] < 1:
+            raise FormatError(f"layer '{self.layer_name}': kernel and stride must be positive")
+        self.kernel, self.stride, self.pad, self.dilation = g.kernel, g.stride, g.pad, g.dilation
+        self.group, self.num_output, self.bias_term = g.group, g.num_output, g.bias_term
+        self.channels = channels
+        if self.transposed:
+            weight_shape = (channels, g.num_output // g.group, *g.kernel)
+        else:
+            weight_shape = (g.num_output, channels // g.group, *g.kernel)
+        self.weight = nn.Parameter(torch.zeros(weight_shape))
+        self.bias = nn.Parameter(torch.zeros(g.num_output)) if g.bias_term else None
+
+    def caffe_blobs(self):
+        return [self.weight] + ([self.bias] if self.bias is not None else [])
+
+    def fill(self, generator=None):
+        p = self.param.convolution_param
+        _fill_blob(self.weight, p, "weight_filler", generator)
+        if self.bias is not None:
+            _fill_blob(self.bias, p, "bias_filler", generator)
+
+    def _spatial_out(self, size, axis):
+        f = deconv_out_size if self.transposed else conv_out_size
+        return f(size, self.kernel[axis], self.stride[axis], self.pad[axis], self.dilation[axis])
+
+    def output_shapes(self):
+        n, _, h, w = self.bottom_shapes[0]
+        out = (n, self.num_output, self._spatial_out(h, 0), self._spatial_out(w, 1))
+        if out[2] < 1 or out[3] < 1:
+            raise ShapeMismatchError(f"layer '{self.layer_name}': input {self.bottom_shapes[0]} gives an empty "
+                                     f"output {out}")
+        return [out] * len(self.bottom_shapes)
+
+    def _convolve(self, x):
+        raise NotImplementedError
+
+    def forward(self, *bottoms):
+        outs = []
+        for x in bottoms:
+            if x.dim() != 4 or x.shape[1] != self.channels:
+                raise ShapeMismatchError(f"layer '{self.layer_name}': expected (N, {self.channels}, H, W) input, "
+                                         f"got {tuple(x.shape)}")
+            outs.append(self._convolve(x))
+        return tuple(outs)
+
+    def extra_repr(self):
+        return (f"{super().extra_repr()}, num_output={self.num_output}, kernel={self.kernel}, stride={self.stride}, "
+                f"pad={self.pad}, dilation={self.dilation}, group={self.group}, bias_term={self.bias_term}")
+
+
+@register_layer("Convolution")
+class Convolution(_ConvolutionBase):
+    """Caffe Convolution (see module docstring)."""
+
+    def _convolve(self, x):
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.pad, self.dilation, self.group)
+
+
+@register_layer("Deconvolution")
+class Deconvolution(_ConvolutionBase):
+    """Caffe Deconvolution: weight C_in × (num_output/group) × kh × kw (see module docstring)."""
+
+    transposed = True
+
+    def _convolve(self, x):
+        return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.pad, 0, self.group, self.dilation)
+
+
+# ---------------------------------------------------------------------------- pooling
+
+
+def ave_pool_divisor(size: int, out: int, kernel: int, stride: int, pad: int) -> list[int]:
+    """Caffe's AVE divisor per output position along one axis: the window clipped to ``[−pad, size + pad)``."""
+    return [min(i * stride - pad + kernel, size + pad) - (i * stride - pad) for i in range(out)]
+
+
+@register_layer("Pooling")
+class Pooling(CaffeLayer):
+    """Caffe Pooling, MAX and AVE (see module docstring for the output size and divisor quirks)."""
+
+    MAX, AVE, STOCHASTIC = 0, 1, 2
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        p = param.pooling_param
+        shape = self.bottom_shapes[0]
+        if len(shape) != 4:
+            raise FormatError(f"layer '{self.layer_name}' (Pooling): the input must have 4 axes, got shape {shape}")
+        if p.pool == self.STOCHASTIC:
+            raise FormatError(f"layer '{self.layer_name}': STOCHASTIC pooling is not supported (Caffe's CPU build "
+                              f"aborts with NOT_IMPLEMENTED)")
+        if p.pool not in (self.MAX, self.AVE):
+            raise FormatError(f"layer '{self.layer_name}': unknown pooling method {p.pool}")
+        self.method = int(p.pool)
+        self.global_pooling = bool(p.global_pooling)
+        if self.global_pooling:
+            pad_set = p.pad or p.pad_h or p.pad_w
+            stride_set = p.stride != 1 or (p.HasField("stride_h") and p.stride_h != 1) or (
+                p.HasField("stride_w") and p.stride_w != 1)
+            if pad_set or stride_set:
+                raise FormatError(f"layer '{self.layer_name}': with global_pooling only pad = 0 and stride = 1 "
+                                  f"are allowed")
+        geometry = pool_geometry(param, shape[2:])
+        if min(geometry.kernel) < 1 or min(geometry.stride) < 1:
+            raise FormatError(f"layer '{self.layer_name}': kernel and stride must be positive")
+        self.kernel, self.stride, self.pad = geometry.kernel, geometry.stride, geometry.pad
+        self.ceil_mode = geometry.ceil_mode
+        if len(param.top) > (2 if self.method == self.MAX else 1):
+            raise FormatError(f"layer '{self.layer_name}': {'MAX' if self.method == self.MAX else 'AVE'} pooling "
+                              f"has at most {2 if self.method == self.MAX else 1} tops, got {len(param.top)}")
+        self.num_tops = max(1, len(param.top))
+
+    def geometry_for(self, height: int, width: int):
+        """(kernel, stride, pad, out) for an input plane of ``height × width``."""
+        if self.global_pooling:
+            return (height, width), (1, 1), (0, 0), (1, 1)
+        out = tuple(pooled_size(size, k, s, p, self.ceil_mode)
+                    for size, k, s, p in zip((height, width), self.kernel, self.stride, self.pad))
+        return self.kernel, self.stride, self.pad, out
+
+    def output_shapes(self):
+        n, c, h, w = self.bottom_shapes[0]
+        out = self.geometry_for(h, w)[3]
+        return [(n, c, *out)] * self.num_tops
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ShapeMismatchError(f"layer '{self.layer_name}': pooling needs a 4-D input, got {tuple(x.shape)}")
+        height, width = int(x.shape[2]), int(x.shape[3])
+        kernel, stride, pad, out = self.geometry_for(height, width)
+        # Extra right/bottom padding so that plain floor-mode pooling yields Caffe's (ceil) output count.
+        extra = [max(0, (o - 1) * s + k - p - size) for o, s, k, p, size in zip(out, stride, kernel, pad, (height, width))]
+        pads = (pad[1], extra[1], pad[0], extra[0])
+        if self.method == self.MAX:
+            padded = F.pad(x, pads, value=-math.inf) if any(pads) else x
+            if self.num_tops == 2:
+                top, index = F.max_pool2d(padded, kernel, stride, return_indices=True)
+                top, index = top[:, :, :out[0], :out[1]], index[:, :, :out[0], :out[1]]
+                padded_width = width + pad[1] + extra[1]
+                row, col = index // padded_width - pad[0], index % padded_width - pad[1]
+                return top, (row * width + col).to(x.dtype)
+            top = F.max_pool2d(padded, kernel, stride)
+            return (top[:, :, :out[0], :out[1]],)
+        padded = F.pad(x, pads) if any(pads) else x
+        mean = F.avg_pool2d(padded, kernel, stride, count_include_pad=True)[:, :, :out[0], :out[1]]
+        rows = ave_pool_divisor(height, out[0], kernel[0], stride[0], pad[0])
+        cols = ave_pool_divisor(width, out[1], kernel[1], stride[1], pad[1])
+        full = kernel[0] * kernel[1]
+        if all(r == kernel[0] for r in rows) and all(c == kernel[1] for c in cols):
+            return (mean,)
+        scale = torch.tensor([[full / (r * c) for c in cols] for r in rows], dtype=x.dtype, device=x.device)
+        return (mean * scale,)
+
+    def extra_repr(self):
+        method = "MAX" if self.method == self.MAX else "AVE"
+        if self.global_pooling:
+            return f"{super().extra_repr()}, pool={method}, global_pooling=True"
+        return (f"{super().extra_repr()}, pool={method}, kernel={self.kernel}, stride={self.stride}, pad={self.pad}, "
+                f"round_mode={'CEIL' if self.ceil_mode else 'FLOOR'}")
+
+
+# ---------------------------------------------------------------------------- inner product
+
+
+@register_layer("InnerProduct")
+class InnerProduct(CaffeLayer):
+    """Caffe InnerProduct (fully connected) layer (see module docstring)."""
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        p = param.inner_product_param
+        shape = self.bottom_shapes[0]
+        if p.num_output == 0:
+            raise FormatError(f"layer '{self.layer_name}': inner_product_param.num_output must be > 0")
+        self.axis = canonical_axis(p.axis, len(shape), self.layer_name)
+        self.num_input = int(math.prod(shape[self.axis:]))
+        self.num_output = int(p.num_output)
+        self.transpose = bool(p.transpose)
+        weight_shape = (self.num_input, self.num_output) if self.transpose else (self.num_output, self.num_input)
+        self.weight = nn.Parameter(torch.zeros(weight_shape))
+        self.bias = nn.Parameter(torch.zeros(self.num_output)) if p.bias_term else None
+
+    def caffe_blobs(self):
+        return [self.weight] + ([self.bias] if self.bias is not None else [])
+
+    def fill(self, generator=None):
+        p = self.param.inner_product_param
+        _fill_blob(self.weight, p, "weight_filler", generator)
+        if self.bias is not None:
+            _fill_blob(self.bias, p, "bias_filler", generator)
+
+    def output_shapes(self):
+        return [tuple(self.bottom_shapes[0][:self.axis]) + (self.num_output,)]
+
+    def forward(self, x):
+        lead = tuple(x.shape[:self.axis])
+        flat = x.reshape(*lead, -1) if x.dim() > self.axis else None
+        if flat is None or flat.shape[-1] != self.num_input:
+            raise ShapeMismatchError(f"layer '{self.layer_name}': input shape {tuple(x.shape)} gives "
+                                     f"{math.prod(x.shape[self.axis:])} inputs from axis {self.axis}, the weights "
+                                     f"expect {self.num_input}")
+        if self.transpose:
+            y = flat.matmul(self.weight)
+            return (y + self.bias if self.bias is not None else y,)
+        return (F.linear(flat, self.weight, self.bias),)
+
+    def extra_repr(self):
+        return (f"{super().extra_repr()}, num_output={self.num_output}, axis={self.axis}, "
+                f"transpose={self.transpose}, bias_term={self.bias is not None}")

@@ -1,0 +1,539 @@
+"""CaffeNet: a Caffe NetParameter (prototxt + optional caffemodel) as a ``torch.nn.Module``.
+
+Building follows Caffe's ``Net::Init``:
+
+1. ``FilterNet``: layers whose include/exclude NetStateRules the state (phase, level, stages) meets
+   (:mod:`caffe_compat.net_graph`); the phase is fixed here, at construction.
+2. ``InsertSplits``: a blob read by several layers gets an automatic Split layer whose tops are named
+   ``<blob>_<producer>_<top index>_split_<k>``; they appear in the blobs like in pycaffe's ``net.blobs``.
+3. Each layer is the registered port (:mod:`caffe_compat.layers`) built with its bottom shapes; the top
+   shapes come from the port's ``output_shapes()``.  Learnable blobs are initialised with the layers'
+   Caffe fillers from a seeded ``torch.Generator`` (an unset filler is constant 0, as in Caffe), then a
+   caffemodel, when given, overwrites them by layer **name** (Caffe's ``CopyTrainedLayersFrom``).
+
+Forward (``net(**inputs)`` or ``net.forward(**inputs)``) returns :class:`Blobs`, an ordered dict of
+**every** blob in Caffe's creation order holding what ``net.blobs[name].data`` would show: a blob
+rewritten in place (ReLU, Dropout, Scale, ...) holds the value after the last in-place layer.  No real
+in-place tensor op is used: each layer output is a new tensor, so autograd is exact.  Caffe's diff of a
+blob is the gradient with respect to the output of the *first* layer of its in-place chain;
+``Blobs.diff_targets`` holds those tensors and :meth:`CaffeNet.backward` returns every blob's diff.
+
+Parameters: ``net.params`` maps layer name -> that layer's blobs in Caffe order (pycaffe's
+``net.params``; BatchNorm statistics are buffers but still listed).  Every blob carries ``lr_mult`` and
+``decay_mult`` from its ParamSpec (default 1/1; blobs that are buffers, e.g. BatchNorm statistics, get
+lr_mult 0 as Caffe's BatchNorm forces).  A parameter with ``lr_mult == 0`` gets ``requires_grad=False``:
+Caffe then computes no diff for it (its diff stays 0).  ``ParamSpec.name`` shares a blob between layers:
+both layers hold the *same* Parameter (gradients add up, as in Caffe where data and diff are shared).
+
+Loss: a loss layer's top 0 has loss_weight 1 unless the prototxt says otherwise; any top with an
+explicit non-zero ``loss_weight`` counts.  ``net.objective(blobs) = Σ loss_weight · sum(top)``.
+
+Phase vs ``.train()/.eval()``: the Caffe phase is fixed at construction (it decides which layers exist
+and how Dropout/BatchNorm behave; ports read their ``phase``).  The torch ``training`` flag starts as
+``phase == "train"``; ``.train()``/``.eval()`` flip only that flag and do **not** change Caffe
+semantics (build a second net with the other phase, sharing weights via ``load_state_dict``, for that).
+
+``force_backward: true``: inputs fed to a forward are made to require grad (if they do not already) so
+that the input diffs exist, as with Caffe's force_backward.  Without it, input diffs are returned only
+when the caller's input tensors require grad.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
+from caffe_compat.io import read_net, write_net
+from caffe_compat.layers import layer_class
+from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
+from caffe_compat.proto import caffe_pb2
+
+__all__ = ["Blobs", "CaffeNet", "LayerStep", "load_net"]
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """One layer of the built net, in execution order (Caffe's ``net.layers``, Split layers included)."""
+
+    name: str
+    type: str
+    bottoms: tuple[str, ...]
+    tops: tuple[str, ...]
+    module_key: str | None  # key in ``CaffeNet.layers``; None for an automatic Split layer
+    phase: str
+    loss_weights: tuple[float, ...]  # one per top; 0.0 = not part of the objective
+    propagate_down: tuple[bool, ...]  # one per bottom
+
+
+class Blobs(OrderedDict):
+    """Every blob after a forward pass, name -> tensor (post in-place value, pycaffe's ``net.blobs``).
+
+    ``diff_targets``: name -> tensor whose gradient is Caffe's diff of that blob (the output of the first
+    layer of an in-place chain).  ``loss_terms``: ``(top name, loss_weight, tensor)`` of the objective.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.diff_targets: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.loss_terms: list[tuple[str, float, torch.Tensor]] = []
+
+
+def module_key(layer_name: str, taken: set[str]) -> str:
+    """A ``ModuleDict`` key from a Caffe layer name: ``/`` and ``.`` become ``__``; made unique."""
+    key = re.sub(r"[/.]", "__", layer_name) or "_"
+    candidate, n = key, 2
+    while candidate in taken:
+        candidate, n = f"{key}_{n}", n + 1
+    return candidate
+
+
+def blob_values(blob: caffe_pb2.BlobProto, target: tuple[int, ...], where: str) -> np.ndarray:
+    """A BlobProto's values shaped ``target`` if Caffe's ``Blob::ShapeEquals`` accepts it: legacy
+    num/channels/height/width compare with ``target`` padded with leading 1s (at most 4 axes); otherwise
+    ``shape.dim`` must equal ``target`` (an absent ``shape`` is a 0-axis blob, as Caffe writes a scalar
+    such as a channel-shared PReLU slope).  ``double_data`` wins when present, as in ``Blob::FromProto``."""
+    target = tuple(int(d) for d in target)
+    if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
+        stored = (blob.num, blob.channels, blob.height, blob.width)
+        ok = len(target) <= 4 and (1,) * (4 - len(target)) + target == stored
+    else:
+        stored = tuple(int(d) for d in blob.shape.dim)
+        ok = stored == target
+    if not ok:
+        raise ShapeMismatchError(f"{where}: the weights have shape {stored}, the net expects {target}")
+    values = np.asarray(blob.double_data, dtype=np.float64) if len(blob.double_data) else np.asarray(
+        blob.data, dtype=np.float32)
+    if values.size != int(np.prod(target)):
+        raise FormatError(f"{where}: the blob holds {values.size} values, its shape {target} needs "
+                          f"{int(np.prod(target))}")
+    return values.reshape(target)
+
+
+def _as_netparameter(net) -> caffe_pb2.NetParameter:
+    """A (copied, upgraded to V2) NetParameter from a message, a path, bytes or prototxt text."""
+    return read_net(net)
+
+
+class CaffeNet(nn.Module):
+    """A Caffe net as a torch module (see the module docstring for the semantics).
+
+    ``net``: a NetParameter, a prototxt path or prototxt text (legacy formats are upgraded).
+    ``phase``: ``"train"`` or ``"test"``; ``level``/``stages``: the NetState (``stages`` are added to the
+    net's own ``state.stage``, ``level`` replaces its level when given).  ``weights``: caffemodel path or
+    NetParameter copied in by layer name.  ``seed``: seed of the generator used by the fillers.
+    """
+
+    def __init__(self, net, phase: str = "test", level: int | None = None, stages=(), weights=None, seed: int = 0):
+        super().__init__()
+        source = _as_netparameter(net)
+        state = make_state(source, phase, level, stages)
+        self.phase = PHASE_NAMES[state.phase]
+        self.state = state
+        self.name = source.name
+        self.force_backward = bool(source.force_backward)
+        filtered = filter_net(source, state)
+        self.net_param = insert_splits(filtered)
+        self.layers = nn.ModuleDict()
+        self.steps: list[LayerStep] = []
+        self.blob_shapes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self.loss_weights: OrderedDict[str, float] = OrderedDict()
+        self._saved_params: list[caffe_pb2.LayerParameter] = []  # layer params as Caffe's ToProto writes them
+        self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
+        self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
+        self._build(filtered)
+        self.reinitialize(seed)
+        if weights is not None:
+            self.load_caffemodel(weights)
+        self.train(self.phase == "train")
+
+    # ------------------------------------------------------------------------------ building
+
+    def _build(self, filtered: caffe_pb2.NetParameter) -> None:
+        user_layers = [(layer.name, layer.type) for layer in filtered.layer]
+        next_user = 0
+        producers: dict[str, str] = {}
+        owners: dict[str, tuple[str, int, caffe_pb2.ParamSpec]] = {}
+        for layer in self.net_param.layer:
+            automatic = not (next_user < len(user_layers) and user_layers[next_user] == (layer.name, layer.type))
+            if not automatic:
+                next_user += 1
+            phase = PHASE_NAMES.get(layer.phase, self.phase) if layer.HasField("phase") else self.phase
+            bottom_shapes = [self.blob_shapes[b] for b in layer.bottom]  # insert_splits checked they exist
+            saved = caffe_pb2.LayerParameter()
+            saved.CopyFrom(layer)
+            if automatic:
+                key, module = None, None
+                top_shapes = [bottom_shapes[0]] * len(layer.top)
+            else:
+                cls = layer_class(layer)
+                module = cls(layer, bottom_shapes, phase)
+                key = module_key(layer.name, set(self.layers.keys()))
+                self.layers[key] = module
+                top_shapes = [tuple(int(d) for d in s) for s in module.output_shapes()]
+                if len(top_shapes) != len(layer.top):
+                    raise FormatError(f"layer '{layer.name}' ({layer.type}): {len(layer.top)} tops given, the layer "
+                                      f"produces {len(top_shapes)}")
+            for j, top in enumerate(layer.top):
+                in_place = j < len(layer.bottom) and layer.bottom[j] == top
+                if top in self.blob_shapes and not in_place:
+                    raise FormatError(f"layer '{layer.name}': top blob '{top}' is produced by multiple sources "
+                                      f"(already produced by layer '{producers[top]}')")
+                producers[top] = layer.name
+                self.blob_shapes[top] = top_shapes[j]
+            weights = self._loss_weights_of(layer, module, saved)
+            for top, w in zip(layer.top, weights):
+                if w:
+                    self.loss_weights[top] = self.loss_weights.get(top, 0.0) + w
+            if layer.propagate_down and len(layer.propagate_down) != len(layer.bottom):
+                raise FormatError(f"layer '{layer.name}': propagate_down must be unspecified or given once per "
+                                  f"bottom ({len(layer.bottom)}), got {len(layer.propagate_down)}")
+            propagate = tuple(layer.propagate_down) or (True,) * len(layer.bottom)
+            if module is not None:
+                self._bind_params(layer, key, module, saved, owners)
+            self._saved_params.append(saved)
+            self.steps.append(LayerStep(layer.name, layer.type, tuple(layer.bottom), tuple(layer.top), key, phase,
+                                        weights, propagate))
+
+    @staticmethod
+    def _loss_weights_of(layer, module, saved) -> tuple[float, ...]:
+        if layer.loss_weight:
+            if len(layer.loss_weight) != len(layer.top):
+                raise FormatError(f"layer '{layer.name}': loss_weight must be unspecified or given once per top "
+                                  f"({len(layer.top)}), got {len(layer.loss_weight)}")
+            return tuple(float(w) for w in layer.loss_weight)
+        if module is not None and module.is_loss and layer.top:
+            saved.loss_weight.append(1.0)  # what Caffe's LossLayer::LayerSetUp adds
+            return (1.0,) + (0.0,) * (len(layer.top) - 1)
+        return (0.0,) * len(layer.top)
+
+    def _bind_params(self, layer, key, module, saved, owners) -> None:
+        for i, blob in enumerate(module.caffe_blobs()):
+            learnable = isinstance(blob, nn.Parameter)
+            if i < len(layer.param):
+                spec = layer.param[i]
+            else:
+                spec = caffe_pb2.ParamSpec()
+                if not learnable:  # Caffe's BatchNorm masks its statistics with lr_mult 0
+                    spec.lr_mult = 0.0
+                    saved.param.add().lr_mult = 0.0
+            lr, decay = (float(spec.lr_mult), float(spec.decay_mult)) if learnable else (0.0, float(spec.decay_mult))
+            if spec.name and spec.name in owners:
+                owner_key, owner_i, owner_spec = owners[spec.name]
+                owner_blob = self.layers[owner_key].caffe_blobs()[owner_i]
+                self._check_share(layer.name, spec, tuple(blob.shape), tuple(owner_blob.shape), owner_key)
+                owner_lr, owner_decay = self._blob_specs[(owner_key, owner_i)]
+                if spec.HasField("lr_mult"):
+                    if owner_spec.HasField("lr_mult") and owner_lr != lr:
+                        raise FormatError(f"layer '{layer.name}': shared param '{spec.name}' has lr_mult {lr}, its "
+                                          f"owner has {owner_lr}")
+                    owner_lr = lr
+                if spec.HasField("decay_mult"):
+                    if owner_spec.HasField("decay_mult") and owner_decay != decay:
+                        raise FormatError(f"layer '{layer.name}': shared param '{spec.name}' has decay_mult {decay}, "
+                                          f"its owner has {owner_decay}")
+                    owner_decay = decay
+                self._blob_specs[(owner_key, owner_i)] = (owner_lr, owner_decay)
+                self._blob_specs[(key, i)] = (owner_lr, owner_decay)
+                module.share_caffe_blob(i, owner_blob)
+                self._shared.append((key, i, owner_key, owner_i))
+                for k2, i2, ok, oi in self._shared:  # keep every sharer of this owner in step
+                    if (ok, oi) == (owner_key, owner_i):
+                        self._blob_specs[(k2, i2)] = (owner_lr, owner_decay)
+            else:
+                if spec.name:
+                    owners[spec.name] = (key, i, spec)
+                self._blob_specs[(key, i)] = (lr, decay)
+        self._apply_specs()
+
+    def _check_share(self, layer_name, spec, shape, owner_shape, owner_key) -> None:
+        if shape == owner_shape:
+            return
+        if spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE and int(np.prod(shape)) == int(np.prod(owner_shape)):
+            raise FormatError(f"layer '{layer_name}': PERMISSIVE sharing of param '{spec.name}' between shapes "
+                              f"{shape} and {owner_shape} is not supported (same count, different shape)")
+        raise ShapeMismatchError(f"layer '{layer_name}': cannot share param '{spec.name}' owned by layer "
+                                 f"'{self._name_of(owner_key)}': shape {shape} vs the owner's {owner_shape}")
+
+    def _name_of(self, key: str) -> str:
+        for step in self.steps:
+            if step.module_key == key:
+                return step.name
+        return key
+
+    def _apply_specs(self) -> None:
+        for (key, i), (lr, decay) in self._blob_specs.items():
+            blob = self.layers[key].caffe_blobs()[i]
+            blob.lr_mult, blob.decay_mult = lr, decay
+            if isinstance(blob, nn.Parameter) and lr == 0.0:
+                blob.requires_grad_(False)
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to()/.cuda()/.half() replace buffers by new tensors: rebind shared buffers and their attributes.
+        result = super()._apply(fn, *args, **kwargs)
+        for key, i, owner_key, owner_i in self._shared:
+            self.layers[key].share_caffe_blob(i, self.layers[owner_key].caffe_blobs()[owner_i])
+        if hasattr(self, "_blob_specs"):
+            self._apply_specs()
+        return result
+
+    # ------------------------------------------------------------------------------ introspection
+
+    def layer(self, name: str) -> nn.Module:
+        """The port of the layer called ``name`` (Caffe name)."""
+        for step in reversed(self.steps):
+            if step.name == name and step.module_key is not None:
+                return self.layers[step.module_key]
+        raise KeyError(f"no layer named '{name}' in net '{self.name}'")
+
+    @property
+    def layer_names(self) -> list[str]:
+        """Every layer in execution order, automatic Split layers included (pycaffe's ``_layer_names``)."""
+        return [s.name for s in self.steps]
+
+    @property
+    def module_names(self) -> OrderedDict:
+        """Caffe layer name -> key in ``self.layers`` (and in ``state_dict()``: ``layers.<key>.<blob>``)."""
+        return OrderedDict((s.name, s.module_key) for s in self.steps if s.module_key is not None)
+
+    @property
+    def params(self) -> OrderedDict:
+        """Layer name -> its blobs in Caffe order, for layers with blobs (pycaffe's ``net.params``)."""
+        out = OrderedDict()
+        for step in self.steps:
+            if step.module_key is not None:
+                blobs = self.layers[step.module_key].caffe_blobs()
+                if blobs:
+                    out[step.name] = list(blobs)
+        return out
+
+    @property
+    def input_names(self) -> list[str]:
+        """Tops of the Input layers, in order (pycaffe's ``net.inputs``)."""
+        return [t for s in self.steps if s.type == "Input" for t in s.tops]
+
+    @property
+    def feedable_names(self) -> list[str]:
+        """Tops of every layer without bottoms (Input, MemoryData, DummyData, ...): what forward accepts."""
+        return [t for s in self.steps if not s.bottoms for t in s.tops]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Blobs no layer consumes afterwards, sorted by name (pycaffe's ``net.outputs``; Caffe keeps them in
+        a ``std::set``)."""
+        available: set[str] = set()
+        for step in self.steps:
+            available.difference_update(step.bottoms)
+            available.update(step.tops)
+        return sorted(available)
+
+    def _device(self) -> torch.device:
+        for tensor in list(self.parameters()) + list(self.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
+    # ------------------------------------------------------------------------------ initialisation and weights
+
+    @torch.no_grad()
+    def reinitialize(self, seed: int = 0) -> None:
+        """Fill every blob with its layer's Caffe fillers, drawing from ``torch.Generator().manual_seed(seed)``
+        (layers in net order).  A shared blob keeps its owner's values."""
+        generator = torch.Generator().manual_seed(int(seed))
+        shared_by = {}
+        for key, i, _, _ in self._shared:
+            shared_by.setdefault(key, []).append(i)
+        for step in self.steps:
+            if step.module_key is None:
+                continue
+            module = self.layers[step.module_key]
+            keep = [(i, module.caffe_blobs()[i].detach().clone()) for i in shared_by.get(step.module_key, [])]
+            module.fill(generator)
+            for i, value in keep:
+                module.caffe_blobs()[i].copy_(value)
+
+    @torch.no_grad()
+    def load_caffemodel(self, model) -> None:
+        """Copy weights by layer name from a caffemodel path (or a NetParameter), like Caffe's
+        ``CopyTrainedLayersFrom``: layers absent from the model keep their values, model layers absent from
+        the net are ignored; a blob count or shape mismatch raises ShapeMismatchError (legacy 4-D blob dims
+        are accepted when they equal the net's shape padded with leading 1s)."""
+        source = _as_netparameter(model)
+        by_name = self.module_names
+        for layer in source.layer:
+            key = by_name.get(layer.name)
+            if key is None:
+                continue
+            targets = self.layers[key].caffe_blobs()
+            if len(layer.blobs) != len(targets):
+                raise ShapeMismatchError(f"layer '{layer.name}': the weights have {len(layer.blobs)} blobs, the net "
+                                         f"expects {len(targets)} (incompatible number of blobs)")
+            for j, (blob, target) in enumerate(zip(layer.blobs, targets)):
+                values = blob_values(blob, tuple(target.shape), f"layer '{layer.name}' blob {j}")
+                target.copy_(torch.as_tensor(np.array(values)))
+
+    def to_netparameter(self) -> caffe_pb2.NetParameter:
+        """The net with its current weights as a V2 NetParameter, as Caffe's ``Net::ToProto`` writes it
+        (every layer, Split layers included, with its phase and blobs with ``shape``)."""
+        out = caffe_pb2.NetParameter()
+        out.name = self.name
+        for step, saved in zip(self.steps, self._saved_params):
+            layer = out.layer.add()
+            layer.CopyFrom(saved)
+            del layer.blobs[:]
+            if step.module_key is None:
+                continue
+            for tensor in self.layers[step.module_key].caffe_blobs():
+                blob = layer.blobs.add()
+                if tensor.dim():  # Caffe writes no shape at all for a 0-axis blob
+                    blob.shape.dim.extend(int(d) for d in tensor.shape)
+                blob.data.extend(tensor.detach().to("cpu", torch.float32).reshape(-1).numpy())
+        return out
+
+    def save_caffemodel(self, path: str | os.PathLike) -> None:
+        """Write the current weights as a binary V2 caffemodel (atomically: temp file, then rename)."""
+        write_net(self.to_netparameter(), path, binary=True)
+
+    # ------------------------------------------------------------------------------ forward / backward
+
+    def forward(self, **inputs) -> Blobs:
+        """Run the whole net; ``inputs`` feed tops of bottomless layers by blob name.  Returns every blob."""
+        return self.run(inputs)
+
+    def run(self, inputs: dict | None = None, start: str | None = None, end: str | None = None,
+            input_grad: bool | None = None) -> Blobs:
+        """Run layers ``start`` .. ``end`` (Caffe layer names, inclusive; default all).  ``inputs`` feed
+        tops of bottomless layers; with ``start`` they may name any blob the run reads.  ``input_grad``
+        (default: the net's ``force_backward``) makes fed floating-point tensors require grad."""
+        inputs = dict(inputs or {})
+        names = [s.name for s in self.steps]
+        first = 0 if start is None else self._step_index(start, names)
+        last = len(self.steps) - 1 if end is None else self._step_index(end, names)
+        allowed = set(self.feedable_names) if start is None else set(self.blob_shapes)
+        unknown = [n for n in inputs if n not in allowed]
+        if unknown:
+            raise FormatError(f"net '{self.name}': cannot feed {unknown}; feedable blobs are "
+                              f"{sorted(allowed) if start is not None else self.feedable_names}")
+        want_grad = (self.force_backward if input_grad is None else input_grad) and torch.is_grad_enabled()
+        device = self._device()
+        for n, value in list(inputs.items()):
+            if not torch.is_tensor(value):
+                value = torch.as_tensor(np.asarray(value, dtype=np.float32), device=device)
+            if want_grad and value.is_floating_point() and not value.requires_grad:
+                value = value.detach().requires_grad_()
+            inputs[n] = value
+        blobs = Blobs()
+        if start is not None:
+            for n, value in inputs.items():
+                blobs[n] = value
+                blobs.diff_targets[n] = value
+        for step in self.steps[first:last + 1]:
+            outs = self._run_step(step, blobs, inputs, want_grad)
+            for top, out, weight in zip(step.tops, outs, step.loss_weights):
+                if top not in blobs.diff_targets:
+                    blobs.diff_targets[top] = out
+                blobs[top] = out
+                if weight:
+                    blobs.loss_terms.append((top, weight, out))
+        return blobs
+
+    @staticmethod
+    def _step_index(name: str, names: list[str]) -> int:
+        try:
+            return names.index(name)
+        except ValueError:
+            raise FormatError(f"no layer named '{name}'") from None
+
+    def _run_step(self, step: LayerStep, blobs: Blobs, inputs: dict, want_grad: bool) -> tuple:
+        if step.module_key is None:  # Caffe's Split: one distinct autograd node per top, so each has a diff
+            source = blobs[step.bottoms[0]]
+            return tuple(source.view_as(source) for _ in step.tops)
+        if not step.bottoms and step.tops and all(t in inputs for t in step.tops):
+            return tuple(inputs[t] for t in step.tops)
+        try:
+            bottoms = [blobs[b] for b in step.bottoms]
+        except KeyError as exc:
+            raise FormatError(f"layer '{step.name}': bottom blob {exc} has no value in this run (feed it)") from None
+        bottoms = [b if keep else b.detach() for b, keep in zip(bottoms, step.propagate_down)]
+        outs = self.layers[step.module_key](*bottoms)
+        if torch.is_tensor(outs):
+            outs = (outs,)
+        outs = list(outs)
+        if len(outs) != len(step.tops):
+            raise CaffeCompatError(f"layer '{step.name}' ({step.type}) returned {len(outs)} tops, expected "
+                                   f"{len(step.tops)}")
+        for k, out in enumerate(outs):
+            if not step.bottoms:
+                if step.tops[k] in inputs:
+                    out = inputs[step.tops[k]]
+                elif want_grad and out.is_floating_point() and not out.requires_grad:
+                    out = out.detach().requires_grad_()
+            elif any(out is b for b in bottoms) or any(out is o for o in outs[:k]):
+                out = out.view_as(out)  # an identity top still gets its own autograd node (its own diff)
+            outs[k] = out
+        return tuple(outs)
+
+    def objective(self, blobs) -> torch.Tensor:
+        """Σ loss_weight · sum(top) over the loss tops of a forward pass (0 when the net has no loss)."""
+        if isinstance(blobs, Blobs):
+            terms = [(w, t) for _, w, t in blobs.loss_terms]
+        else:
+            terms = [(w, blobs[n]) for n, w in self.loss_weights.items() if n in blobs]
+        if not terms:
+            return torch.zeros((), device=self._device())
+        total = terms[0][0] * terms[0][1].sum()
+        for w, t in terms[1:]:
+            total = total + w * t.sum()
+        return total
+
+    def backward(self, blobs: Blobs, top_diffs: dict | None = None, loss: bool = True,
+                 retain_graph: bool = True) -> OrderedDict:
+        """Caffe's backward after ``blobs = net.forward(...)``: the gradient of the objective (loss tops
+        weighted by loss_weight, unless ``loss=False``) plus ``Σ <blob, top_diffs[blob]>`` for given diffs
+        (a diff given for a loss top replaces its loss weight, like setting its diff in pycaffe).
+        Parameter gradients are **accumulated** into ``.grad`` (Caffe accumulates param diffs).  Returns
+        every blob's diff (zeros where no gradient flows), keyed like ``blobs``."""
+        top_diffs = dict(top_diffs or {})
+        outputs, grads = [], []
+        if loss:
+            for name, weight, tensor in blobs.loss_terms:
+                if name not in top_diffs and tensor.requires_grad:
+                    outputs.append(tensor)
+                    grads.append(torch.full_like(tensor, weight))
+        for name, diff in top_diffs.items():
+            tensor = blobs[name]
+            diff = torch.as_tensor(np.asarray(diff) if not torch.is_tensor(diff) else diff)
+            diff = diff.to(device=tensor.device, dtype=tensor.dtype).reshape(tensor.shape)
+            if tensor.requires_grad:
+                outputs.append(tensor)
+                grads.append(diff)
+        targets = [(n, t) for n, t in blobs.diff_targets.items() if t.requires_grad]
+        params = [p for p in self.parameters() if p.requires_grad]
+        results = [None] * (len(targets) + len(params))
+        if outputs:
+            results = torch.autograd.grad(outputs, [t for _, t in targets] + params, grads, allow_unused=True,
+                                          retain_graph=retain_graph)
+        with torch.no_grad():
+            for p, g in zip(params, results[len(targets):]):
+                if g is not None:
+                    p.grad = g.clone() if p.grad is None else p.grad + g
+        found = {n: g for (n, _), g in zip(targets, results[:len(targets)])}
+        diffs = OrderedDict()
+        for name, tensor in blobs.items():
+            g = found.get(name)
+            diffs[name] = g if g is not None else torch.zeros_like(tensor)
+        return diffs
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, phase={self.phase!r}, layers={len(self.steps)}, blobs={len(self.blob_shapes)}"
+
+
+def load_net(prototxt, weights=None, phase: str = "test", level: int | None = None, stages=(),
+             seed: int = 0) -> CaffeNet:
+    """``CaffeNet`` from a prototxt (path, text or NetParameter) and an optional caffemodel."""
+    return CaffeNet(prototxt, phase=phase, level=level, stages=stages, weights=weights, seed=seed)

@@ -1,0 +1,167 @@
+"""Vision layers (Convolution, Deconvolution, Pooling, InnerProduct) against real Caffe and closed forms.
+
+Per layer, the layer_zoo fixture gives the bottom blob, the top blob, the top diff Caffe back-propagated
+and the bottom/param diffs Caffe computed from it, so each port is checked on its own, forward and
+backward, with Caffe's non-default parameters (group, dilation, _h/_w forms, clipped/ceil pooling,
+transpose InnerProduct on axis 2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from google.protobuf import text_format
+
+from caffe_compat.errors import FormatError, ShapeMismatchError
+from caffe_compat.layers import layer_class
+from caffe_compat.layers.vision import ave_pool_divisor
+from caffe_compat.net import CaffeNet
+from caffe_compat.proto import caffe_pb2
+from tests.conftest import fixture_path
+
+ZOO = "layer_zoo"
+VISION_LAYERS = ["conv_g", "deconv", "conv_1x1_s", "pool_max_clip", "pool_ave_pad", "pool_ave_clip", "pool_ave_ceil",
+                 "pool_max_ceil", "gpool_max", "gpool_ave", "ip_axis2_t", "ip1", "ip_s"]
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    net = CaffeNet(str(fixture_path(f"{ZOO}/deploy.prototxt")), weights=str(fixture_path(f"{ZOO}/weights.caffemodel")))
+    return net, np.load(fixture_path(f"{ZOO}/blobs.npz")), np.load(fixture_path(f"{ZOO}/grads.npz"))
+
+
+def _layer(text: str, bottom_shapes):
+    param = text_format.Parse(text, caffe_pb2.LayerParameter())
+    return layer_class(param)(param, bottom_shapes, "test")
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.mark.parametrize("name", VISION_LAYERS)
+def test_layer_zoo_vision_layer_forward_backward(zoo, name):
+    net, blobs, grads = zoo
+    step = next(s for s in net.steps if s.name == name)
+    module = net.layers[step.module_key]
+    bottoms = [torch.tensor(blobs[b], requires_grad=True) for b in step.bottoms]
+    (top,) = module(*bottoms)
+    top_name = step.tops[0]
+    overwritten = any(s.tops == (top_name,) and s.bottoms == (top_name,) for s in net.steps if s.name != name)
+    if not overwritten:  # conv_g is rewritten in place by a leaky ReLU: its final value is checked net-wide
+        assert top.shape == blobs[top_name].shape
+        assert _rel(top.detach().numpy(), blobs[top_name]) < 1e-5
+    top_diff = torch.from_numpy(grads[f"diff:{top_name}"])
+    params = module.caffe_blobs()
+    result = torch.autograd.grad(top, bottoms + params, top_diff)
+    for b, g in zip(step.bottoms, result[:len(bottoms)]):
+        assert _rel(g.numpy(), grads[f"diff:{b}"]) < 1e-4, b
+    for i, g in enumerate(result[len(bottoms):]):
+        assert _rel(g.numpy(), grads[f"param_diff:{name}:{i}"]) < 1e-4, i
+
+
+def test_pooling_output_sizes_follow_caffe_rounding(zoo):
+    net, blobs, _ = zoo
+    # data 13x11: MAX k(2,3) s2 p1 -> 8 rows by ceil, clipped to 7 because (8-1)*2 >= 13+1
+    assert net.blob_shapes["pool_max_clip"] == (2, 6, 7, 6)
+    assert net.blob_shapes["pool_ave_ceil"] == blobs["pool_ave_ceil"].shape == (2, 4, 4, 6)
+    floor = _layer('name: "p" type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 3 round_mode: FLOOR }',
+                   [(1, 1, 11, 17)])
+    assert floor.output_shapes() == [(1, 1, 3, 5)]
+    assert floor(torch.randn(1, 1, 11, 17))[0].shape == (1, 1, 3, 5)
+
+
+def test_ave_pooling_divisor_counts_padding_but_not_overhang():
+    # H=4, k=3, s=2, p=1: windows [-1,2), [1,4), [3,6) -> clipped to [-1, 5): sizes 3, 3, 2
+    assert ave_pool_divisor(4, 3, 3, 2, 1) == [3, 3, 2]
+    layer = _layer('name: "p" type: "Pooling" pooling_param { pool: AVE kernel_h: 3 kernel_w: 1 stride_h: 2 '
+                   'stride_w: 1 pad_h: 1 pad_w: 0 }', [(1, 1, 4, 1)])
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).reshape(1, 1, 4, 1)
+    assert layer(x)[0].flatten().tolist() == pytest.approx([(0 + 1 + 2) / 3, (2 + 3 + 4) / 3, 4 / 2])
+    # no pad, k=3, s=2 on 4 values: ceil gives 2 windows, the partial one divides by its 2 in-range values
+    nopad = _layer('name: "p" type: "Pooling" pooling_param { pool: AVE kernel_h: 3 kernel_w: 1 stride_h: 2 '
+                   'stride_w: 1 }', [(1, 1, 4, 1)])
+    assert nopad(x)[0].flatten().tolist() == pytest.approx([2.0, 3.5])
+
+
+def test_max_pooling_never_selects_padding_and_mask_top():
+    layer = _layer('name: "p" type: "Pooling" top: "p" top: "mask" pooling_param { pool: MAX kernel_size: 3 '
+                   'stride: 2 pad: 1 }', [(1, 1, 4, 4)])
+    x = -torch.arange(1.0, 17.0).reshape(1, 1, 4, 4)  # all negative: zero padding would win
+    top, mask = layer(x)
+    assert top.flatten().tolist() == [-1.0, -2.0, -4.0, -5.0, -6.0, -8.0, -13.0, -14.0, -16.0]
+    assert mask.flatten().tolist() == [0.0, 1.0, 3.0, 4.0, 5.0, 7.0, 12.0, 13.0, 15.0]
+
+
+def test_global_pooling_and_bad_parameters():
+    ave = _layer('name: "g" type: "Pooling" pooling_param { pool: AVE global_pooling: true }', [(2, 3, 5, 7)])
+    x = torch.randn(2, 3, 5, 7, dtype=torch.float64)
+    torch.testing.assert_close(ave(x)[0], x.mean(dim=(2, 3), keepdim=True))
+    with pytest.raises(FormatError, match="STOCHASTIC"):
+        _layer('name: "s" type: "Pooling" pooling_param { pool: STOCHASTIC kernel_size: 2 }', [(1, 1, 4, 4)])
+    with pytest.raises(FormatError, match="global_pooling"):
+        _layer('name: "g" type: "Pooling" pooling_param { pool: MAX global_pooling: true stride: 2 }', [(1, 1, 4, 4)])
+    with pytest.raises(FormatError, match="axis 1"):
+        _layer('name: "c" type: "Convolution" convolution_param { num_output: 2 kernel_size: 1 axis: 2 }',
+               [(1, 2, 3, 3)])
+    with pytest.raises(FormatError, match="group"):
+        _layer('name: "c" type: "Convolution" convolution_param { num_output: 3 kernel_size: 1 group: 2 }',
+               [(1, 4, 3, 3)])
+
+
+@pytest.mark.parametrize("text, shape", [
+    ('pool: MAX kernel_size: 3 stride: 2 pad: 1', (2, 2, 7, 6)),
+    ('pool: AVE kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 3 pad_h: 1 pad_w: 1', (2, 2, 7, 8)),
+    ('pool: AVE kernel_size: 3 stride: 3', (1, 2, 8, 7)),
+])
+def test_pooling_gradcheck(text, shape):
+    layer = _layer(f'name: "p" type: "Pooling" pooling_param {{ {text} }}', [shape]).double()
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: layer(t)[0], (x,))
+
+
+def test_convolution_and_deconvolution_are_adjoint_and_gradcheck():
+    conv = _layer('name: "c" type: "Convolution" convolution_param { num_output: 4 group: 2 kernel_h: 3 kernel_w: 2 '
+                  'stride_h: 2 stride_w: 1 pad_h: 1 pad_w: 0 dilation: 2 bias_term: false }', [(1, 4, 7, 5)]).double()
+    # Caffe's Deconvolution weight is C_in x (C_out/group) x kh x kw: the same blob as the conv it transposes
+    deconv = _layer('name: "d" type: "Deconvolution" convolution_param { num_output: 4 group: 2 kernel_h: 3 '
+                    'kernel_w: 2 stride_h: 2 stride_w: 1 pad_h: 1 pad_w: 0 dilation: 2 bias_term: false }',
+                    [conv.output_shapes()[0]]).double()
+    assert conv.output_shapes() == [(1, 4, 3, 3)] and deconv.output_shapes() == [(1, 4, 7, 5)]
+    assert tuple(conv.weight.shape) == (4, 2, 3, 2) and tuple(deconv.weight.shape) == (4, 2, 3, 2)
+    with torch.no_grad():
+        deconv.weight.copy_(torch.randn(4, 2, 3, 2, dtype=torch.float64))
+        conv.weight.copy_(deconv.weight)
+    x = torch.randn(1, 4, 7, 5, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(1, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close((conv(x)[0] * y).sum(), (x * deconv(y)[0]).sum())
+    assert torch.autograd.gradcheck(lambda t: conv(t)[0], (x,))
+    assert torch.autograd.gradcheck(lambda t: deconv(t)[0], (y,))
+
+
+def test_inner_product_axis_and_transpose_closed_form():
+    ip = _layer('name: "ip" type: "InnerProduct" inner_product_param { num_output: 3 axis: 2 transpose: true }',
+                [(2, 4, 5, 2)]).double()
+    assert tuple(ip.weight.shape) == (10, 3) and ip.output_shapes() == [(2, 4, 3)]
+    with torch.no_grad():
+        ip.weight.copy_(torch.randn(10, 3, dtype=torch.float64))
+        ip.bias.copy_(torch.randn(3, dtype=torch.float64))
+    x = torch.randn(2, 4, 5, 2, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(ip(x)[0], x.reshape(2, 4, 10) @ ip.weight + ip.bias)
+    assert torch.autograd.gradcheck(lambda t: ip(t)[0], (x,))
+    with pytest.raises(ShapeMismatchError, match="expect 10"):
+        ip(torch.randn(2, 4, 3, 3, dtype=torch.float64))
+
+
+def test_fillers_follow_the_prototxt():
+    conv = _layer('name: "c" type: "Convolution" convolution_param { num_output: 8 kernel_size: 3 '
+                  'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "constant" value: 0.2 } }',
+                  [(1, 16, 9, 9)])
+    conv.fill(torch.Generator().manual_seed(3))
+    assert torch.all(conv.bias == 0.2)
+    assert 0.45 < float(conv.weight.detach().std()) < 0.55
+    ip = _layer('name: "ip" type: "InnerProduct" inner_product_param { num_output: 4 }', [(2, 5)])
+    ip.fill(torch.Generator().manual_seed(3))  # no filler given: Caffe's constant 0
+    assert torch.count_nonzero(ip.weight) == 0 and torch.count_nonzero(ip.bias) == 0
