@@ -54,7 +54,7 @@ def find_card(filename: str, cards: dict[str, dict] | None = None) -> dict | Non
 
 def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict:
     """Check a caffemodel against its card: sha256 (when the card has one) and expected blob shapes."""
-    from caffe_compat.io import blob_shape, read_net
+    from caffe_compat.io import blob_shape, legacy_shape_equals, read_net
 
     path = Path(path)
     if not path.is_file():
@@ -78,7 +78,8 @@ def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict
             result["problems"].append(f"layer '{name}' missing")
             continue
         found = [list(blob_shape(b)) for b in layer.blobs]
-        if found != shapes:
+        # Old caffemodels store legacy 4-D dims (bias 1x1x1xN): accepted where Caffe accepts them.
+        if len(found) != len(shapes) or not all(legacy_shape_equals(b, s) for b, s in zip(layer.blobs, shapes)):
             result["problems"].append(f"layer '{name}': blob shapes {found}, card expects {shapes}")
     result["ok"] = not result["problems"]
     return result
