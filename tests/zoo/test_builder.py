@@ -84,7 +84,7 @@ def test_paper_solver_unknown_dataset():
 @pytest.mark.parametrize("size,fc_in", [(32, 1024), (64, 1024)])
 def test_digits_net_sizes(size, fc_in):
     blobs, table = infer_shapes(digits_embedding(batch_size=8, image_size=size, loss=None))
-    assert blobs["pool3"] == (8, 128, 4, 4)
+    assert blobs["pool3"] == (8, 64, 4, 4)
     assert dict((l.name, l.param_shapes) for l in table)["fc_embedding"] == [(64, fc_in), (64,)]
     with pytest.raises(FormatError, match="32 or 64"):
         digits_embedding(image_size=48)
