@@ -176,7 +176,7 @@ def test_embedding_blobs_and_shapes():
     assert dict((l.name, l.param_shapes) for l in table)["fc6"] == [(4096, 512 * pool5 * pool5), (4096,)]
     assert blobs["fc7"] == (1, 1024)
     blobs, table = infer_shapes(ours("digits", "train_fappy.prototxt"))
-    assert blobs["data"] == (64, 3, 64, 64) and blobs["label"] == (64,)
+    assert blobs["data"] == (64, 3, 32, 32) and blobs["label"] == (64,)
     assert blobs["pool3"] == (64, 128, 4, 4) and blobs["cosine"] == (64 * 63 // 2, 1, 1, 1)
 
 
