@@ -177,7 +177,7 @@ def test_embedding_blobs_and_shapes():
     assert blobs["fc7"] == (1, 1024)
     blobs, table = infer_shapes(ours("digits", "train_fappy.prototxt"))
     assert blobs["data"] == (64, 3, 32, 32) and blobs["label"] == (64,)
-    assert blobs["pool3"] == (64, 128, 4, 4) and blobs["cosine"] == (64 * 63 // 2, 1, 1, 1)
+    assert blobs["pool3"] == (64, 64, 4, 4) and blobs["cosine"] == (64 * 63 // 2, 1, 1, 1)
 
 
 def test_deploy_equals_the_real_caffe_reference_googlenet():
