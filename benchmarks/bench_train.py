@@ -1,0 +1,134 @@
+"""Training iterations/s of the authors' CUB-200 net: GoogLeNet + fc_embedding(512) +
+CosineSimilarityBatch + FAPPYLoss (delta 1e-4), one full Solver iteration (forward, backward, Caffe's
+SGD update with lr_mult/decay_mult, momentum 0.9, weight decay 2e-4).
+
+The net is ``/work/shared/authors/cub200/train.prototxt`` with the Python ``LabelShufflingLayer``
+replaced by two Input layers, ``data`` (N, 3, 224, 224) and ``label`` (N,) in runs of
+``min(10, N // 4)`` images per class (the authors' sampler uses 10; small CPU batches need shorter runs
+so that every batch has negatives).  Weights come from Caffe's fillers (seed 0); inputs are Gaussian.
+
+Rows: the baseline (float32, NCHW, eager) and its variants on the same device — bf16/fp16 autocast,
+channels_last, optionally torch.compile — each as iterations/s and the ratio to the baseline measured
+in the same run.  Reference, not re-measured: real Caffe (CPU, 1 thread, 2-vCPU EPYC) needs 1.659 s for
+forward+backward of the GoogLeNet part at N=8 and 6.272 s at N=32 (FAPPY and the update excluded; its
+CosineSimilarityBatch+FAPPY at B=128, delta 1e-4 took 0.714 s) (caffe_reference README, section 6).
+
+Usage: ``python benchmarks/bench_train.py [--device cpu|cuda|all] [--batch N] [--iters 3] [--compile]``.
+Defaults: CUDA batch 128 (the authors'); CPU batch 8 with one thread (the team machine has 2 shared
+cores: batch 128 at 224² would take minutes per iteration there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from caffe_compat.io import read_net  # noqa: E402
+from caffe_compat.proto import caffe_pb2  # noqa: E402
+from caffe_compat.solver import Solver  # noqa: E402
+
+AUTHORS_NET = Path("/work/shared/authors/cub200/train.prototxt")
+CAFFE_SECONDS = {8: 1.659, 32: 6.272}  # GoogLeNet fwd+bwd only (no FAPPY, no update), 1 thread
+
+
+def authors_net(batch: int) -> caffe_pb2.NetParameter:
+    """The authors' train net with Input layers instead of the Python data layer."""
+    source = read_net(str(AUTHORS_NET))
+    net = caffe_pb2.NetParameter(name=source.name)
+    for layer in source.layer:
+        if layer.type == "Python":
+            data = net.layer.add(name="data", type="Input", top=["data"])
+            data.input_param.shape.add(dim=[batch, 3, 224, 224])
+            label = net.layer.add(name="label", type="Input", top=["label"])
+            label.input_param.shape.add(dim=[batch])
+        else:
+            net.layer.add().CopyFrom(layer)
+    return net
+
+
+def authors_solver(batch: int) -> caffe_pb2.SolverParameter:
+    param = caffe_pb2.SolverParameter(type="SGD", base_lr=1e-5, lr_policy="step", stepsize=32000, gamma=0.7,
+                                      momentum=0.9, weight_decay=2e-4, display=0, max_iter=1000, random_seed=0)
+    param.net_param.CopyFrom(authors_net(batch))
+    return param
+
+
+def batch_inputs(batch: int):
+    gen = np.random.RandomState(0)
+    run = max(1, min(10, batch // 4))
+    labels = (np.arange(batch) // run).astype(np.float32)
+    return {"data": (gen.randn(batch, 3, 224, 224) * 50).astype(np.float32), "label": labels}
+
+
+def measure(device: str, batch: int, iters: int, amp=None, channels_last=False, compile=False) -> float:
+    solver = Solver(authors_solver(batch), device=device)
+    inputs = {k: torch.from_numpy(v).to(device) for k, v in batch_inputs(batch).items()}
+    if channels_last:
+        solver.net.to(memory_format=torch.channels_last)
+        solver.memory_format = torch.channels_last
+    if amp:
+        solver.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+        if amp == "fp16":
+            solver.grad_scaler = torch.amp.GradScaler(solver.device.type)
+    if compile:
+        solver.forward_fn = torch.compile(solver.net)
+    solver.data_source = iter(lambda: inputs, None)
+    solver.step(1)  # warm-up (and compilation)
+    times = []
+    for _ in range(iters):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        solver.step(1)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
+    parser.add_argument("--batch", type=int, default=None, help="default: 128 on CUDA, 8 on CPU")
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile variants")
+    args = parser.parse_args()
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    if "cuda" in devices and not torch.cuda.is_available():
+        print("CUDA not available: CPU rows only")
+        devices = [d for d in devices if d != "cuda"]
+    print("| device | batch | variant | s/iter | iter/s | images/s | ratio vs fp32 NCHW eager |")
+    print("|---|---|---|---|---|---|---|")
+    for device in devices:
+        batch = args.batch or (128 if device == "cuda" else 8)
+        variants = [("fp32", {}), ("fp32 channels_last", {"channels_last": True}), ("bf16 autocast", {"amp": "bf16"})]
+        if device == "cpu":
+            torch.set_num_threads(1)
+        else:
+            variants += [("fp16 autocast + GradScaler", {"amp": "fp16"}),
+                         ("bf16 autocast + channels_last", {"amp": "bf16", "channels_last": True})]
+        if args.compile:
+            variants += [(name + " + compile", dict(kw, compile=True)) for name, kw in list(variants)]
+        base = None
+        for name, kwargs in variants:
+            seconds = measure(device, batch, args.iters, **kwargs)
+            base = base or seconds
+            print(f"| {device} | {batch} | {name} | {seconds:.3f} | {1 / seconds:.2f} | {batch / seconds:.1f} | "
+                  f"{base / seconds:.2f}x |", flush=True)
+        if device == "cpu" and batch in CAFFE_SECONDS:
+            print(f"| cpu (real Caffe, recorded, 1 thread) | {batch} | fwd+bwd of GoogLeNet only | "
+                  f"~{CAFFE_SECONDS[batch]:.3f} | "
+                  f"{1 / CAFFE_SECONDS[batch]:.2f} | {batch / CAFFE_SECONDS[batch]:.1f} | "
+                  f"{base / CAFFE_SECONDS[batch]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,474 @@
+"""Solver: Caffe's ``Solver::Step`` / ``Solve`` / ``Snapshot`` / ``Restore`` over a :class:`CaffeNet`.
+
+One iteration (``Solver::Step``): clear the diffs → (TEST nets every ``test_interval``) →
+``iter_size`` × forward+backward, diffs accumulating → loss = mean of the sub-batch losses (float32) →
+``ApplyUpdate`` with the lr policy evaluated at ``iter`` *before* the increment (clip, normalise,
+regularise, update: :mod:`caffe_compat.solver.updates`) → ``iter += 1`` → snapshot every ``snapshot``
+iterations.  The displayed loss is smoothed over the last ``average_loss`` iterations of the current
+``step()`` call (Caffe resets the window at every ``Step``).
+
+Nets: exactly one of ``train_net_param``/``train_net``/``net_param``/``net`` gives the TRAIN net;
+``test_net_param``/``test_net`` and, for ``net``/``net_param``, one generic TEST net per remaining
+``test_iter`` entry give the TEST nets (states from ``train_state``/``test_state``).  Relative net and
+weight paths are resolved like Caffe (against the working directory) and, when nothing is there,
+against the solver file's folder; ``snapshot_prefix`` is relative to the working directory, as in Caffe
+(override it with the ``snapshot_prefix`` argument); unset, it is the solver path without extension, and
+a prefix naming a directory gets the solver file's stem appended (``UpgradeSnapshotPrefixProperty``).
+
+Inputs, the pycaffe way: ``solver.inputs`` maps each Input-layer top to a float32 numpy array
+(zero-filled, like a fresh Caffe blob).  Old scripts write the next batch into it (what
+``solver.net.blobs['data'].data[...] = x`` becomes through the pycaffe facade) or call
+``solver.feed(data=..., label=...)``, then ``solver.step(1)``; every forward of the step reads those
+values.  ``solver.data_source`` (an iterator of input dicts, e.g. a DataLoader) takes precedence: each
+sub-batch pulls the next dict.  Layers that produce their own data (MemoryData, Data, ...) need no feed.
+
+Added to Caffe: a NaN/inf loss raises :class:`~caffe_compat.errors.TrainingDiverged` naming the
+iteration, before that iteration's update (weights and snapshots on disk stay the last good ones);
+``snapshot_format: HDF5`` raises a FormatError (only BINARYPROTO is written).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
+from caffe_compat.io import (array_to_blob, blob_to_array, read_net, read_solver, read_solverstate, upgrade_solver,
+                             write_net, write_solverstate)
+from caffe_compat.net import CaffeNet
+from caffe_compat.proto import caffe_pb2
+from caffe_compat.solver.lr_policy import learning_rate
+from caffe_compat.solver.updates import make_optimizer
+
+__all__ = ["Solver", "learnable_blobs"]
+
+log = logging.getLogger("caffe_compat.solver")
+
+
+def learnable_blobs(net: CaffeNet) -> list[torch.Tensor]:
+    """Caffe's ``learnable_params``: every layer blob in net order, a shared blob once (its owner)."""
+    seen, out = set(), []
+    for blobs in net.params.values():
+        for blob in blobs:
+            if id(blob) not in seen:
+                seen.add(id(blob))
+                out.append(blob)
+    return out
+
+
+def _phase_state(state: caffe_pb2.NetState) -> tuple[int | None, tuple[str, ...]]:
+    return (int(state.level) if state.HasField("level") else None), tuple(state.stage)
+
+
+class Solver:
+    """A Caffe solver (see the module docstring).
+
+    ``solver``: solver prototxt path, prototxt text or SolverParameter.  ``weights``: caffemodel path(s)
+    (a list, or Caffe's comma-separated string) copied into the TRAIN net after the solver's own
+    ``weights``.  ``device``: default ``cuda:<device_id>`` when ``solver_mode: GPU`` and CUDA is
+    available, else CPU.  ``solver_type`` overrides ``type`` (pycaffe's ``SGDSolver(...)`` etc.).
+    """
+
+    def __init__(self, solver, weights=None, device=None, solver_type: str | None = None,
+                 snapshot_prefix: str | None = None):
+        self.param = self._read_param(solver)
+        if solver_type is not None:
+            self.param.type = solver_type
+        self.base_dir = Path(solver).resolve().parent if self._is_path(solver) else Path.cwd()
+        if snapshot_prefix is not None:
+            self.param.snapshot_prefix = str(snapshot_prefix)
+        elif self._is_path(solver):
+            self._upgrade_snapshot_prefix(str(solver))
+        if int(self.param.iter_size) < 1:
+            raise FormatError(f"iter_size must be >= 1, got {self.param.iter_size}")
+        if device is None:
+            gpu = self.param.solver_mode == caffe_pb2.SolverParameter.GPU and torch.cuda.is_available()
+            device = f"cuda:{self.param.device_id}" if gpu else "cpu"
+        self.device = torch.device(device)
+        seed = int(self.param.random_seed)
+        if seed >= 0:
+            torch.manual_seed(seed)
+        self.net = self._train_net(max(seed, 0))
+        for path in list(self.param.weights) + self._weight_list(weights):
+            self.net.load_caffemodel(self._resolve(path))
+        self.net.to(self.device)
+        self.test_nets = [n.to(self.device) for n in self._test_nets(max(seed, 0))]
+        if len(self.param.test_iter) != len(self.test_nets):
+            raise FormatError(f"test_iter must be given once per test net: {len(self.test_nets)} test net(s), "
+                              f"{len(self.param.test_iter)} test_iter value(s)")
+        if self.test_nets and self.param.test_interval <= 0:
+            log.info("test_interval is 0: the test nets run only when test_all() is called")
+        self.optimizer = make_optimizer(self.param, learnable_blobs(self.net))
+        self.iter = 0
+        self.current_step = 0
+        self.smoothed_loss = 0.0
+        self._losses: list[float] = []
+        self.inputs: dict = {name: np.zeros(self.net.blob_shapes[name], dtype=np.float32)
+                             for name in self.net.input_names}
+        self.test_inputs: list[dict] = [{name: np.zeros(n.blob_shapes[name], dtype=np.float32)
+                                         for name in n.input_names} for n in self.test_nets]
+        self.data_source = None
+        self.test_data_sources: list = [None] * len(self.test_nets)
+        self.autocast_dtype: torch.dtype | None = None
+        self.grad_scaler = None
+        self.gradient_hook = None  # called after the backward passes, before the update (e.g. DDP averaging)
+        self.iteration_hooks: list = []  # called with the solver after every iteration (progress, logs)
+        self.forward_fn = None  # e.g. torch.compile(self.net); default: self.net
+        self.memory_format = torch.contiguous_format  # 4-D inputs are converted to it (channels_last)
+        self.last_loss = float("nan")
+        self.callbacks: list = []  # objects with on_start() / on_gradients_ready(), like Caffe's
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.last_lr = float("nan")
+        self.test_scores: list[dict[str, np.ndarray]] = []
+
+    # ----------------------------------------------------------------------------- construction
+
+    @staticmethod
+    def _is_path(solver) -> bool:
+        return isinstance(solver, (str, os.PathLike)) and "\n" not in str(solver) and os.path.exists(solver)
+
+    def _upgrade_snapshot_prefix(self, path: str) -> None:
+        """Caffe's ``UpgradeSnapshotPrefixProperty``: no prefix -> the solver path without its extension;
+        a prefix naming a directory -> ``<directory>/<solver file stem>``."""
+        if not self.param.HasField("snapshot_prefix"):
+            self.param.snapshot_prefix = os.path.splitext(path)[0]
+        elif os.path.isdir(self.param.snapshot_prefix):
+            self.param.snapshot_prefix = os.path.join(self.param.snapshot_prefix, Path(path).stem)
+
+    @staticmethod
+    def _read_param(solver) -> caffe_pb2.SolverParameter:
+        if isinstance(solver, caffe_pb2.SolverParameter):
+            param = caffe_pb2.SolverParameter()
+            param.CopyFrom(solver)
+            upgrade_solver(param, "<SolverParameter>")
+            return param
+        return read_solver(solver)
+
+    def _resolve(self, path: str) -> str:
+        """Caffe opens relative paths against the working directory; fall back to the solver's folder."""
+        if os.path.isabs(path) or os.path.exists(path):
+            return path
+        candidate = self.base_dir / path
+        return str(candidate) if candidate.exists() else path
+
+    @staticmethod
+    def _weight_list(weights) -> list[str]:
+        if weights is None:
+            return []
+        if isinstance(weights, (str, os.PathLike)):
+            return [w for w in str(weights).split(",") if w]
+        return [str(w) for w in weights]
+
+    def _read_net_file(self, path: str) -> caffe_pb2.NetParameter:
+        resolved = self._resolve(path)
+        if not os.path.exists(resolved):
+            raise FormatError(f"solver: net file {path!r} not found (looked in {os.getcwd()} and {self.base_dir})")
+        return read_net(resolved)
+
+    def _train_net(self, seed: int) -> CaffeNet:
+        p = self.param
+        given = [f for f in ("train_net_param", "train_net", "net_param", "net")
+                 if (p.HasField(f) if f.endswith("param") else bool(getattr(p, f)))]
+        if len(given) != 1:
+            raise FormatError("solver: give exactly one of train_net_param, train_net, net_param or net "
+                              f"(found {given or 'none'})")
+        source = given[0]
+        net_param = getattr(p, source) if source.endswith("param") else self._read_net_file(getattr(p, source))
+        net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
+        log.info("Creating training net from %s", source)
+        return CaffeNet(net_param, phase="train", seed=seed)
+
+    @staticmethod
+    def _with_state(net_param, state) -> caffe_pb2.NetParameter:
+        """Caffe: ``net_state`` = the net's own state, then ``MergeFrom(train_state/test_state)``."""
+        copy = caffe_pb2.NetParameter()
+        copy.CopyFrom(net_param)
+        if state is not None:
+            merged = caffe_pb2.NetState()
+            merged.CopyFrom(copy.state)
+            merged.MergeFrom(state)
+            copy.state.CopyFrom(merged)
+        return copy
+
+    def _test_nets(self, seed: int) -> list[CaffeNet]:
+        p = self.param
+        sources = [n for n in p.test_net_param] + [self._read_net_file(f) for f in p.test_net]
+        generic = None
+        if p.HasField("net_param"):
+            generic = p.net_param
+        elif p.net:
+            generic = self._read_net_file(p.net)
+        remaining = len(p.test_iter) - len(sources)
+        if generic is not None and remaining > 0:
+            sources += [generic] * remaining
+        if len(p.test_state) not in (0, len(sources)):
+            raise FormatError(f"test_state must be unspecified or given once per test net ({len(sources)}), got "
+                              f"{len(p.test_state)}")
+        nets = []
+        for i, net_param in enumerate(sources):
+            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
+            if p.test_state:
+                state.MergeFrom(p.test_state[i])
+                state.phase = caffe_pb2.TEST
+            nets.append(CaffeNet(self._with_state(net_param, state), phase="test", seed=seed))
+        return nets
+
+    # ----------------------------------------------------------------------------- feeding
+
+    def feed(self, **blobs) -> None:
+        """Set the input values every following forward reads (until fed again), by blob name."""
+        allowed = set(self.net.feedable_names)
+        unknown = [n for n in blobs if n not in allowed]
+        if unknown:
+            raise FormatError(f"solver: cannot feed {unknown}; the train net's feedable blobs are "
+                              f"{self.net.feedable_names}")
+        self.inputs.update(blobs)
+
+    def _prepare(self, inputs: dict) -> dict:
+        out = {}
+        for name, value in inputs.items():
+            if not torch.is_tensor(value):
+                value = torch.tensor(np.asarray(value, dtype=np.float32))
+            value = value.to(self.device, non_blocking=True)
+            if value.dim() == 4 and self.memory_format != torch.contiguous_format:
+                value = value.contiguous(memory_format=self.memory_format)
+            out[name] = value
+        return out
+
+    def _next_inputs(self) -> dict:
+        if self.data_source is not None:
+            try:
+                batch = next(self.data_source)
+            except StopIteration:
+                raise CaffeCompatError(f"solver: the data source ran out at iteration {self.iter}") from None
+            return self._prepare(batch)
+        return self._prepare(self.inputs)
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    # ----------------------------------------------------------------------------- one iteration
+
+    def forward_backward(self) -> float:
+        """Caffe's ``Net::ForwardBackward`` on the next inputs: the objective's value; diffs accumulate."""
+        with self._autocast():
+            blobs = (self.forward_fn or self.net)(**self._next_inputs())
+            objective = self.net.objective(blobs)
+        if objective.requires_grad:
+            scaled = self.grad_scaler.scale(objective) if self.grad_scaler is not None else objective
+            scaled.backward()
+        self.outputs = {name: blobs[name].detach() for name in self.net.output_names}
+        return float(objective.detach())
+
+    def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
+        average = max(int(self.param.average_loss), 1)
+        if len(self._losses) < average:
+            self._losses.append(loss)
+            size = len(self._losses)
+            self.smoothed_loss = float(np.float32((self.smoothed_loss * (size - 1) + loss) / size))
+        else:
+            idx = (self.iter - start_iter) % average
+            self.smoothed_loss = float(np.float32(self.smoothed_loss + (loss - self._losses[idx]) / average))
+            self._losses[idx] = loss
+
+    def apply_update(self) -> float:
+        """Caffe's ``ApplyUpdate``: the policy's rate at ``iter``, then clip/normalise/regularise/update."""
+        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
+        self.last_lr = rate
+        if self._displaying():
+            log.info("Iteration %d, lr = %s", self.iter, _g6(rate))
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
+        self.optimizer.iter = self.iter
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        if self.optimizer.last_clip is not None:
+            norm, scale = self.optimizer.last_clip
+            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s", _g6(norm),
+                     _g6(self.param.clip_gradients), _g6(scale))
+        return rate
+
+    def _displaying(self) -> bool:
+        return bool(self.param.display) and self.iter % self.param.display == 0
+
+    def step(self, iters: int = 1) -> float:
+        """Run ``iters`` iterations (Caffe's ``Solver::Step``); returns the last smoothed loss."""
+        start_iter, stop_iter = self.iter, self.iter + int(iters)
+        self._losses, self.smoothed_loss = [], 0.0
+        iter_size = int(self.param.iter_size)
+        while self.iter < stop_iter:
+            self.optimizer.zero_grad(set_to_none=True)
+            if (self.param.test_interval and self.iter % self.param.test_interval == 0
+                    and (self.iter > 0 or self.param.test_initialization)):
+                self.test_all()
+            for callback in self.callbacks:
+                getattr(callback, "on_start", lambda: None)()
+            loss = np.float32(0.0)
+            for _ in range(iter_size):
+                loss = np.float32(loss + np.float32(self.forward_backward()))
+            loss = float(np.float32(loss / np.float32(iter_size)))
+            self.last_loss = loss
+            if not math.isfinite(loss):
+                raise TrainingDiverged(f"the loss is {loss} at iteration {self.iter}: training diverged; this "
+                                       f"iteration's update was not applied (the weights are those after "
+                                       f"{self.iter} updates, snapshots on disk are untouched)")
+            self._update_smoothed_loss(loss, start_iter)
+            if self._displaying():
+                self._log_outputs()
+            if self.gradient_hook is not None:
+                self.gradient_hook(self)
+            for callback in self.callbacks:
+                getattr(callback, "on_gradients_ready", lambda: None)()
+            self.apply_update()
+            self.iter += 1
+            if self.param.snapshot and self.iter % self.param.snapshot == 0:
+                self.snapshot()
+            for hook in self.iteration_hooks:
+                hook(self)
+        return self.smoothed_loss
+
+    def _log_outputs(self) -> None:
+        log.info("Iteration %d, loss = %s", self.iter, _g6(self.smoothed_loss))
+        index = 0
+        for name, value in self.outputs.items():
+            weight = self.net.loss_weights.get(name, 0.0)
+            for v in value.reshape(-1).float().cpu().tolist():
+                extra = f" (* {_g6(weight)} = {_g6(weight * v)} loss)" if weight else ""
+                log.info("    Train net output #%d: %s = %s%s", index, name, _g6(v), extra)
+                index += 1
+
+    def solve(self, resume_file=None) -> None:
+        """Caffe's ``Solver::Solve``: optionally restore, train to ``max_iter``, snapshot after training
+        (unless the last iteration already did), a final display forward and test."""
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5 and (
+                self.param.snapshot or self.param.snapshot_after_train):
+            raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
+        if resume_file is not None:
+            self.restore(resume_file)
+        start_iter = self.iter
+        self.step(int(self.param.max_iter) - self.iter)
+        if self.param.snapshot_after_train and (not self.param.snapshot or self.iter % self.param.snapshot != 0):
+            self.snapshot()
+        if self._displaying():
+            with torch.no_grad(), self._autocast():
+                blobs = self.net(**self._next_inputs())
+                loss = float(self.net.objective(blobs))
+            self._update_smoothed_loss(loss, start_iter)
+            log.info("Iteration %d, loss = %s", self.iter, _g6(self.smoothed_loss))
+        if self.param.test_interval and self.iter % self.param.test_interval == 0:
+            self.test_all()
+        log.info("Optimization Done.")
+
+    # ----------------------------------------------------------------------------- testing
+
+    @torch.no_grad()
+    def _share_weights(self, test_net: CaffeNet) -> None:
+        """Caffe's ``ShareTrainedLayersWith``: same-named layers take the TRAIN net's blobs (copied here)."""
+        train = self.net.params
+        for name, blobs in test_net.params.items():
+            source = train.get(name)
+            if source is None:
+                continue
+            if len(source) != len(blobs):
+                raise FormatError(f"test net layer '{name}' has {len(blobs)} blobs, the train net's has {len(source)}")
+            for target, value in zip(blobs, source):
+                if tuple(target.shape) != tuple(value.shape):
+                    raise FormatError(f"test net layer '{name}': blob shape {tuple(target.shape)} vs the train net's "
+                                      f"{tuple(value.shape)}")
+                target.copy_(value)
+
+    @torch.no_grad()
+    def test(self, index: int = 0) -> dict[str, np.ndarray]:
+        """Caffe's ``Solver::Test``: ``test_iter[index]`` forwards of TEST net ``index``; the mean of every
+        output blob over the iterations (element-wise), keyed by blob name."""
+        net = self.test_nets[index]
+        self._share_weights(net)
+        sums: dict[str, np.ndarray] = {}
+        iters = int(self.param.test_iter[index])
+        source = self.test_data_sources[index]
+        for _ in range(iters):
+            inputs = self._prepare(next(source) if source is not None else self.test_inputs[index])
+            with self._autocast():
+                blobs = net(**inputs)
+            for name in net.output_names:
+                value = blobs[name].float().cpu().numpy().astype(np.float64)
+                sums[name] = sums.get(name, 0.0) + value
+        scores = {name: (total / max(iters, 1)).astype(np.float32) for name, total in sums.items()}
+        log.info("Iteration %d, Testing net (#%d)", self.iter, index)
+        k = 0
+        for name, value in scores.items():
+            weight = net.loss_weights.get(name, 0.0)
+            for v in np.ravel(value).tolist():
+                extra = f" (* {_g6(weight)} = {_g6(weight * v)} loss)" if weight else ""
+                log.info("    Test net output #%d: %s = %s%s", k, name, _g6(v), extra)
+                k += 1
+        return scores
+
+    def test_all(self) -> list[dict[str, np.ndarray]]:
+        self.test_scores = [self.test(i) for i in range(len(self.test_nets))]
+        return self.test_scores
+
+    # ----------------------------------------------------------------------------- snapshots
+
+    def snapshot_filename(self, extension: str) -> str:
+        return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
+
+    def snapshot(self) -> tuple[str, str]:
+        """Write ``<prefix>_iter_<iter>.caffemodel`` then ``.solverstate`` (each atomically: a crash never
+        leaves a half-written file under either name).  Returns both paths."""
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
+        model_path = self.snapshot_filename(".caffemodel")
+        state_path = self.snapshot_filename(".solverstate")
+        net_param = self.net.to_netparameter()
+        if self.param.snapshot_diff:
+            self._add_diffs(net_param)
+        log.info("Snapshotting to binary proto file %s", model_path)
+        write_net(net_param, model_path, binary=True)
+        state = caffe_pb2.SolverState(iter=self.iter, learned_net=model_path, current_step=self.current_step)
+        for blob in self.optimizer.history_blobs():
+            state.history.append(array_to_blob(blob.detach().to("cpu", torch.float32).numpy()))
+        log.info("Snapshotting solver state to binary proto file %s", state_path)
+        write_solverstate(state, state_path)
+        return model_path, state_path
+
+    def _add_diffs(self, net_param: caffe_pb2.NetParameter) -> None:
+        params = self.net.params
+        for layer in net_param.layer:
+            for blob, tensor in zip(layer.blobs, params.get(layer.name, [])):
+                diff = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
+                blob.diff.extend(diff.detach().to("cpu", torch.float32).reshape(-1).numpy())
+
+    def restore(self, state_file) -> None:
+        """Caffe's ``Restore`` from a ``.solverstate``: iteration, current_step, history, and the weights of
+        ``learned_net`` (as written, else relative to the state file's folder)."""
+        state_file = str(state_file)
+        if state_file.endswith(".h5"):
+            raise FormatError(f"{state_file}: HDF5 solver states are not supported; use a .solverstate")
+        state = read_solverstate(state_file)
+        if state.learned_net:
+            learned = state.learned_net
+            if not os.path.isabs(learned) and not os.path.exists(learned):
+                beside = Path(state_file).resolve().parent / Path(learned).name
+                learned = str(beside) if beside.exists() else learned
+            self.net.load_caffemodel(learned)
+        self.optimizer.set_history([blob_to_array(b, source=f"{state_file} history") for b in state.history])
+        self.iter = int(state.iter)
+        self.current_step = int(state.current_step)
+        self.optimizer.iter = self.iter
+
+
+def _g6(value: float) -> str:
+    """A number the way glog/iostream prints it (6 significant digits)."""
+    return f"{float(value):.6g}"

@@ -1,0 +1,152 @@
+"""Solver behaviour beyond the 5-iteration fixtures: divergence, atomic snapshots, TEST nets, solve(),
+paths relative to the solver file, pycaffe aliases and errors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import caffe_compat.io.atomic as atomic
+from caffe_compat.errors import FormatError, TrainingDiverged
+from caffe_compat.io import read_net, read_solverstate, blob_to_array
+from caffe_compat.net import CaffeNet
+from caffe_compat.solver import AdamSolver, SGD, SGDSolver, Solver, get_solver
+from tests.solver.caffe_cases import case_dir, feed, load_case, make_solver, param_arrays
+
+CASE = "sgd_step_momentum"
+
+
+def test_divergence_stops_with_the_iteration_and_keeps_the_last_good_state(tmp_path):
+    solver = make_solver(CASE, snapshot_prefix=str(tmp_path / "div"))
+    solver.param.base_lr, solver.param.lr_policy, solver.param.snapshot = 1e12, "fixed", 1
+    before = None
+    with pytest.raises(TrainingDiverged, match="at iteration 2"):
+        for t in range(10):
+            feed(solver, CASE, t)
+            before = param_arrays(solver)
+            solver.step(1)
+    assert solver.iter == 2
+    for key, value in param_arrays(solver).items():  # the diverging update was not applied
+        np.testing.assert_array_equal(value, before[key])
+        assert np.isfinite(value).all()
+    assert sorted(os.listdir(tmp_path)) == ["div_iter_1.caffemodel", "div_iter_1.solverstate",
+                                            "div_iter_2.caffemodel", "div_iter_2.solverstate"]
+    saved = {f"param:{l.name}:{i}": blob_to_array(b) for l in read_net(tmp_path / "div_iter_2.caffemodel").layer
+             for i, b in enumerate(l.blobs)}
+    for key, value in saved.items():
+        np.testing.assert_array_equal(value, before[key])
+
+
+def test_nan_input_diverges_at_that_iteration():
+    solver = make_solver(CASE)
+    feed(solver, CASE, 0)
+    solver.step(1)
+    solver.inputs["data"][0, 0, 0, 0] = np.nan
+    with pytest.raises(TrainingDiverged, match="at iteration 1"):
+        solver.step(1)
+
+
+def _fail_fsync(fd):
+    raise OSError("simulated crash: disk full")
+
+
+def test_snapshot_is_atomic(tmp_path, monkeypatch):
+    solver = make_solver(CASE, snapshot_prefix=str(tmp_path / "snap"))
+    for t in range(2):
+        feed(solver, CASE, t)
+        solver.step(1)
+    model_path, state_path = solver.snapshot()
+    good_model, good_state = open(model_path, "rb").read(), open(state_path, "rb").read()
+    feed(solver, CASE, 2)
+    solver.step(1)
+    # a crash while writing the next snapshot: nothing under the new names, the previous pair intact
+    monkeypatch.setattr(atomic.os, "fsync", _fail_fsync)
+    with pytest.raises(OSError, match="simulated crash"):
+        solver.snapshot()
+    assert sorted(os.listdir(tmp_path)) == ["snap_iter_2.caffemodel", "snap_iter_2.solverstate"]
+    # a crash while overwriting the same names (a resumed run snapshotting again at iteration 2)
+    solver.iter = 2
+    with pytest.raises(OSError, match="simulated crash"):
+        solver.snapshot()
+    assert open(model_path, "rb").read() == good_model and open(state_path, "rb").read() == good_state
+    assert sorted(os.listdir(tmp_path)) == ["snap_iter_2.caffemodel", "snap_iter_2.solverstate"]
+    monkeypatch.undo()
+    resumed = make_solver(CASE)
+    resumed.restore(state_path)  # the surviving snapshot is readable and complete
+    state = read_solverstate(state_path)
+    assert resumed.iter == state.iter == 2 and resumed.current_step == state.current_step == 0  # lr at iter 1: 1 // 2
+    assert len(state.history) == 4
+
+
+def _solver_file(tmp_path, extra: str) -> str:
+    shutil.copy(case_dir(CASE) / "net.prototxt", tmp_path / "net.prototxt")
+    path = tmp_path / "solver.prototxt"
+    path.write_text('net: "net.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\nmomentum: 0.9\nrandom_seed: 3\n'
+                    'solver_mode: CPU\n' + extra)
+    return str(path)
+
+
+def test_solve_tests_and_snapshots_with_paths_relative_to_the_solver(tmp_path, monkeypatch):
+    path = _solver_file(tmp_path, 'test_iter: 2\ntest_interval: 2\nmax_iter: 3\nsnapshot_prefix: "out/run"\n'
+                                  'test_initialization: false\n')
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    monkeypatch.chdir(work)  # Caffe's cwd: the net is not here, the solver's folder has it
+    solver = Solver(path, weights=case_dir(CASE) / "init.caffemodel")
+    assert len(solver.test_nets) == 1 and solver.test_nets[0].phase == "test"
+    inputs, _ = load_case(CASE)
+    solver.test_inputs[0]["data"][...] = inputs["data"][4]
+    solver.test_inputs[0]["label"][...] = inputs["label"][4]
+    solver.feed(data=inputs["data"][0], label=inputs["label"][0])
+    solver.solve()
+    assert solver.iter == 3
+    # snapshot_prefix is relative to the working directory, as in Caffe
+    assert sorted(os.listdir(work / "out")) == ["run_iter_3.caffemodel", "run_iter_3.solverstate"]
+    # the test at iteration 2 ran with the weights after 2 updates; check the final test by hand
+    scores = solver.test_all()[0]
+    reference = CaffeNet(str(tmp_path / "net.prototxt"), phase="test", weights=str(work / "out/run_iter_3.caffemodel"))
+    with torch.no_grad():
+        loss = reference(data=torch.tensor(inputs["data"][4]), label=torch.tensor(inputs["label"][4]))["loss"]
+    assert float(scores["loss"]) == pytest.approx(float(loss), rel=1e-6)
+
+
+def test_hdf5_snapshots_are_refused(tmp_path):
+    solver = Solver(_solver_file(tmp_path, "snapshot_format: HDF5\nmax_iter: 1\n"))
+    with pytest.raises(FormatError, match="HDF5"):
+        solver.snapshot()
+    with pytest.raises(FormatError, match="HDF5"):
+        solver.solve()
+
+
+def test_pycaffe_aliases_and_feed_errors(tmp_path):
+    path = str(case_dir("adam") / "solver.prototxt")
+    assert type(get_solver(path).optimizer).__name__ == "Adam"
+    assert isinstance(SGDSolver(path).optimizer, SGD)  # pycaffe's SGDSolver ignores the file's type
+    assert type(AdamSolver(str(case_dir(CASE) / "solver.prototxt")).optimizer).__name__ == "Adam"
+    with pytest.raises(FormatError, match="cannot feed"):
+        get_solver(path).feed(conv1=np.zeros(3))
+
+
+def test_missing_net_file_is_a_clear_error(tmp_path):
+    (tmp_path / "solver.prototxt").write_text('net: "nowhere.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\n')
+    with pytest.raises(FormatError, match="nowhere.prototxt"):
+        Solver(str(tmp_path / "solver.prototxt"))
+
+
+def test_data_source_feeds_each_sub_batch():
+    """iter_size 2 fed by an iterator equals the MemoryData fixture run (same sub-batches, same order)."""
+    inputs, reference = load_case("sgd_iter_size2")
+    solver = make_solver(CASE)
+    solver.param.iter_size = 2
+    solver.optimizer.iter_size = 2
+    solver.net.load_caffemodel(str(case_dir("sgd_iter_size2") / "init.caffemodel"))
+    solver.data_source = ({"data": inputs["data"][t, k], "label": inputs["label"][t, k]}
+                          for t in range(5) for k in range(2))
+    for t in range(5):
+        solver.step(1)
+        for key, value in param_arrays(solver).items():
+            np.testing.assert_allclose(value, reference[key][t + 1], rtol=1e-5, atol=4e-6 * np.abs(value).max())

@@ -1,0 +1,100 @@
+"""The training loop: a DataLoader feeds the same iterations as pycaffe-style feeding, CSV log, seeds,
+bf16 autocast and channels_last on CPU, epochs restart, the end-of-training snapshot and summary."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_compat.errors import FormatError
+from caffe_compat.solver import Solver
+from caffe_compat.solver.train import train
+from tests.solver.caffe_cases import case_dir, feed, load_case, make_solver, param_arrays
+
+CASE = "sgd_step_momentum"
+
+
+def loader(batch_as_tuple=False):
+    inputs, _ = load_case(CASE)
+    data = torch.tensor(inputs["data"])
+    labels = torch.tensor(inputs["label"])
+    if batch_as_tuple:
+        return [(data[t], labels[t]) for t in range(5)]
+    dataset = [{"data": data[t], "label": labels[t]} for t in range(5)]
+    return torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False)
+
+
+def test_dataloader_run_equals_pycaffe_feeding_and_logs_csv(tmp_path):
+    reference = make_solver(CASE)
+    for t in range(7):
+        feed(reference, CASE, t)  # batches 0..4 then 0, 1 again
+        reference.step(1)
+    solver = make_solver(CASE)
+    summary = train(solver, loader(), iters=7, progress=True, csv_log=tmp_path / "log.csv")
+    for key, value in param_arrays(reference).items():
+        np.testing.assert_array_equal(param_arrays(solver)[key], value)
+    rows = list(csv.DictReader(open(tmp_path / "log.csv")))
+    assert [int(r["iter"]) for r in rows] == list(range(7))
+    _, trajectory = load_case(CASE)
+    np.testing.assert_allclose([float(r["loss"]) for r in rows[:5]], trajectory["loss_blob"], rtol=2e-6)
+    assert [f"{float(r['lr']):.6g}" for r in rows[:5]] == [f"{float(x):.6g}" for x in trajectory["lr"]]
+    assert summary.iterations == 7 and np.float32(summary.last_loss) == np.float32(rows[-1]["loss"])
+    assert np.float32(summary.first_loss) == np.float32(rows[0]["loss"]) and summary.snapshots == []
+
+
+def test_tuple_batches_and_snapshot_after_train(tmp_path):
+    solver = make_solver(CASE, snapshot_prefix=str(tmp_path / "end"))
+    solver.param.max_iter = 3
+    summary = train(solver, loader(batch_as_tuple=True), progress=False)
+    assert summary.iterations == 3 and solver.iter == 3
+    assert summary.snapshots == [str(tmp_path / "end_iter_3.caffemodel"), str(tmp_path / "end_iter_3.solverstate")]
+
+
+def _dropout_solver_file(tmp_path) -> str:
+    net = (case_dir(CASE) / "net.prototxt").read_text().replace(
+        'layer { name: "ip1"',
+        'layer { name: "drop" type: "Dropout" bottom: "pool1" top: "pool1" dropout_param { dropout_ratio: 0.5 } }\n'
+        'layer { name: "ip1"', 1)
+    (tmp_path / "net.prototxt").write_text(net)
+    shutil.copy(case_dir(CASE) / "init.caffemodel", tmp_path / "init.caffemodel")
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\nmomentum: 0.9\n'
+                                              'max_iter: 4\nsolver_mode: CPU\nsnapshot_after_train: false\n')
+    return str(tmp_path / "solver.prototxt")
+
+
+def test_deterministic_seed_reproduces_dropout_runs(tmp_path):
+    path = _dropout_solver_file(tmp_path)
+
+    def run(seed):
+        s = Solver(path, weights=str(tmp_path / "init.caffemodel"), device="cpu")
+        train(s, loader(), deterministic=True, seed=seed, progress=False)
+        return param_arrays(s)
+
+    a, b, c = run(1), run(1), run(2)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+    assert any(not np.array_equal(a[key], c[key]) for key in a)  # the dropout masks did change
+
+
+def test_bf16_autocast_and_channels_last_on_cpu():
+    plain = make_solver(CASE)
+    train(plain, loader(), iters=3, progress=False)
+    nhwc = make_solver(CASE)
+    train(nhwc, loader(), iters=3, progress=False, channels_last=True)
+    assert nhwc.net.params["conv1"][0].is_contiguous(memory_format=torch.channels_last)
+    for key, value in param_arrays(plain).items():
+        np.testing.assert_allclose(param_arrays(nhwc)[key], value, rtol=1e-5, atol=1e-6)
+    bf16 = make_solver(CASE)
+    summary = train(bf16, loader(), iters=3, progress=False, amp="bf16")
+    assert bf16.net.params["conv1"][0].dtype == torch.float32  # master weights stay float32
+    assert summary.last_loss == pytest.approx(plain.last_loss, rel=3e-2)
+    assert summary.last_loss != plain.last_loss  # bf16 arithmetic really ran
+
+
+def test_bad_amp_name():
+    with pytest.raises(FormatError, match="amp must be one of"):
+        train(make_solver(CASE), loader(), iters=1, amp="fp8")
