@@ -1,0 +1,50 @@
+"""Lifted structured feature embedding loss (Oh Song, Xiang, Jegelka & Savarese, CVPR 2016).
+
+Reproduces the authors' Caffe layer ``LiftedStructSimilaritySoftmaxLoss``.  Space: Euclidean distance
+``D_ij = ‖x_i − x_j‖`` of the *unnormalised* embeddings (Gram expansion, as the layer).  For every
+positive pair i<j::
+
+    J_ij = log( Σ_{k∈N_i} exp(m − D_ik) + Σ_{l∈N_j} exp(m − D_jl) ) + D_ij,      m = margin = 1.0
+    L    = 1/(2·|P|) · Σ_{(i,j)∈P, i<j} max(0, J_ij)²
+
+|P| is the number of positive pairs i<j (the layer's ``num_constraints``).  The log-sum-exp over the
+negatives of both i and j is ``logaddexp(lse_i, lse_j)`` of two per-sample log-sum-exps, so memory is
+O(B²) (pytorch-metric-learning's ``LiftedStructureLoss`` builds a (#pos pairs × #neg pairs) mask, which
+needs >24 GB at B = 512).  A batch without positive pairs gives 0 (the Caffe layer divides 0 by 0:
+NaN); a positive pair without any negative has J = −∞ and contributes 0, as in Caffe.
+
+Equals ``pytorch_metric_learning.losses.LiftedStructureLoss(neg_margin=m, pos_margin=0,
+distance=LpDistance(normalize_embeddings=False))``.  With ``miner=``, the mined counts replace the
+positive pairs (weights of J²) and the negatives inside the log-sum-exps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from caffe_compat.losses.batch_input import check_batch
+from caffe_compat.losses.miners import select_pairs
+from caffe_compat.losses.pairwise import euclidean_matrix
+
+
+class LiftedStructLoss(torch.nn.Module):
+    def __init__(self, margin: float = 1.0, miner=None):
+        super().__init__()
+        self.margin = float(margin)
+        self.miner = miner
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        labels = check_batch(embeddings, labels, "LiftedStructLoss")
+        pairs = select_pairs(self.miner, embeddings, labels)
+        dist = euclidean_matrix(embeddings)
+        has_neg = (pairs.neg > 0).any(dim=1)
+        neg_logits = (self.margin - dist) + torch.log(pairs.neg)  # log 0 = −inf drops non-negatives
+        neg_logits = torch.where(has_neg[:, None], neg_logits, torch.zeros_like(neg_logits))
+        lse = torch.logsumexp(neg_logits, dim=1)  # finite in every row: no NaN in the backward
+        lse = torch.where(has_neg, lse, torch.full_like(lse, -1e30))  # no negative: exp(...) = 0
+        j = torch.logaddexp(lse[:, None], lse[None, :]) + dist
+        hinge = torch.relu(j)
+        pos = torch.triu(pairs.pos + pairs.pos.t(), diagonal=1) * 0.5
+        hinge = torch.where(pos > 0, hinge, torch.zeros_like(hinge))  # −∞/NaN-free outside P
+        count = pos.sum()
+        return (pos * hinge * hinge).sum() / (2.0 * count.clamp_min(1.0))

@@ -1,0 +1,110 @@
+"""Triplet loss (Hoffer & Ailon 2015; FaceNet, Schroff et al. 2015) over every triplet of a batch.
+
+Space: squared Euclidean distance of L2-normalised embeddings (FaceNet; ``squared=False`` uses the
+plain Euclidean distance, ``normalize=False`` the raw embeddings).  For anchor a, positive p
+(same label, p ≠ a) and negative n (other label)::
+
+    ℓ_apn = max(0, d_ap − d_an + margin),          margin = 0.2 (FaceNet's α)
+
+``triplets`` chooses the set T (the names and conditions of pytorch-metric-learning's
+``TripletMarginMiner``):
+
+* ``"all"``      every triplet;
+* ``"semihard"`` ``d_ap < d_an ≤ d_ap + margin`` (FaceNet's semi-hard negatives);
+* ``"hard"``     ``d_an ≤ d_ap`` (every negative closer than the positive; *not* Hermans' batch-hard).
+
+``reduction``: ``"mean"`` (default) = Σ_T ℓ / |T|, FaceNet's sum normalised by the number of triplets;
+``"mean_nonzero"`` = mean over the triplets with ℓ > 0 (pytorch-metric-learning's ``AvgNonZeroReducer``,
+so ``TripletMarginLoss(margin, distance=LpDistance(power=2))`` with a ``TripletMarginMiner`` of the same
+type equals ``reduction="mean_nonzero"``); ``"sum"`` = Σ_T ℓ.  An empty T gives 0.
+
+With ``miner=`` the anchor's mined positives and negatives are combined (triplet weight
+``pos[a,p]·neg[a,n]``), e.g. :class:`~caffe_compat.losses.miners.EasyPositiveMiner` gives EPS + triplet.
+
+Never materialises the B³ triplets: per anchor the negatives' distances are sorted once and each
+(a, p) sums its hinge over them with ``searchsorted`` and prefix sums (O(B² log B) time, O(B²) memory).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from caffe_compat.losses.loss_errors import LossInputError
+from caffe_compat.losses.batch_input import check_batch
+from caffe_compat.losses.miners import select_pairs
+from caffe_compat.losses.pairwise import euclidean_matrix, squared_euclidean_matrix
+
+TRIPLET_SETS = ("all", "semihard", "hard")
+REDUCTIONS = ("mean", "mean_nonzero", "sum")
+
+
+class _SortedNegatives:
+    """Each anchor's negatives sorted by distance, with weighted prefix counts and sums."""
+
+    def __init__(self, dist: torch.Tensor, neg_weight: torch.Tensor):
+        keyed = torch.where(neg_weight > 0, dist, torch.full_like(dist, float("inf")))
+        self.sorted, order = torch.sort(keyed.detach(), dim=1)
+        w = neg_weight.gather(1, order)
+        d = dist.gather(1, order)  # differentiable copy of the sorted distances
+        zero = dist.new_zeros(dist.shape[0], 1)
+        self.cum_w = torch.cat([zero, torch.cumsum(w, dim=1)], dim=1)
+        self.cum_wd = torch.cat([zero, torch.cumsum(w * d, dim=1)], dim=1)
+
+    def below(self, bound: torch.Tensor, inclusive: bool):
+        """``(Σ w, Σ w·d)`` over the anchor's negatives with ``d < bound`` (``≤`` if inclusive)."""
+        idx = torch.searchsorted(self.sorted, bound.detach().contiguous(), right=inclusive)
+        return self.cum_w.gather(1, idx), self.cum_wd.gather(1, idx)
+
+
+class TripletLoss(torch.nn.Module):
+    def __init__(
+        self,
+        margin: float = 0.2,
+        triplets: str = "all",
+        squared: bool = True,
+        normalize: bool = True,
+        reduction: str = "mean",
+        miner=None,
+    ):
+        super().__init__()
+        if triplets not in TRIPLET_SETS:
+            raise LossInputError(f"TripletLoss: triplets must be one of {TRIPLET_SETS}, got {triplets!r}")
+        if reduction not in REDUCTIONS:
+            raise LossInputError(f"TripletLoss: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        if not margin >= 0:
+            raise LossInputError(f"TripletLoss: margin must be >= 0, got {margin!r}")
+        self.margin = float(margin)
+        self.triplets = triplets
+        self.squared = bool(squared)
+        self.normalize = bool(normalize)
+        self.reduction = reduction
+        self.miner = miner
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        labels = check_batch(embeddings, labels, "TripletLoss")
+        x = torch.nn.functional.normalize(embeddings, dim=1) if self.normalize else embeddings
+        pairs = select_pairs(self.miner, x, labels)
+        dist = squared_euclidean_matrix(x) if self.squared else euclidean_matrix(x)
+        negatives = _SortedNegatives(dist, pairs.neg)
+        shifted = dist + self.margin  # (a, p): hinge is positive for d_an < d_ap + margin
+        cnt_hinge, sum_hinge = negatives.below(shifted, inclusive=False)
+        hinge_total = cnt_hinge * shifted - sum_hinge  # Σ_n w_n (d_ap + m − d_an) over ℓ > 0
+        if self.triplets == "all":
+            loss_sum, nonzero = hinge_total, cnt_hinge
+            selected = pairs.neg.sum(dim=1, keepdim=True).expand_as(dist)
+        else:
+            cnt_close, sum_close = negatives.below(dist, inclusive=True)  # d_an ≤ d_ap
+            close_total = cnt_close * shifted - sum_close
+            if self.triplets == "hard":
+                loss_sum, selected = close_total, cnt_close
+                nonzero = cnt_close if self.margin > 0 else cnt_hinge.minimum(cnt_close)
+            else:  # semihard: d_ap < d_an ≤ d_ap + m
+                loss_sum, nonzero = hinge_total - close_total, cnt_hinge - cnt_close
+                cnt_upto, _ = negatives.below(shifted, inclusive=True)
+                selected = cnt_upto - cnt_close
+        w = pairs.pos
+        total = (w * loss_sum).sum()
+        if self.reduction == "sum":
+            return total
+        count = (w * (nonzero if self.reduction == "mean_nonzero" else selected)).sum()
+        return torch.where(count > 0, total / count.clamp_min(1e-30), total * 0.0)

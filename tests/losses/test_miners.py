@@ -1,0 +1,96 @@
+"""Miners: VTHM (= PML's MultiSimilarityMiner), easy positives, distance weighted sampling."""
+
+import math
+
+import pytest
+import torch
+from pytorch_metric_learning import miners
+
+from caffe_compat.losses.loss_errors import LossInputError
+from caffe_compat.losses.miners import DistanceWeightedMiner, EasyPositiveMiner, VTHMMiner
+
+A = 1 / math.sqrt(2)
+
+
+def as_set(matrix):
+    return {tuple(ij) for ij in torch.nonzero(matrix).tolist()}
+
+
+def test_vthm_by_hand():
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [A, A], [-A, -A], [1.0, 0.05]], dtype=torch.float64)
+    y = torch.tensor([0, 0, 1, 2, 2])
+    mined = VTHMMiner(0.1)(x, y)
+    # anchor 0: positive 1 (s=0); negatives 2 (a), 3 (−a), 4 (≈1): keep negatives with s > −0.1 -> 2, 4
+    # its positive (s=0) is kept since 0 < max negative (≈1) + 0.1
+    assert {j for i, j in as_set(mined.neg) if i == 0} == {2, 4}
+    assert {j for i, j in as_set(mined.pos) if i == 0} == {1}
+    # anchor 3: positive 4 (s≈−a) < max negative (≈ −0.05·a…) + 0.1 -> kept; negatives with s > −a − 0.1
+    s = torch.nn.functional.normalize(x, dim=1) @ torch.nn.functional.normalize(x, dim=1).t()
+    keep3 = {j for j in (0, 1, 2) if s[3, j] > s[3, 4] - 0.1}
+    assert {j for i, j in as_set(mined.neg) if i == 3} == keep3
+    # anchor 2: no positive -> nothing
+    assert not any(i == 2 for i, _ in as_set(mined.pos) | as_set(mined.neg))
+
+
+def test_vthm_equals_pml_multi_similarity_miner():
+    torch.manual_seed(32)
+    x = torch.randn(40, 8)
+    y = torch.randint(0, 6, (40,))
+    for eps in (0.05, 0.1, 0.4):
+        mined = VTHMMiner(eps)(x, y)
+        a1, p, a2, n = miners.MultiSimilarityMiner(epsilon=eps)(x, y)
+        assert as_set(mined.pos) == set(zip(a1.tolist(), p.tolist()))
+        assert as_set(mined.neg) == set(zip(a2.tolist(), n.tolist()))
+
+
+def test_easy_positive_by_hand():
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0], [0.0, 1.0], [0.0, 2.5]], dtype=torch.float64)
+    y = torch.tensor([0, 0, 0, 1, 1])
+    mined = EasyPositiveMiner(normalize=False)(x, y)
+    # nearest same-class sample: 0->1, 1->0, 2->1, 3->4, 4->3
+    assert as_set(mined.pos) == {(0, 1), (1, 0), (2, 1), (3, 4), (4, 3)}
+    assert as_set(mined.neg) == {(i, j) for i in range(5) for j in range(5) if y[i] != y[j]}
+
+
+def test_distance_weighted_probabilities_by_hand():
+    # 4-D unit vectors: anchor e0; negatives at distance √2 (≥ 1.4: weight 0), 1, and 0.2 (clamped to 0.5)
+    n = 4
+    e = torch.eye(4, dtype=torch.float64)
+    far = e[1]  # D = √2 ≥ 1.4: excluded
+    mid = torch.tensor([0.5, math.sqrt(0.75), 0, 0], dtype=torch.float64)  # D = 1
+    near = torch.tensor([0.98, 0, math.sqrt(1 - 0.98**2), 0], dtype=torch.float64)  # D = 0.2 -> clamped to 0.5
+    x = torch.stack([e[0], e[0], far, mid, near])  # sample 1 = the positive of 0
+    y = torch.tensor([0, 0, 1, 2, 3])
+    probs = DistanceWeightedMiner().negative_probabilities(x, y)
+
+    def inv_q(d):  # 1 / q(d) = d^(2−n) · (1 − d²/4)^(−(n−3)/2)
+        return d ** (2 - n) * (1 - d * d / 4) ** (-(n - 3) / 2)
+
+    w_mid, w_near = inv_q(1.0), inv_q(0.5)
+    torch.testing.assert_close(probs[0], torch.tensor([0, 0, 0, w_mid / (w_mid + w_near), w_near / (w_mid + w_near)], dtype=torch.float64))
+
+
+def test_distance_weighted_draws_one_negative_per_positive():
+    torch.manual_seed(33)
+    x = torch.randn(24, 16)
+    y = torch.tensor([0] * 5 + [1] * 4 + [2] * 6 + [3] * 3 + [4] * 5 + [5])
+    mined = DistanceWeightedMiner(generator=torch.Generator().manual_seed(1))(x, y)
+    positives = (y[:, None] == y[None, :]).sum(1) - 1
+    torch.testing.assert_close(mined.neg.sum(1), positives.to(mined.neg.dtype))
+    assert ((mined.neg > 0) <= (y[:, None] != y[None, :])).all()
+    torch.testing.assert_close(mined.pos.sum(1), positives.to(mined.pos.dtype))
+
+
+def test_distance_weighted_frequencies_follow_probabilities():
+    torch.manual_seed(34)
+    x = torch.randn(6, 3, dtype=torch.float64)
+    y = torch.tensor([0, 0, 1, 2, 3, 4])
+    miner = DistanceWeightedMiner(generator=torch.Generator().manual_seed(2))
+    probs = miner.negative_probabilities(x, y)[0]
+    counts = sum(miner(x, y).neg[0] for _ in range(1500))
+    torch.testing.assert_close(counts / counts.sum(), probs, atol=0.05, rtol=0)
+
+
+def test_bad_cutoffs():
+    with pytest.raises(LossInputError):
+        DistanceWeightedMiner(cutoff=1.5, nonzero_loss_cutoff=1.4)
