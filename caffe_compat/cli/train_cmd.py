@@ -1,0 +1,37 @@
+"""``caffe-compat train SOLVER.prototxt``: Caffe's ``caffe train`` on PyTorch (CPU or CUDA).
+
+Reads the net relative to the working directory, then to the solver's folder; ``--weights`` copies a
+caffemodel in first (fine-tuning), ``--snapshot`` resumes from a ``.solverstate``.  Data come from the
+net's data layers (Data/LMDB, ImageData, MemoryData, the authors' LabelShufflingLayer port).
+"""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a Caffe net from its solver prototxt")
+    p.add_argument("solver")
+    p.add_argument("--weights", help="caffemodel(s) to start from (comma-separated, like caffe train)")
+    p.add_argument("--snapshot", help="a .solverstate to resume from")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the solver's solver_mode when available)")
+    p.add_argument("--iters", type=int, help="iterations to run (default: up to max_iter)")
+    p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward/backward")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the net's forward")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--log", help="CSV log of loss and lr per iteration")
+    p.add_argument("--tensorboard", help="TensorBoard log folder (when tensorboard is installed)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from caffe_compat.solver.train import train
+
+    summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=args.device,
+                    amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
+                    tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed)
+    print(f"trained {summary.iterations} iterations in {summary.seconds:.1f} s ({summary.iters_per_s:.2f} it/s) on "
+          f"{summary.device}; loss {summary.first_loss:.6g} -> {summary.last_loss:.6g}; "
+          f"snapshots: {', '.join(summary.snapshots) or 'none'}")
+    return 0
