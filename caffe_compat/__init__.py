@@ -17,7 +17,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_net": "caffe_compat.net",
     "CaffeNet": "caffe_compat.net",
-    "load_checkpoint": "caffe_compat.net",
+    "load_checkpoint": "caffe_compat.checkpoint",
+    "save_checkpoint": "caffe_compat.checkpoint",
     "Solver": "caffe_compat.solver",
     "get_solver": "caffe_compat.solver",
     "SGDSolver": "caffe_compat.solver",

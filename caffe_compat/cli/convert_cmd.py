@@ -1,0 +1,41 @@
+"""``caffe-compat convert NET.prototxt W.caffemodel -o model.pt [--phase test]`` and
+``caffe-compat convert --to-caffe model.pt -o OUT_PREFIX`` (writes OUT_PREFIX.prototxt and .caffemodel).
+
+Exit status: 0 written, 2 bad input (unreadable files, weights that do not fit the net, wrong arguments).
+"""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("convert", help="Caffe prototxt+caffemodel <-> caffe-compat PyTorch checkpoint")
+    p.add_argument("inputs", nargs="+", metavar="FILE",
+                   help="NET.prototxt W.caffemodel (to a checkpoint), or model.pt with --to-caffe")
+    p.add_argument("-o", "--output", required=True, help="checkpoint path, or the output prefix with --to-caffe")
+    p.add_argument("--to-caffe", action="store_true", help="convert a checkpoint back to .prototxt + .caffemodel")
+    p.add_argument("--phase", choices=("train", "test"), default="test", help="phase the net is built in")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="accept a caffemodel without weights for some learnable layers (they keep filler values)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from caffe_compat.errors import CaffeCompatError
+
+    if args.to_caffe:
+        if len(args.inputs) != 1:
+            raise CaffeCompatError(f"--to-caffe takes one checkpoint, got {len(args.inputs)} files")
+        from converters.torch_to_caffe import convert_torch_to_caffe
+
+        prototxt, caffemodel = convert_torch_to_caffe(args.inputs[0], args.output)
+        print(f"wrote {prototxt} and {caffemodel}")
+        return 0
+    if len(args.inputs) != 2:
+        raise CaffeCompatError(f"expected NET.prototxt W.caffemodel, got {len(args.inputs)} files")
+    from converters.caffe_to_torch import convert_caffe_to_torch
+
+    net = convert_caffe_to_torch(args.inputs[0], args.inputs[1], args.output, phase=args.phase,
+                                 strict=not args.allow_missing)
+    count = sum(t.numel() for blobs in net.params.values() for t in blobs)
+    print(f"wrote {args.output}: net '{net.name}', phase {net.phase}, {len(net.steps)} layers, {count:,} values")
+    return 0

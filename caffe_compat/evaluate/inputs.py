@@ -1,0 +1,96 @@
+"""Turning user arrays into the tensors every metric works on.
+
+Features may be a numpy array or a torch tensor of shape ``(N, D)`` (any float dtype; from PyTorch, from
+Caffe blobs, from ONNX Runtime alike); they are cast to float32 and L2-normalised row-wise with the
+``F.normalize`` convention (a zero row stays zero, so its cosine with everything is 0). Labels may be
+any 1-D integer array or tensor (numpy string arrays work too); they are replaced by dense codes
+``0..C-1`` in sorted label order, so only label *equality* matters. ``device=None`` means the features'
+own device for a tensor and the CPU for a numpy array.
+
+Bad input (wrong rank, length mismatch, NaN/Inf, fewer than two items) raises
+:class:`EvaluationInputError`, a :class:`~caffe_compat.errors.CaffeCompatError`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from caffe_compat.errors import CaffeCompatError
+
+
+class EvaluationInputError(CaffeCompatError):
+    """Features or labels handed to a metric are malformed (shape, length, dtype, non-finite values)."""
+
+
+def resolve_device(features, device=None) -> torch.device:
+    """The device metrics run on: ``device`` if given, else the tensor's device, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    if isinstance(features, torch.Tensor):
+        return features.device
+    return torch.device("cpu")
+
+
+def as_features(features, device=None, *, name: str = "features", normalize: bool = True) -> torch.Tensor:
+    """``(N, D)`` float32 tensor on ``device``, rows L2-normalised when ``normalize``."""
+    if isinstance(features, torch.Tensor):
+        x = features.detach()
+    elif isinstance(features, np.ndarray):
+        if not np.issubdtype(features.dtype, np.number) or np.issubdtype(features.dtype, np.complexfloating):
+            raise EvaluationInputError(f"{name}: expected a real numeric array, got dtype {features.dtype}")
+        x = torch.from_numpy(np.ascontiguousarray(features))
+    else:
+        raise EvaluationInputError(f"{name}: expected a numpy array or a torch tensor, got {type(features).__name__}")
+    if x.dim() != 2:
+        raise EvaluationInputError(f"{name}: expected shape (N, D), got {tuple(x.shape)}")
+    if x.shape[0] < 2 or x.shape[1] < 1:
+        raise EvaluationInputError(f"{name}: need at least 2 items of dimension >= 1, got {tuple(x.shape)}")
+    if x.is_complex() or x.dtype == torch.bool:
+        raise EvaluationInputError(f"{name}: expected real numbers, got {x.dtype}")
+    x = x.to(device=resolve_device(features, device), dtype=torch.float32)
+    if not bool(torch.isfinite(x).all()):
+        raise EvaluationInputError(f"{name}: contains NaN or Inf")
+    if normalize:
+        x = torch.nn.functional.normalize(x, dim=1, eps=1e-12)
+    return x
+
+
+def as_labels(labels, n: int, device, *, name: str = "labels") -> torch.Tensor:
+    """Dense int64 codes ``0..C-1`` (sorted label order) of a length-``n`` label vector, on ``device``."""
+    if isinstance(labels, torch.Tensor):
+        lab = labels.detach().reshape(-1) if labels.dim() == 2 and labels.shape[1] == 1 else labels.detach()
+        if lab.dim() != 1:
+            raise EvaluationInputError(f"{name}: expected a 1-D vector, got shape {tuple(labels.shape)}")
+        if lab.is_floating_point():
+            if not bool((lab == lab.round()).all()):
+                raise EvaluationInputError(f"{name}: float labels must hold whole numbers")
+            lab = lab.to(torch.int64)
+        elif lab.is_complex():
+            raise EvaluationInputError(f"{name}: complex labels are not supported")
+        codes = torch.unique(lab, return_inverse=True)[1]
+    else:
+        arr = np.asarray(labels)
+        if arr.ndim == 2 and arr.shape[1] == 1:
+            arr = arr.reshape(-1)
+        if arr.ndim != 1:
+            raise EvaluationInputError(f"{name}: expected a 1-D vector, got shape {arr.shape}")
+        if arr.dtype.kind == "f" and not np.all(arr == np.round(arr)):
+            raise EvaluationInputError(f"{name}: float labels must hold whole numbers")
+        if arr.dtype.kind not in "biufUS":
+            raise EvaluationInputError(f"{name}: unsupported label dtype {arr.dtype}")
+        codes = torch.from_numpy(np.unique(arr, return_inverse=True)[1].reshape(-1).astype(np.int64))
+    if codes.shape[0] != n:
+        raise EvaluationInputError(f"{name}: {codes.shape[0]} labels for {n} feature rows")
+    return codes.to(device=device, dtype=torch.int64)
+
+
+def as_ks(ks, name: str = "ks") -> tuple[int, ...]:
+    """Validated, de-duplicated, sorted tuple of positive integer cut-offs."""
+    try:
+        values = tuple(sorted({int(k) for k in ks}))
+    except (TypeError, ValueError) as exc:
+        raise EvaluationInputError(f"{name}: expected integers, got {ks!r}") from exc
+    if not values or values[0] < 1 or any(int(k) != k for k in ks):
+        raise EvaluationInputError(f"{name}: expected positive integers, got {ks!r}")
+    return values

@@ -1,0 +1,230 @@
+"""Exact k-nearest-neighbour engine in cosine space, in bounded memory, on the CPU or CUDA.
+
+Every retrieval metric of :mod:`caffe_compat.evaluate` reads its neighbours from here.
+
+Similarity: ``S[q, r] = <x_q, y_r>`` of L2-normalised rows (float32 matmul on the chosen device).
+The ``Nq × Nr`` matrix is never held whole: query rows are processed in chunks so that one chunk's
+block, with its order keys, masks and temporaries (:data:`BYTES_PER_ELEMENT` bytes per entry), stays
+under ``budget_bytes`` (default 64 MiB; SOP, 60,502 × 60,502, runs in chunks of one 256-row tile). Chunks are
+whole numbers of 256-row tiles and each tile is one fixed-shape matmul (:func:`tiled_matmul`), so the
+similarities, hence every result, are bitwise identical for any budget (a budget below one tile's
+need is raised to one tile).
+
+Self-retrieval (``reference=None``) excludes each query *by index*: its own column is set to ``-inf``
+and removed from the positives, so an exact duplicate of the query elsewhere in the set still counts
+as a neighbour (unlike "drop the first neighbour", which may drop the duplicate and keep the query).
+
+Ties are broken deterministically, the same way on every device and for every chunk size: items are
+ranked by similarity descending, then by reference index ascending. The order is exact: it is that of
+the 64-bit keys ``ordered_bits(S) · 2^31 + (2^31 − 1 − r)``, where ``ordered_bits`` maps a float32 to
+an int32 of the same order (``-0.0`` is first folded onto ``+0.0``). For speed, ``topk`` ranks keys
+only among the float top-(k+1) candidates and redoes a row on its full keys when its k-th and
+(k+1)-th candidates tie; the first-match rank counts, and looks at ties only in rows that have one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from caffe_compat.evaluate.inputs import EvaluationInputError, as_features
+
+DEFAULT_BUDGET_BYTES = 64 * 2**20
+BYTES_PER_ELEMENT = 24  # float32 similarity + worst-case exact-tie path (int64 key + int32 temporaries)
+_INDEX_SPAN = 2**31
+TILE_ROWS = 256  # every similarity row comes from a (256, D) @ (D, M) matmul: chunking cannot change a bit
+
+
+def chunk_rows(n_columns: int, budget_bytes: int = DEFAULT_BUDGET_BYTES, extra_bytes_per_row: int = 0) -> int:
+    """Query rows per chunk so that ``rows · (n_columns · BYTES_PER_ELEMENT + extra)`` <= budget (>= 1)."""
+    if budget_bytes <= 0:
+        raise EvaluationInputError(f"budget_bytes must be positive, got {budget_bytes}")
+    per_row = n_columns * BYTES_PER_ELEMENT + extra_bytes_per_row
+    return max(1, int(budget_bytes // per_row))
+
+
+def order_keys(sims: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 keys whose descending order is (similarity desc, column asc); ``columns`` default to
+    ``0..M-1`` (the columns of ``sims``), else they give each entry's reference index."""
+    if columns is None:
+        if sims.shape[1] > _INDEX_SPAN:
+            raise EvaluationInputError(f"at most 2^31 reference items are supported, got {sims.shape[1]}")
+        columns = torch.arange(sims.shape[1], device=sims.device, dtype=torch.int64)
+    bits = (sims + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # flip magnitude bits of negatives: int order == float order
+    keys = ordered.to(torch.int64).mul_(_INDEX_SPAN)
+    return keys.add_(_INDEX_SPAN - 1 - columns)
+
+
+def exact_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of each row by (similarity desc, column asc), via :func:`order_keys` on the whole row."""
+    _, columns = torch.topk(order_keys(sims), k, dim=1, largest=True, sorted=True)
+    return sims.gather(1, columns), columns
+
+
+def label_members(labels: torch.Tensor, n_codes: int) -> torch.Tensor:
+    """``(n_codes, M)`` table: row c lists the indices of the items of label c ascending, padded with -1."""
+    order = torch.sort(labels, stable=True).indices
+    counts = torch.bincount(labels, minlength=n_codes)
+    starts = counts.cumsum(0) - counts
+    grouped = labels[order]
+    slots = torch.arange(len(order), device=labels.device) - starts[grouped]
+    table = torch.full((n_codes, int(counts.max())), -1, dtype=torch.int64, device=labels.device)
+    table[grouped, slots] = order
+    return table
+
+
+def tiled_matmul(query: torch.Tensor, reference_t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """``query[start:stop] @ reference_t`` computed tile by tile: every product is one matmul of the
+    fixed shape ``(TILE_ROWS, D) @ (D, M)`` over rows ``256·t .. 256·t+255`` of ``query`` (the last tile
+    zero-padded), so each row's float32 similarities are bitwise the same whatever the chunking
+    (BLAS picks shape-dependent kernels: a 1-row product differs from a 256-row one in the last bit)."""
+    if start % TILE_ROWS:
+        raise ValueError("chunks must start on a tile boundary")
+    out = torch.empty((stop - start, reference_t.shape[1]), dtype=query.dtype, device=query.device)
+    for tile in range(start, stop, TILE_ROWS):
+        end = min(tile + TILE_ROWS, stop)
+        if end - tile == TILE_ROWS:
+            torch.matmul(query[tile:end], reference_t, out=out[tile - start : end - start])
+        else:
+            padded = query.new_zeros((TILE_ROWS, query.shape[1]))
+            padded[: end - tile] = query[tile:end]
+            out[tile - start : end - start] = (padded @ reference_t)[: end - tile]
+    return out
+
+
+@dataclass
+class SimilarityBlock:
+    """Rows ``start:start+len(sims)`` of the query-by-reference cosine matrix.
+
+    ``sims`` has ``-inf`` on each row's own column when the query set is the reference set;
+    ``self_columns`` then holds those columns (else ``None``). ``members`` is the
+    :func:`label_members` table of the reference labels (``None`` without labels).
+    """
+
+    start: int
+    sims: torch.Tensor
+    query_labels: torch.Tensor | None
+    reference_labels: torch.Tensor | None
+    self_columns: torch.Tensor | None
+    members: torch.Tensor | None = None
+
+    def topk(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(similarities, columns)`` of the k best references per row, best first, ties by column.
+
+        Fast path: float top-(k+1) candidates re-sorted by order key; a row whose k-th and (k+1)-th
+        candidates tie (the tie may extend beyond the candidates) is redone exactly on its full row."""
+        sims = self.sims
+        if k + 1 > sims.shape[1]:
+            return exact_topk(sims, k)
+        values, columns = torch.topk(sims, k + 1, dim=1, largest=True, sorted=True)
+        order = torch.argsort(order_keys(values, columns), dim=1, descending=True)
+        values, columns = values.gather(1, order), columns.gather(1, order)
+        boundary_tie = values[:, k - 1] == values[:, k]
+        values, columns = values[:, :k].contiguous(), columns[:, :k].contiguous()
+        if bool(boundary_tie.any()):
+            rows = torch.nonzero(boundary_tie)[:, 0]
+            values[rows], columns[rows] = exact_topk(sims[rows], k)
+        return values, columns
+
+    def same_label(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Boolean mask of same-label references (of ``rows`` only, if given), the query excluded."""
+        if self.query_labels is None or self.reference_labels is None:
+            raise EvaluationInputError("labels are needed for label-based neighbour statistics")
+        rows = torch.arange(len(self.sims), device=self.sims.device) if rows is None else rows
+        same = self.query_labels[rows, None] == self.reference_labels[None, :]
+        if self.self_columns is not None:
+            same[torch.arange(len(rows), device=same.device), self.self_columns[rows]] = False
+        return same
+
+    def first_match_rank(self) -> torch.Tensor:
+        """0-based position of the first same-label reference in the tie-broken ranking; -1 if none.
+
+        The best same-label similarity ``b`` (lowest column among equals: ``c``) is read from the
+        gathered same-label columns; the rank counts the references with similarity > ``b``, plus,
+        only in rows where another-label reference ties with ``b``, those tied ones with column < ``c``."""
+        if self.members is None:
+            raise EvaluationInputError("labels are needed for label-based neighbour statistics")
+        sims = self.sims
+        columns = self.members[self.query_labels]
+        valid = columns >= 0
+        if self.self_columns is not None:
+            valid &= columns != self.self_columns[:, None]
+        positives = sims.gather(1, columns.clamp_min(0)).masked_fill_(~valid, float("-inf"))
+        best, where = positives.max(dim=1, keepdim=True)
+        found = valid.any(dim=1)
+        rank = torch.count_nonzero(sims > best, dim=1)
+        tied = torch.count_nonzero(sims == best, dim=1) > torch.count_nonzero(positives == best, dim=1)
+        tied &= found
+        if bool(tied.any()):
+            rows = torch.nonzero(tied)[:, 0]
+            first = columns.gather(1, where)[rows]
+            index = torch.arange(sims.shape[1], device=sims.device)[None, :]
+            rank[rows] += ((sims[rows] == best[rows]) & (index < first) & ~self.same_label(rows)).sum(dim=1)
+        return torch.where(found, rank, torch.full_like(rank, -1))
+
+
+def similarity_blocks(
+    query: torch.Tensor,
+    reference: torch.Tensor | None = None,
+    *,
+    query_labels: torch.Tensor | None = None,
+    reference_labels: torch.Tensor | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    extra_bytes_per_row: int = 0,
+) -> Iterator[SimilarityBlock]:
+    """Yield the cosine matrix in row chunks. Inputs are L2-normalised float tensors on one device
+    (see :func:`caffe_compat.evaluate.inputs.as_features`); ``reference=None`` means self-retrieval
+    with the query excluded by index."""
+    exclude_self = reference is None
+    if exclude_self:
+        reference, reference_labels = query, query_labels
+    if query.shape[1] != reference.shape[1]:
+        raise EvaluationInputError(f"query dimension {query.shape[1]} != reference dimension {reference.shape[1]}")
+    n_query, n_reference = query.shape[0], reference.shape[0]
+    members = None
+    if query_labels is not None and reference_labels is not None:
+        n_codes = int(max(int(query_labels.max()), int(reference_labels.max()))) + 1
+        members = label_members(reference_labels, n_codes)
+        extra_bytes_per_row += 16 * members.shape[1]
+    rows = max(TILE_ROWS, chunk_rows(n_reference, budget_bytes, extra_bytes_per_row) // TILE_ROWS * TILE_ROWS)
+    reference_t = reference.t()
+    for start in range(0, n_query, rows):
+        stop = min(start + rows, n_query)
+        sims = tiled_matmul(query, reference_t, start, stop)
+        self_columns = None
+        if exclude_self:
+            self_columns = torch.arange(start, stop, device=sims.device)
+            sims[torch.arange(stop - start, device=sims.device), self_columns] = float("-inf")
+        labels = None if query_labels is None else query_labels[start:stop]
+        yield SimilarityBlock(start, sims, labels, reference_labels, self_columns, members)
+
+
+def topk_neighbours(
+    features,
+    k: int,
+    reference=None,
+    *,
+    device=None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact cosine k-NN: ``(similarities, indices)`` of shape ``(N, k)``, best first.
+
+    ``reference=None`` searches ``features`` among themselves, each query excluded by index (so
+    ``k <= N - 1``); otherwise ``features`` are the queries and ``reference`` the gallery. Ties:
+    lower reference index first. Runs on ``device`` (default: the features' device) in chunks whose
+    working set stays under ``budget_bytes``.
+    """
+    query = as_features(features, device)
+    gallery = None if reference is None else as_features(reference, query.device, name="reference")
+    available = query.shape[0] - 1 if gallery is None else gallery.shape[0]
+    if not 1 <= int(k) <= available:
+        raise EvaluationInputError(f"k must be in [1, {available}] here, got {k}")
+    values, indices = [], []
+    for block in similarity_blocks(query, gallery, budget_bytes=budget_bytes, extra_bytes_per_row=16 * int(k)):
+        v, i = block.topk(int(k))
+        values.append(v)
+        indices.append(i)
+    return torch.cat(values), torch.cat(indices)

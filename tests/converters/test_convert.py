@@ -1,0 +1,129 @@
+"""Converters: Caffe files -> checkpoint -> Caffe files, exact to the bit, and the ``convert`` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_compat.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from caffe_compat.cli import main
+from caffe_compat.errors import FormatError, ShapeMismatchError
+from caffe_compat.io import blob_to_array, read_net
+from caffe_compat.net import load_net
+from converters import convert_caffe_to_torch, convert_torch_to_caffe
+from tests.conftest import REPO, fixture_path
+
+
+def _files(directory: str) -> tuple[str, str]:
+    return str(fixture_path(f"{directory}/deploy.prototxt")), str(fixture_path(f"{directory}/weights.caffemodel"))
+
+
+def _blobs_by_layer(path) -> dict[str, list[np.ndarray]]:
+    return {layer.name: [blob_to_array(b) for b in layer.blobs] for layer in read_net(str(path)).layer}
+
+
+def _forward(net, data) -> dict:
+    with torch.no_grad():
+        return net(data=torch.from_numpy(data))
+
+
+@pytest.mark.parametrize("directory", ["nets/googlenet_small", "layer_zoo"])
+def test_checkpoint_reloads_weights_only_with_identical_outputs(directory, tmp_path):
+    proto, weights = _files(directory)
+    data = np.load(fixture_path(f"{directory}/blobs.npz"))
+    convert_caffe_to_torch(proto, weights, tmp_path / "model.pt")
+    payload = torch.load(tmp_path / "model.pt", weights_only=True)  # tensors and strings only
+    assert payload["format"] == FORMAT and payload["phase"] == "test"
+    assert all(torch.is_tensor(v) for v in payload["state_dict"].values())
+    reloaded, original = load_checkpoint(tmp_path / "model.pt"), load_net(proto, weights)
+    a, b = _forward(reloaded, data["data"]), _forward(original, data["data"])
+    assert list(a) == list(b) == list(data["__blob_order__"])  # same blobs, Split tops included
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert reloaded.layer_names == original.layer_names and dict(reloaded.loss_weights) == dict(original.loss_weights)
+
+
+def test_reverse_conversion_reads_back_identically_with_batchnorm_factor(tmp_path):
+    proto, weights = _files("layer_zoo")
+    convert_caffe_to_torch(proto, weights, tmp_path / "zoo.pt")
+    prototxt, caffemodel = convert_torch_to_caffe(tmp_path / "zoo.pt", tmp_path / "out" / "zoo")
+    source, written = _blobs_by_layer(weights), _blobs_by_layer(caffemodel)
+    compared = 0
+    for layer, blobs in source.items():
+        assert len(written[layer]) == len(blobs), layer
+        for got, expected in zip(written[layer], blobs):
+            assert got.shape == expected.shape and np.array_equal(got, expected), layer
+            compared += 1
+    assert compared == sum(len(v) for v in source.values()) > 20
+    assert float(written["bn"][2].reshape(-1)[0]) == 0.5  # BatchNorm's stored scale factor kept as is
+    assert float(written["bn_zero_factor"][2].reshape(-1)[0]) == 0.0  # Caffe then divides by sqrt(eps)
+    ref = np.load(fixture_path("layer_zoo/blobs.npz"))
+    again = _forward(load_net(str(prototxt), str(caffemodel)), ref["data"])
+    worst = max(float(np.abs(again[n].numpy() - ref[n]).max() / max(np.abs(ref[n]).max(), 1e-30)) for n in again)
+    assert list(again) == list(ref["__blob_order__"]) and worst < 1e-4
+
+
+def test_loss_weight_moved_onto_a_split_survives_the_checkpoint(tmp_path):
+    """A weighted top read by another layer: InsertSplits moves its weight to the Split's first top; the
+    checkpoint prototxt gives it back to the producer, so the rebuilt net has the same objective."""
+    text = """name: "weighted_split"
+    layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip" inner_product_param { num_output: 4
+            weight_filler { type: "gaussian" std: 1 } } }
+    layer { name: "sq" type: "Reduction" bottom: "ip" top: "sq" loss_weight: 2.0
+            reduction_param { operation: SUMSQ axis: 1 } }
+    layer { name: "tot" type: "Reduction" bottom: "sq" top: "tot" loss_weight: 0.5 }
+    """
+    net = load_net(text, seed=7)
+    assert dict(net.loss_weights) == {"sq_sq_0_split_0": 2.0, "tot": 0.5}
+    save_checkpoint(net, tmp_path / "w.pt")
+    again = load_checkpoint(tmp_path / "w.pt")
+    assert dict(again.loss_weights) == dict(net.loss_weights) and again.layer_names == net.layer_names
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    a, b = net(x=x), again(x=x)
+    assert torch.equal(net.objective(a), again.objective(b))
+    ip = a["ip"].detach()
+    assert float(net.objective(a).detach()) == pytest.approx(2.5 * float((ip ** 2).sum()), rel=1e-6)
+
+
+def test_train_phase_checkpoint_keeps_the_phase(tmp_path):
+    case = fixture_path("solvers/sgd_step_momentum")
+    assert main(["convert", str(case / "net.prototxt"), str(case / "init.caffemodel"), "-o",
+                 str(tmp_path / "tiny.pt"), "--phase", "train"]) == 0
+    net = load_checkpoint(tmp_path / "tiny.pt")
+    assert net.phase == "train" and net.training and net.layer_names[-1] == "loss"
+    init = _blobs_by_layer(case / "init.caffemodel")
+    assert np.array_equal(net.params["ip1"][0].detach().numpy(), init["ip1"][0])
+
+
+def test_cli_round_trip_and_exit_codes(tmp_path, capsys):
+    proto, weights = _files("nets/googlenet_small")
+    assert main(["convert", proto, weights, "-o", str(tmp_path / "g.pt")]) == 0
+    assert "409,372 values" in capsys.readouterr().out
+    assert main(["convert", "--to-caffe", str(tmp_path / "g.pt"), "-o", str(tmp_path / "back" / "g")]) == 0
+    assert (tmp_path / "back" / "g.prototxt").is_file() and (tmp_path / "back" / "g.caffemodel").is_file()
+    capsys.readouterr()
+    # weights of another net: names do not match -> a clear error, status 2
+    vgg_weights = _files("nets/vgg_cnn_m_1024_small")[1]
+    assert main(["convert", proto, vgg_weights, "-o", str(tmp_path / "x.pt")]) == 2
+    assert "no weights for layer(s) ['conv1/7x7_s2'" in capsys.readouterr().err
+    assert main(["convert", proto, vgg_weights, "-o", str(tmp_path / "x.pt"), "--allow-missing"]) == 0
+    assert main(["convert", proto, "-o", str(tmp_path / "x.pt")]) == 2
+    assert main(["convert", "--to-caffe", str(tmp_path / "nope.pt"), "-o", str(tmp_path / "n")]) == 2
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
+    assert main(["convert", "--to-caffe", str(tmp_path / "foreign.pt"), "-o", str(tmp_path / "n")]) == 2
+    assert "not a caffe-compat checkpoint" in capsys.readouterr().err
+    with pytest.raises(FormatError):
+        load_checkpoint(tmp_path / "foreign.pt")
+    # a shape mismatch (same names, other widths): the command names the layer
+    changed = tmp_path / "wide.prototxt"
+    changed.write_text(open(proto).read().replace("num_output: 128", "num_output: 64", 1))
+    with pytest.raises(ShapeMismatchError):
+        convert_caffe_to_torch(changed, weights, tmp_path / "y.pt")
+    process = subprocess.run([sys.executable, "-m", "caffe_compat.cli", "convert", str(changed), weights, "-o",
+                              str(tmp_path / "y.pt")], capture_output=True, text=True, cwd=REPO)
+    assert process.returncode == 2 and "error:" in process.stderr and "Traceback" not in process.stderr
