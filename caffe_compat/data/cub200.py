@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from caffe_compat.data.dataset import ImageRecordDataset
+from caffe_compat.data.dataset import NativeLayoutDataset
 from caffe_compat.data.listfile import checked_image, parse_int, read_table
 from caffe_compat.data.records import ImageRecord
-from caffe_compat.data.transformer import DataTransformer
 from caffe_compat.errors import DataError
 
 SPLITS = ("train", "test", "all")
@@ -81,17 +80,7 @@ def read_cub200(root: str | Path, split: str = "train", check_files: bool = True
     return records
 
 
-class Cub200(ImageRecordDataset):
+class Cub200(NativeLayoutDataset):
     """Torch data set over :func:`read_cub200` records (``(image, label)`` items)."""
 
-    def __init__(
-        self,
-        root: str | Path,
-        split: str = "train",
-        transformer: DataTransformer | None = None,
-        new_height: int = 0,
-        new_width: int = 0,
-        seed: int = 0,
-        check_files: bool = True,
-    ) -> None:
-        super().__init__(read_cub200(root, split, check_files), transformer, True, new_height, new_width, seed)
+    reader = staticmethod(read_cub200)

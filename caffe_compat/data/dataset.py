@@ -76,3 +76,23 @@ class ImageRecordDataset(Dataset):
         image = load_image_bgr(record.path, self.color, self.new_height, self.new_width)
         blob = self.transformer.transform(image, rng=self._generator())
         return torch.from_numpy(blob), record.label
+
+
+class NativeLayoutDataset(ImageRecordDataset):
+    """An :class:`ImageRecordDataset` over a data set in its native layout: subclasses name the
+    ``reader`` (``reader(root, split, **reader_options) -> records``); items are ``(image, label)``."""
+
+    reader = None
+
+    def __init__(
+        self,
+        root,
+        split: str = "train",
+        transformer: DataTransformer | None = None,
+        new_height: int = 0,
+        new_width: int = 0,
+        seed: int = 0,
+        **reader_options,
+    ) -> None:
+        records = type(self).reader(root, split, **reader_options)
+        super().__init__(records, transformer, True, new_height, new_width, seed)

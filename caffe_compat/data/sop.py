@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from caffe_compat.data.dataset import ImageRecordDataset
+from caffe_compat.data.dataset import NativeLayoutDataset
 from caffe_compat.data.listfile import checked_image, parse_int, read_table
 from caffe_compat.data.records import ImageRecord
-from caffe_compat.data.transformer import DataTransformer
 from caffe_compat.errors import DataError
 
 SPLIT_FILES = {"train": "Ebay_train.txt", "test": "Ebay_test.txt"}
@@ -60,17 +59,7 @@ def read_sop(root: str | Path, split: str = "train", check_files: bool = True) -
     return records
 
 
-class StanfordOnlineProducts(ImageRecordDataset):
+class StanfordOnlineProducts(NativeLayoutDataset):
     """Torch data set over :func:`read_sop` records (``(image, label)`` items)."""
 
-    def __init__(
-        self,
-        root: str | Path,
-        split: str = "train",
-        transformer: DataTransformer | None = None,
-        new_height: int = 0,
-        new_width: int = 0,
-        seed: int = 0,
-        check_files: bool = True,
-    ) -> None:
-        super().__init__(read_sop(root, split, check_files), transformer, True, new_height, new_width, seed)
+    reader = staticmethod(read_sop)

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from caffe_compat.data.dataset import ImageRecordDataset
+from caffe_compat.data.dataset import NativeLayoutDataset
 from caffe_compat.data.listfile import checked_image, parse_int, read_table
 from caffe_compat.data.records import NO_CATEGORY, ImageRecord
-from caffe_compat.data.transformer import DataTransformer
 from caffe_compat.errors import DataError
 
 TEST_SIZES = {"small": 800, "medium": 1600, "large": 2400}
@@ -84,19 +83,7 @@ def read_vehicleid(
     return records
 
 
-class VehicleID(ImageRecordDataset):
+class VehicleID(NativeLayoutDataset):
     """Torch data set over :func:`read_vehicleid` records (``(image, label)`` items)."""
 
-    def __init__(
-        self,
-        root: str | Path,
-        split: str = "train",
-        transformer: DataTransformer | None = None,
-        new_height: int = 0,
-        new_width: int = 0,
-        seed: int = 0,
-        with_models: bool = True,
-        check_files: bool = True,
-    ) -> None:
-        records = read_vehicleid(root, split, with_models, check_files)
-        super().__init__(records, transformer, True, new_height, new_width, seed)
+    reader = staticmethod(read_vehicleid)
