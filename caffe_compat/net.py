@@ -200,6 +200,7 @@ class CaffeNet(nn.Module):
             self._saved_params.append(saved)
             self.steps.append(LayerStep(layer.name, layer.type, tuple(layer.bottom), tuple(layer.top), key, phase,
                                         weights, propagate))
+        self._apply_specs()  # once, after every share is known (per layer it made building O(layers^2))
 
     @staticmethod
     def _loss_weights_of(layer, module, saved) -> tuple[float, ...]:
@@ -250,7 +251,6 @@ class CaffeNet(nn.Module):
                 if spec.name:
                     owners[spec.name] = (key, i, spec)
                 self._blob_specs[(key, i)] = (lr, decay)
-        self._apply_specs()
 
     def _check_share(self, layer_name, spec, shape, owner_shape, owner_key) -> None:
         if shape == owner_shape:
