@@ -1,0 +1,87 @@
+"""``caffe-compat export NET.prototxt (--weights W.caffemodel | --checkpoint model.pt) -o embedder.onnx
+--output BLOB [--normalize] [--opset N] [--fp16] [--batch dynamic|N] [--preprocessing JSON] [--verify]``
+
+Calls :func:`caffe_compat.export.export_onnx`; ``--verify`` then runs :func:`verify_onnx` (onnx.checker,
+ONNX Runtime vs PyTorch on a random batch) and prints max abs/rel error.  With ``--verify`` the model is
+written to a temporary file and moved into place only when it passes.
+
+Exit status: 0 written (and verified), 1 verification above tolerance (nothing written), 2 bad input
+(unknown blob: the message lists the available ones; unreadable files; unexportable layer), nothing written.
+"""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="cut a Caffe net at its embedding blob and write an ONNX embedder")
+    p.add_argument("prototxt", metavar="NET.prototxt", help="the net (deploy or train/test prototxt)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--weights", metavar="W.caffemodel", help="Caffe weights")
+    source.add_argument("--checkpoint", metavar="model.pt", help="caffe-compat checkpoint")
+    p.add_argument("-o", dest="path", required=True, metavar="embedder.onnx", help="ONNX file to write")
+    p.add_argument("--output", dest="blob", default="fc_embedding", metavar="BLOB",
+                   help="embedding blob to cut at (default fc_embedding)")
+    p.add_argument("--normalize", action="store_true", help="append row-wise L2 normalisation")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    p.add_argument("--fp16", action="store_true", help="float16 weights and arithmetic (float32 input/output)")
+    p.add_argument("--batch", default="dynamic", help="'dynamic' (default) or a fixed batch size")
+    p.add_argument("--preprocessing", metavar="JSON",
+                   help='preprocessing to store, JSON text or a .json file, e.g. \'{"resize": 256, "crop_size": 224, '
+                        '"mean_value": [104, 117, 123]}\' (default: resize to the input size)')
+    p.add_argument("--verify", action="store_true", help="check the model and compare ONNX Runtime with PyTorch")
+    p.add_argument("--tolerance", type=float, help="verification bound on max_rel (default 1e-4, fp16 1e-2)")
+    p.set_defaults(func=run)
+
+
+def _preprocessing(text):
+    import json
+    from pathlib import Path
+
+    from caffe_compat.errors import CaffeCompatError
+
+    if text is None:
+        return None
+    source = Path(text) if text.strip().endswith(".json") else None
+    try:
+        value = json.loads(source.read_text() if source is not None else text)
+    except OSError as exc:
+        raise CaffeCompatError(f"{text}: cannot read the preprocessing file ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise CaffeCompatError(f"--preprocessing: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CaffeCompatError(f"--preprocessing: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def run(args) -> int:
+    import os
+    from pathlib import Path
+
+    from caffe_compat.cli.output import print_table
+    from caffe_compat.export import export_onnx, verify_onnx
+
+    target = Path(args.path)
+    path = target.with_name(f".{target.name}.verify{os.getpid()}.onnx") if args.verify else target
+    try:
+        export_onnx(args.prototxt, weights=args.weights, checkpoint=args.checkpoint, output_blob=args.blob, path=path,
+                    normalize=args.normalize, opset=args.opset, fp16=args.fp16, batch=args.batch,
+                    preprocessing=_preprocessing(args.preprocessing))
+        if args.verify:
+            report = verify_onnx(path, prototxt=args.prototxt, weights=args.weights, checkpoint=args.checkpoint,
+                                 tolerance=args.tolerance)
+            rows = [[name, c["batch"], f"{c['max_abs']:.3e}", f"{c['max_rel']:.3e}"]
+                    for name, c in report["cases"].items()]
+            print(f"onnx.checker: {report['checker']}; ONNX Runtime ({report['provider']}) vs PyTorch:")
+            print_table(rows, ["input", "batch", "max abs", "max rel"])
+            if not report["passed"]:
+                print(f"verification FAILED: max rel {report['max_rel']:.3e} > tolerance {report['tolerance']:.1e}; "
+                      f"{target} not written")
+                return 1
+            print(f"verification passed (max rel {report['max_rel']:.3e} <= {report['tolerance']:.1e})")
+            os.replace(path, target)
+    finally:
+        if args.verify and path.exists():
+            path.unlink()
+    print(f"wrote {target}: blob '{args.blob}'{' L2-normalised' if args.normalize else ''}, opset {args.opset}, "
+          f"batch {args.batch}{', fp16' if args.fp16 else ''}")
+    return 0

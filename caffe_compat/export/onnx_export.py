@@ -1,0 +1,160 @@
+"""``export_onnx``: a Caffe embedder (TEST-phase net cut at one blob) as a self-describing ONNX file.
+
+Graph: input ``<input blob>`` float32 ``(N, C, H, W)`` -> the kept layers -> output ``<output blob>``
+float32 ``(N, D)``, optionally row-wise L2-normalised (:class:`~caffe_compat.export.embedder.Embedder`).
+``batch="dynamic"`` names the batch axis ``"batch"``; an int fixes it.  The preprocessing and the
+export settings go into ``metadata_props`` (:mod:`caffe_compat.export.metadata`).
+
+Exporter: PyTorch's TorchScript-based ``torch.onnx.export(..., dynamo=False)``, tracing the layer ports
+themselves, so the ONNX graph computes what the ports compute with no second implementation to keep in
+step.  It needs no onnxscript, and the ports are written to trace into plain ONNX ops.  In particular
+Caffe pooling traces to ``Pad`` (explicit, including the extra right/bottom overhang of Caffe's ceil
+rounding; ``-inf`` for MAX) + ``MaxPool``/``AveragePool`` with ``pads = 0`` and ``ceil_mode = 0`` +
+``Slice`` (+ a constant ``Mul`` by ``k_h·k_w / divisor`` for AVE windows that Caffe clips), so no
+ONNX Runtime ``ceil_mode``/``count_include_pad`` path is ever used.  The exporter's constant
+subgraphs (pad lists) are then folded into initializers (:mod:`caffe_compat.export.fold`) so every
+``Pad`` has constant pads and ONNX shape inference gives Caffe's shapes.
+
+A layer that cannot be exported raises :class:`~caffe_compat.errors.FormatError` naming the layer and its
+type (each kept layer is exported alone to find it).  The file is written atomically (temp file +
+rename) and passes ``onnx.checker`` first: an error leaves nothing behind.
+
+Defaults: ``output_blob="fc_embedding"``, ``normalize=False``, ``opset=17``, ``fp16=False``,
+``batch="dynamic"``, ``preprocessing=None`` (derived from the input shape, see the metadata module).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from caffe_compat.errors import CaffeCompatError, FormatError
+from caffe_compat.export.embedder import Embedder, cut_steps
+from caffe_compat.export.fold import fold_constants
+from caffe_compat.export.metadata import FORMAT, normalize_preprocessing, write_metadata
+from caffe_compat.export.source import load_test_net
+
+__all__ = ["export_onnx", "build_embedder", "example_input"]
+
+MIN_OPSET, MAX_OPSET = 11, 20
+
+
+def example_input(shape, batch: int, seed: int = 0) -> torch.Tensor:
+    """``RandomState(seed).randn(batch, C, H, W) * 50`` as float32 (pixel-scale values, as the fixtures)."""
+    values = np.random.RandomState(seed).randn(batch, *shape[1:]) * 50
+    return torch.from_numpy(values.astype(np.float32))
+
+
+def _batch_size(batch) -> int | None:
+    """None for a dynamic batch axis, else the fixed size."""
+    if batch in ("dynamic", None):
+        return None
+    try:
+        size = int(batch)
+    except (TypeError, ValueError):
+        raise CaffeCompatError(f"batch must be 'dynamic' or a positive int, got {batch!r}") from None
+    if size < 1 or str(size) != str(batch).strip():
+        raise CaffeCompatError(f"batch must be 'dynamic' or a positive int, got {batch!r}")
+    return size
+
+
+def build_embedder(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
+                   normalize: bool = False, fp16: bool = False) -> Embedder:
+    """The :class:`Embedder` an export traces (float32 reference when ``fp16`` is False)."""
+    net = load_test_net(prototxt, weights, checkpoint)
+    cut_steps(net, output_blob)  # raises FormatError listing the blobs when the name is unknown
+    if fp16:
+        net = net.half()
+    return Embedder(net, output_blob, normalize=normalize, half=fp16).eval()
+
+
+class _OneLayer(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *bottoms):
+        return self.layer(*bottoms)
+
+
+def _trace(module, args, opset, input_names, output_names, dynamic_axes) -> bytes:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # TracerWarnings about Python ints: H/W are static by design
+        torch.onnx.export(module, args, buffer, dynamo=False, opset_version=opset, input_names=input_names,
+                          output_names=output_names, dynamic_axes=dynamic_axes, do_constant_folding=True)
+    return buffer.getvalue()
+
+
+def _unexportable_layer(embedder: Embedder, example: torch.Tensor, opset: int, cause: Exception) -> FormatError:
+    """Export each kept layer alone, on its real bottoms, and name the first one that fails."""
+    net = embedder.net
+    blobs = {embedder.input_blob: example.half() if embedder.half_precision else example}
+    with torch.no_grad():
+        for step in embedder.steps:
+            bottoms = [blobs[b] for b in step.bottoms]
+            if step.module_key is None:
+                blobs.update((t, bottoms[0]) for t in step.tops)
+                continue
+            layer = net.layers[step.module_key]
+            try:
+                _trace(_OneLayer(layer).eval(), tuple(bottoms), opset, None, None, None)
+            except Exception as exc:  # torch raises several unrelated types for an unsupported op
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                return FormatError(f"layer '{step.name}' (type {step.type}) cannot be exported to ONNX opset {opset}: "
+                                   f"{first}")
+            outs = layer(*bottoms)
+            blobs.update(zip(step.tops, (outs,) if torch.is_tensor(outs) else outs))
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    return FormatError(f"net '{net.name}' cut at '{embedder.output_blob}' cannot be exported to ONNX opset {opset}: "
+                       f"{type(cause).__name__}: {first}")
+
+
+def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
+                path="embedder.onnx", normalize: bool = False, opset: int = 17, fp16: bool = False,
+                batch="dynamic", preprocessing: dict | None = None) -> Path:
+    """Write the embedder ONNX file (see the module docstring) and return its path."""
+    import onnx
+
+    from caffe_compat.io.atomic import write_bytes_atomic
+
+    if not MIN_OPSET <= int(opset) <= MAX_OPSET:
+        raise CaffeCompatError(f"opset must be in {MIN_OPSET}..{MAX_OPSET} (the legacy exporter's range), got {opset}")
+    fixed = _batch_size(batch)
+    embedder = build_embedder(prototxt, weights, checkpoint, output_blob, normalize, fp16)
+    net, input_blob = embedder.net, embedder.input_blob
+    if input_blob == output_blob:
+        raise FormatError(f"output blob '{output_blob}' is the net's input")
+    prep = normalize_preprocessing(preprocessing, input_blob, embedder.input_shape)
+    example = example_input(embedder.input_shape, fixed or 2)
+    dynamic_axes = None if fixed else {input_blob: {0: "batch"}, output_blob: {0: "batch"}}
+    try:
+        data = _trace(embedder, (example,), int(opset), [input_blob], [output_blob], dynamic_axes)
+    except CaffeCompatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any exporter failure becomes a FormatError naming the layer
+        raise _unexportable_layer(embedder, example, int(opset), exc) from None
+    model = fold_constants(onnx.load_model_from_string(data))
+    model.producer_name = "caffe-compat"
+    model.doc_string = (f"Caffe net '{net.name}' (TEST phase) cut at blob '{output_blob}'"
+                        f"{', L2-normalised' if normalize else ''}{', float16' if fp16 else ''}")
+    named = isinstance(prototxt, (str, Path)) and "\n" not in str(prototxt)  # a path, not prototxt text
+    source = {"net": net.name, "prototxt": str(prototxt) if named else None,
+              "weights": None if weights is None else str(weights),
+              "checkpoint": None if checkpoint is None else str(checkpoint)}
+    derived = prep.pop("preprocessing_derived")
+    write_metadata(model, {
+        "format": FORMAT, **prep, "input_shape": list(embedder.input_shape[1:]), "output_blob": output_blob,
+        "embedding_dim": embedder.dim, "normalize": bool(normalize), "fp16": bool(fp16),
+        "batch": "dynamic" if fixed is None else fixed, "opset": int(opset), "source": source,
+        "preprocessing_derived": derived,
+    })
+    onnx.checker.check_model(model)
+    path = Path(path)
+    write_bytes_atomic(path, model.SerializeToString())
+    return path

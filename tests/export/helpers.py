@@ -1,0 +1,64 @@
+"""Shared helpers of the export tests: a tiny embedding net and ONNX graph inspection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+TINY_PROTOTXT = """
+name: "tiny_embedder"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 24 dim: 24 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 8 kernel_size: 3 stride: 2
+    weight_filler { type: "xavier" } bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+  pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 } }
+layer { name: "fc_embedding" type: "InnerProduct" bottom: "pool1" top: "fc_embedding"
+  inner_product_param { num_output: 16 weight_filler { type: "xavier" } } }
+layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 1 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "fc_embedding" bottom: "fc_embedding" top: "loss" }
+"""
+
+# 24x24 from a 28x28 resize with a centre crop; values scaled to about [-2, 2]
+TINY_PREPROCESSING = {"channel_order": "BGR", "resize": 28, "crop_size": 24, "mean_value": [104.0, 117.0, 123.0],
+                      "scale": 1.0 / 64, "input_blob": "data"}
+
+
+def write_tiny_net(directory: Path) -> tuple[Path, Path]:
+    """The tiny net's prototxt and a caffemodel of its seed-0 filler weights."""
+    from caffe_compat.net import load_net
+
+    prototxt = directory / "tiny.prototxt"
+    prototxt.write_text(TINY_PROTOTXT)
+    weights = directory / "tiny.caffemodel"
+    load_net(str(prototxt)).save_caffemodel(weights)
+    return prototxt, weights
+
+
+def pool_nodes(path) -> list[dict]:
+    """Attributes of every MaxPool / AveragePool node of an ONNX file."""
+    model = onnx.load(str(path))
+    found = []
+    for node in model.graph.node:
+        if node.op_type in ("MaxPool", "AveragePool"):
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            attrs["op_type"], attrs["node"] = node.op_type, node.name
+            found.append(attrs)
+    return found
+
+
+def assert_caffe_pooling_form(path, prototxt) -> int:
+    """Every pool node of ``path`` avoids ONNX Runtime's ceil_mode; those of Caffe Pooling layers also have
+    no implicit pads (their padding is an explicit Pad node).  Returns the number of Pooling-layer nodes."""
+    from caffe_compat.net import load_net
+
+    pooling = {s.module_key for s in load_net(str(prototxt)).steps if s.type == "Pooling"}
+    count = 0
+    for attrs in pool_nodes(path):
+        assert attrs.get("ceil_mode", 0) == 0, attrs
+        if attrs["node"].split("/")[1] in pooling:
+            count += 1
+            assert not any(attrs.get("pads", [0])), attrs
+    return count
