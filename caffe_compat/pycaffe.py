@@ -593,6 +593,6 @@ def _transplant_state(old: CaffeNet, new: CaffeNet) -> None:
                                          f"{tuple(a.shape)} to {tuple(b.shape)} with the new input shape")
         for i, blob in enumerate(old_blobs):
             module.share_caffe_blob(i, blob)
-        for attr in ("_data", "_labels", "position", "_generator", "generator"):
+        for attr in ("_data", "_labels", "position", "_generator", "generator", "order", "_stream"):
             if attr in previous.__dict__:
                 setattr(module, attr, previous.__dict__[attr])

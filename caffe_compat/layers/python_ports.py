@@ -1,0 +1,301 @@
+"""Native ports of known Caffe ``Python`` layers (registered as ``Python:<module>.<layer>``).
+
+A model file never makes us import a module: a ``Python`` layer runs only when its ``module.layer``
+has a port here (else :func:`caffe_compat.layers.layer_class` raises an UnknownLayerError naming the
+layer and how to register one).  Both layers come from madkn/HistogramLoss (Ustinova & Lempitsky,
+2016); the FAPPY authors train CUB-200-2011 and VehicleID with the same ``label_shuffling_layer``.
+
+``param_str`` is read as the layers read it (``yaml.load``) for the flat mappings they use: one
+``key: value`` per line (the prototxt's ``\\n``), value a number (``1.`` included), a ``[a, b]`` list,
+``true``/``false`` or a string.  Python layers are not LossLayers: their tops get loss_weight 0
+unless the prototxt sets ``loss_weight`` (madkn's nets set ``loss_weight: 1`` on the loss).
+
+**LabelShufflingLayer** (``label_shuffling_layer.LabelShufflingLayer``): tops ``data``
+``(batch_size, C, H, W)`` and ``label`` ``(batch_size, 1, 1, 1)`` (the layer reshapes every top to 4-D).
+Batches come from :class:`~caffe_compat.data.samplers.LabelShufflingStream` (runs of at most
+``max_number_object_per_label`` images per label, labels in a reshuffled order, default no cap), and
+``top[i] = (values_i - subtract[i]) * scales[i]`` in float64, rounded to float32 (``scales`` required,
+one per top; ``subtract`` default 0).  Keys: ``source`` (LMDB, relative to the working directory),
+``batch_size``, ``scales``, ``subtract``, ``max_number_object_per_label``, ``mean_file``; ours:
+``seed`` (else seeded from the net's generator at ``fill``) and, for a list-file ``source`` (lines
+``path label``), ``root_folder``/``new_height``/``new_width``/``is_color`` as in ImageData.
+
+Ambiguities, decided and documented here:
+
+* ``mean_file``: the published layer never reads it (it is ignored there), yet the FAPPY authors'
+  prototxts pass one.  Here it **is** applied, like Caffe's mean file without crop: the binaryproto
+  (``1 x C x H x W``) is subtracted element-wise before ``subtract``/``scales``, so the records must have
+  the mean's exact size (else a DataError).  Omit ``mean_file`` for the published layer's behaviour.
+* Encoded (JPEG/PNG) records: the published layer only handles raw Datums (``datum_to_array``);
+  here they are decoded with OpenCV in their native channels (see :mod:`caffe_compat.data.lmdb_source`).
+* Label order: the layer shuffles Python 2's ``dict.keys()``; the stream shuffles the labels in
+  ascending order (what Python 2 gives for small integer labels), with ``RandomState(seed)``.
+* The run structure (a label's first visit in LMDB key order, reshuffle on leaving it) is the
+  stream's; see its module.  The same happens in TRAIN and TEST.
+
+**DistributionLossLayer** (``distribution_loss_layer.DistributionLossLayer``, the histogram loss):
+bottoms ``cosine`` and ``pair_label`` (same count; pairs labelled 1 positive, -1 negative, any other
+value ignored), top ``loss`` of shape ``(1,)``.  ``param_str``: ``grid_delta`` (required), ``loss``
+(``simple`` default, ``linear``, ``exp``), ``margin`` (0), ``alpha`` (1), ``distr_type`` (``hist``; ``beta``
+is not ported and raises).  With the grid ``g = numpy.arange(-1, 1 + Δ, Δ)`` and cosines clipped to
+[-1, 1], a value x goes to bin ``b = max(1, first k with g[k] >= x)`` and adds ``(x - g[b-1]) / (nΔ)`` to
+``p[b]`` and ``(g[b] - x) / (nΔ)`` to ``p[b-1]`` (n: number of values of its kind; a value above the last
+node is counted in n but binned nowhere).  ``loss = p⁺ᵀ L p⁻`` in float64 with ``L[i, j] = [g_i <= g_j]``
+(simple), ``max(0, margin - g_i + g_j)`` (linear) or ``log(1 + exp(alpha (margin + g_j - g_i)))`` (exp).
+The gradient is the layer's: ``dloss/dx = (G[b] - G[b-1]) / (nΔ)`` with ``G = L p⁻`` (positives) or
+``p⁺ᵀ L`` (negatives); clipping passes the gradient through, as the layer computes it at the clipped
+value.  Quirks not reproduced: the layer clips its bottom blob **in place** (other consumers of the
+cosines see the clipped values) and writes its diff without the top diff, i.e. ignores loss_weight in
+backward (here the gradient is scaled by loss_weight like any layer's).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.layers.registry import CaffeLayer, register_layer
+
+_YAML_WORDS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False,
+               "null": None, "~": None, ".inf": math.inf}
+
+
+def _scalar(text: str):
+    word = text.strip()
+    if word.lower() in _YAML_WORDS:
+        return _YAML_WORDS[word.lower()]
+    try:
+        return ast.literal_eval(word)  # numbers ("1.", "1e-3"), lists, quoted strings
+    except (ValueError, SyntaxError):
+        return word
+
+
+def parse_param_str(text: str, layer: str) -> dict:
+    """The flat YAML mapping of a Python layer's ``param_str`` (see the module docstring)."""
+    out = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, colon, value = line.partition(":")
+        if not colon or not key.strip():
+            raise FormatError(f"layer '{layer}': param_str line {line.strip()!r} is not 'key: value'")
+        out[key.strip()] = _scalar(value)
+    return out
+
+
+def _required(params: dict, key: str, layer: str):
+    if key not in params:
+        raise FormatError(f"layer '{layer}': param_str needs '{key}' (got keys {sorted(params)})")
+    return params[key]
+
+
+class _ImageListSource:
+    """A ``path label`` list file read like Caffe's ImageData (OpenCV, optional resize)."""
+
+    def __init__(self, path: Path, root_folder: str, new_height: int, new_width: int, is_color: bool):
+        from caffe_compat.data.imageset import read_list_file
+
+        self.lines = read_list_file(path)
+        if not self.lines:
+            raise DataError(f"{path}: lists no images")
+        self.root_folder, self.new_height, self.new_width, self.is_color = root_folder, new_height, new_width, is_color
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def labels(self) -> np.ndarray:
+        return np.array([label for _, label in self.lines], dtype=np.int64)
+
+    def image(self, index: int) -> tuple[np.ndarray, int]:
+        from caffe_compat.data.image import load_image_bgr
+
+        name, label = self.lines[index]
+        image = load_image_bgr(self.root_folder + name, self.is_color, self.new_height, self.new_width)
+        return np.ascontiguousarray(image.transpose(2, 0, 1)), label
+
+
+@register_layer("Python:label_shuffling_layer.LabelShufflingLayer")
+class LabelShufflingLayer(CaffeLayer):
+    """The authors' label-shuffling data layer over an LMDB or a list file (see the module docstring)."""
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        name = self.layer_name
+        if self.bottom_shapes:
+            raise FormatError(f"layer '{name}' (LabelShufflingLayer) takes no bottoms")
+        if len(param.top) not in (1, 2):
+            raise FormatError(f"layer '{name}' (LabelShufflingLayer): tops are data and label, got {len(param.top)}")
+        self.register_buffer("_device_anchor", torch.zeros(0), persistent=False)
+        params = parse_param_str(param.python_param.param_str, name)
+        self.params = params
+        self.batch_size = int(_required(params, "batch_size", name))
+        if self.batch_size < 1:
+            raise FormatError(f"layer '{name}': batch_size must be positive, got {self.batch_size}")
+        scales = _required(params, "scales", name)
+        scales = list(scales) if isinstance(scales, (list, tuple)) else [scales]
+        subtract = params.get("subtract", [0.0] * len(scales))
+        subtract = list(subtract) if isinstance(subtract, (list, tuple)) else [subtract]
+        if len(scales) < len(param.top) or len(subtract) < len(param.top):
+            raise FormatError(f"layer '{name}': scales and subtract need one value per top ({len(param.top)}), got "
+                              f"{scales} and {subtract}")
+        self.scales = [float(s) for s in scales]
+        self.subtract = [float(s) for s in subtract]
+        cap = params.get("max_number_object_per_label", math.inf)
+        if not (isinstance(cap, (int, float)) and cap >= 1):
+            raise FormatError(f"layer '{name}': max_number_object_per_label must be a number >= 1, got {cap!r}")
+        self.max_per_label = cap if cap == math.inf else int(cap)
+        try:
+            self.source = self._open_source(params)
+            self.labels = self.source.labels()
+            first, _ = self.source.image(0)
+            self.mean = self._read_mean(params, first.shape)
+        except CaffeCompatError as exc:
+            raise type(exc)(f"layer '{name}' (LabelShufflingLayer): {exc}") from None
+        self.image_shape = tuple(first.shape)
+        self.seed = params.get("seed")
+        self._start(0 if self.seed is None else int(self.seed))
+
+    @staticmethod
+    def _open_source(params: dict):
+        from caffe_compat.data.lmdb_source import DatumSource
+
+        source = Path(str(_required(params, "source", "LabelShufflingLayer")))
+        if source.is_dir():
+            return DatumSource(source)
+        if source.is_file():
+            return _ImageListSource(source, str(params.get("root_folder", "")), int(params.get("new_height", 0)),
+                                    int(params.get("new_width", 0)), bool(params.get("is_color", True)))
+        raise DataError(f"source '{source}' is neither an LMDB directory nor a list file (relative to {Path.cwd()})")
+
+    @staticmethod
+    def _read_mean(params: dict, shape: tuple[int, ...]) -> np.ndarray | None:
+        from caffe_compat.io import read_blob
+
+        if "mean_file" not in params:
+            return None
+        path = Path(str(params["mean_file"]))
+        if not path.is_file():
+            raise DataError(f"mean_file '{path}' not found (relative to {Path.cwd()})")
+        mean = read_blob(path).astype(np.float64)
+        if mean.ndim == 4 and mean.shape[0] == 1:
+            mean = mean[0]
+        if mean.shape != tuple(shape):
+            raise DataError(f"mean_file {path} has shape {mean.shape}, the records {tuple(shape)}; the mean is "
+                            f"subtracted whole (no crop), so they must agree")
+        return mean
+
+    def _start(self, seed: int) -> None:
+        from caffe_compat.data.samplers import LabelShufflingStream
+
+        self._stream = LabelShufflingStream(self.labels, self.max_per_label, seed)
+
+    def fill(self, generator=None):
+        if self.seed is None:
+            self._start(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
+
+    @property
+    def device(self) -> torch.device:
+        return self._device_anchor.device
+
+    def output_shapes(self):
+        return [(self.batch_size, *self.image_shape), (self.batch_size, 1, 1, 1)][:len(self.param.top)]
+
+    def next_indices(self) -> np.ndarray:
+        """The record indices of the next batch (advances the stream)."""
+        return self._stream.take(self.batch_size)
+
+    def forward(self):
+        indices = self.next_indices()
+        images, labels = [], []
+        for i in indices:
+            image, label = self.source.image(int(i))
+            if image.shape != self.image_shape:
+                raise DataError(f"layer '{self.layer_name}': record {int(i)} has shape {image.shape}, the first "
+                                f"record {self.image_shape}; the layer needs equal sizes")
+            images.append(image)
+            labels.append(label)
+        data = np.stack(images).astype(np.float64)
+        if self.mean is not None:
+            data -= self.mean
+        data = (data - self.subtract[0]) * self.scales[0]
+        tops = [torch.from_numpy(data.astype(np.float32))]
+        if len(self.param.top) == 2:
+            label = (np.asarray(labels, dtype=np.float64) - self.subtract[1]) * self.scales[1]
+            tops.append(torch.from_numpy(label.astype(np.float32).reshape(-1, 1, 1, 1)))
+        dtype = self._device_anchor.dtype
+        return tuple(t.to(device=self.device, dtype=dtype) for t in tops)
+
+
+LOSS_KINDS = ("simple", "linear", "exp")
+
+
+def distribution_loss_matrix(grid: torch.Tensor, kind: str, margin: float, alpha: float) -> torch.Tensor:
+    """The layer's ``L[i, j]`` over grid nodes ``g`` (rows: positive bin, columns: negative bin)."""
+    gi, gj = grid[:, None], grid[None, :]
+    if kind == "simple":
+        return (gi <= gj).to(grid.dtype)
+    if kind == "linear":
+        return (margin - gi + gj).clamp(min=0)
+    return torch.log(torch.exp(alpha * (margin + gj - gi)) + 1)
+
+
+def interpolated_histogram(values: torch.Tensor, grid: torch.Tensor, delta: float) -> torch.Tensor:
+    """The layer's histogram of ``values`` (float64, already clipped) on ``grid`` (see the module docstring)."""
+    place = torch.searchsorted(grid, values.detach(), side="left").clamp(min=1)
+    inside = place < grid.numel()
+    place, kept = place[inside], values[inside]
+    hist = torch.zeros_like(grid)
+    hist = hist.index_add(0, place, kept - grid[place - 1])
+    hist = hist.index_add(0, place - 1, grid[place] - kept)
+    return hist / (values.numel() * delta)
+
+
+@register_layer("Python:distribution_loss_layer.DistributionLossLayer")
+class DistributionLossLayer(CaffeLayer):
+    """madkn's histogram-loss Python layer on (cosine, pair_label) (see the module docstring)."""
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        name = self.layer_name
+        if len(self.bottom_shapes) != 2:
+            raise FormatError(f"layer '{name}' (DistributionLossLayer): bottoms are cosine and pair_label, got "
+                              f"{len(self.bottom_shapes)}")
+        counts = [math.prod(s) for s in self.bottom_shapes]
+        if counts[0] != counts[1]:
+            raise FormatError(f"layer '{name}' (DistributionLossLayer): inputs must have the same count: {counts}")
+        params = parse_param_str(param.python_param.param_str, name)
+        self.delta = float(_required(params, "grid_delta", name))
+        if not 0 < self.delta <= 2:
+            raise FormatError(f"layer '{name}': grid_delta must be in (0, 2], got {self.delta}")
+        self.kind = str(params.get("loss", "simple"))
+        if self.kind not in LOSS_KINDS:
+            raise FormatError(f"layer '{name}': unknown loss {self.kind!r} (simple, linear or exp)")
+        distr = str(params.get("distr_type", "hist"))
+        if distr != "hist":
+            raise FormatError(f"layer '{name}': distr_type {distr!r} is not ported (only 'hist'; the beta fit is not)")
+        self.margin, self.alpha = float(params.get("margin", 0)), float(params.get("alpha", 1))
+        # float64 constants kept off the module's buffers, so .half()/.to(dtype) on the net cannot round them
+        self.grid = torch.from_numpy(np.arange(-1.0, 1.0 + self.delta, self.delta))
+        self.loss_matrix = distribution_loss_matrix(self.grid, self.kind, self.margin, self.alpha)
+
+    def output_shapes(self):
+        return [(1,)]
+
+    def forward(self, cosine, pair_label):
+        x = cosine.reshape(-1).to(torch.float64)
+        x = x.detach().clamp(-1.0, 1.0) + (x - x.detach())  # the clipped value; the gradient passes through
+        labels = pair_label.reshape(-1)
+        pos, neg = x[labels == 1], x[labels == -1]
+        if pos.numel() == 0 or neg.numel() == 0:
+            raise DataError(f"layer '{self.layer_name}' (DistributionLossLayer): needs at least one positive and one "
+                            f"negative pair, got {pos.numel()} and {neg.numel()}")
+        grid = self.grid.to(x.device)
+        hist_pos = interpolated_histogram(pos, grid, self.delta)
+        hist_neg = interpolated_histogram(neg, grid, self.delta)
+        loss = hist_pos @ self.loss_matrix.to(x.device) @ hist_neg
+        return (loss.reshape(1).to(cosine.dtype),)
