@@ -1,0 +1,139 @@
+"""`reproduce` end to end on CPU with tiny iteration counts: train -> snapshot -> ONNX -> ONNX Runtime
+evaluation -> table, plots and run.json; resume; the full-size paper nets on toy trees."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_compat.cli import main
+from caffe_compat.data import make_toy_data, read_cub200
+from caffe_compat.evaluate import evaluate_cub200
+from caffe_compat.reproduce.pipeline import reproduce
+from caffe_compat.reproduce.setups import SETUPS
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digits")
+    summary = reproduce("digits", losses=["fappy", "triplet"], seeds=[0, 1], max_iter=6, out_dir=out,
+                        progress=False)
+    return out, summary
+
+
+def test_digits_writes_every_artifact(digits_run):
+    out, summary = digits_run
+    for name in ("results.md", "results.json", "run.json", "training_loss.png", "recall_at_k.png"):
+        assert (out / name).stat().st_size > 0, name
+    run = json.loads((out / "run.json").read_text())
+    assert run["max_iter"] == 6 and run["seeds"] == [0, 1] and run["losses"] == ["fappy", "triplet"]
+    assert set(run["versions"]) >= {"torch", "onnx", "onnxruntime", "protobuf"}
+    table = (out / "results.md").read_text()
+    assert "| fappy |" in table and "| triplet |" in table
+    for loss in ("fappy", "triplet"):
+        per_seed = run["figures"][loss]["per_seed"]
+        assert len(per_seed) == 2 and all(0.0 <= v <= 1.0 for v in per_seed)
+        assert run["figures"][loss]["mean"] == pytest.approx(np.mean(per_seed))
+
+
+def test_onnx_metrics_equal_the_torch_embedder_on_the_test_split(digits_run):
+    """The figures in metrics.json are what the trained caffemodel gives through PyTorch."""
+    from caffe_compat.data import DataTransformer, ImageRecordDataset
+    from caffe_compat.net import load_net
+    from caffe_compat.reproduce.training import REPO_PROTOTXT
+
+    out, _ = digits_run
+    setup = SETUPS["digits"]
+    run = json.loads((out / "fappy" / "seed0" / "metrics.json").read_text())
+    assert run["train"]["iterations"] == 6
+    net = load_net(REPO_PROTOTXT / "digits" / "deploy.prototxt", weights=run["train"]["caffemodel"])
+    records = read_cub200(out / "data" / "CUB_200_2011", "test")
+    transformer = DataTransformer(mean_value=setup.mean_value, scale=setup.scale, phase="TEST")
+    dataset = ImageRecordDataset(records, transformer)
+    images = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    with torch.no_grad():
+        features = net.forward(data=images)[setup.embedding_blob]
+    expected = evaluate_cub200(features, dataset.labels)
+    for k, value in expected["recall_at_k"].items():
+        assert run["metrics"]["recall_at_k"][k] == pytest.approx(value, abs=1.5 / len(records))
+    assert run["metrics"]["map_at_r"] == pytest.approx(expected["map_at_r"], abs=1e-3)
+
+
+def test_rerun_reuses_finished_runs(digits_run, capsys):
+    out, summary = digits_run
+    before = (out / "fappy" / "seed0" / "metrics.json").stat().st_mtime_ns
+    again = reproduce("digits", losses=["fappy", "triplet"], seeds=[0, 1], max_iter=6, out_dir=out, progress=False)
+    assert (out / "fappy" / "seed0" / "metrics.json").stat().st_mtime_ns == before
+    assert again["figures"] == summary["figures"]
+
+
+def test_interrupted_run_resumes_from_its_snapshot(tmp_path):
+    """A run killed after its iteration-4 snapshot continues to the same weights as an uninterrupted one."""
+    from caffe_compat.io import read_net
+    from caffe_compat.reproduce.pipeline import data_root_for
+    from caffe_compat.reproduce.training import train_run
+
+    setup = SETUPS["digits"]
+    root = data_root_for(setup, None, tmp_path)
+    records = setup.read(root, "train")
+    whole = train_run(setup, "contrastive", 3, records, tmp_path / "whole", max_iter=6, progress=False)
+    train_run(setup, "contrastive", 3, records, tmp_path / "parts", max_iter=4, snapshot_every=4, progress=False)
+    resumed = train_run(setup, "contrastive", 3, records, tmp_path / "parts", max_iter=6, progress=False)
+    assert resumed["iterations"] == 6
+    a, b = read_net(whole["caffemodel"]), read_net(resumed["caffemodel"])
+    for la, lb in zip(a.layer, b.layer):
+        for ba, bb in zip(la.blobs, lb.blobs):
+            np.testing.assert_allclose(np.asarray(bb.data), np.asarray(ba.data), rtol=1e-5, atol=1e-7)
+
+
+def random_init(dataset: str, path):
+    """A stand-in for the ImageNet initialisation (VGG_CNN_M_1024's prototxt has no fillers, so Caffe
+    would start it from all-zero weights): He-normal weights, zero biases, saved as a caffemodel."""
+    from caffe_compat.net import load_net
+    from caffe_compat.reproduce.training import REPO_PROTOTXT
+
+    net = load_net(REPO_PROTOTXT / dataset / "deploy.prototxt")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for blobs in net.params.values():
+            for blob in blobs:
+                if blob.dim() >= 2:
+                    fan_in = blob[0].numel()
+                    blob.copy_(torch.randn(blob.shape, generator=generator) * (2.0 / fan_in) ** 0.5)
+                else:
+                    blob.zero_()
+    net.save_caffemodel(path)
+    return path
+
+
+@pytest.mark.parametrize("dataset, kind", [("cub200", "cub"), ("vehicleid", "vehicleid")])
+def test_paper_nets_run_end_to_end_on_toy_trees(dataset, kind, tmp_path, capsys):
+    """The full-size GoogLeNet / VGG_CNN_M_1024 setups: 2 iterations at batch 4 on the toy trees."""
+    root = make_toy_data(kind, tmp_path / kind, size=16, num_classes=26 if kind == "vehicleid" else 6,
+                         images_per_class=4)
+    out = tmp_path / "run"
+    code = main(["reproduce", dataset, "--data-root", str(root), "--loss", "fappy", "--max-iter", "2",
+                 "--batch-size", "4", "--per-label", "2", "--device", "cpu", "--out", str(out),
+                 "--weights", str(random_init(dataset, tmp_path / "init.caffemodel"))])
+    assert code == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["setup"]["batch_size"] == 4 and run["max_iter"] == 2
+    metrics = json.loads((out / "fappy" / "seed0" / "metrics.json").read_text())["metrics"]
+    if dataset == "vehicleid":
+        assert set(metrics["splits"]) == {"small", "medium", "large"}
+        assert (out / "cmc.png").exists()
+    else:
+        assert set(metrics["recall_at_k"]) == {"1", "2", "4", "8", "16", "32"}
+        assert (out / "recall_at_k.png").exists()
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_bad_arguments_exit_2_without_traceback(tmp_path, capsys):
+    assert main(["reproduce", "cub200", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "--data-root is required" in err and "Traceback" not in err
+    assert main(["reproduce", "digits", "--loss", "nosuch", "--out", str(tmp_path / "y")]) == 2
+    assert "nosuch" in capsys.readouterr().err
