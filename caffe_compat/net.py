@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,9 +80,25 @@ class Blobs(OrderedDict):
     """
 
     def __init__(self, *args, **kwargs):
+        self.storage_refs: Counter[int] = Counter()  # storage address -> how many blobs hold it
+        self.source_tops: set[str] = set()  # tops of bottomless layers (inputs, data layers)
         super().__init__(*args, **kwargs)
         self.diff_targets: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.loss_terms: list[tuple[str, float, torch.Tensor]] = []
+
+    def __setitem__(self, name, value):
+        old = self.get(name)
+        if torch.is_tensor(old):
+            self.storage_refs[old.untyped_storage().data_ptr()] -= 1
+        if torch.is_tensor(value):
+            self.storage_refs[value.untyped_storage().data_ptr()] += 1
+        super().__setitem__(name, value)
+
+    def __delitem__(self, name):
+        old = self[name]
+        if torch.is_tensor(old):
+            self.storage_refs[old.untyped_storage().data_ptr()] -= 1
+        super().__delitem__(name)
 
 
 def module_key(layer_name: str, taken: set[str]) -> str:
@@ -277,6 +293,7 @@ class CaffeNet(nn.Module):
     def _apply(self, fn, *args, **kwargs):
         # .to()/.cuda()/.half() replace buffers by new tensors: rebind shared buffers and their attributes.
         result = super()._apply(fn, *args, **kwargs)
+        self._state_storage = None
         for key, i, owner_key, owner_i in self._shared:
             self.layers[key].share_caffe_blob(i, self.layers[owner_key].caffe_blobs()[owner_i])
         if hasattr(self, "_blob_specs"):
@@ -334,7 +351,9 @@ class CaffeNet(nn.Module):
         return sorted(available)
 
     def _device(self) -> torch.device:
-        for tensor in list(self.parameters()) + list(self.buffers()):
+        for tensor in self.parameters():
+            return tensor.device
+        for tensor in self.buffers():
             return tensor.device
         return torch.device("cpu")
 
@@ -434,6 +453,8 @@ class CaffeNet(nn.Module):
                 blobs.diff_targets[n] = value
         for step in self.steps[first:last + 1]:
             outs = self._run_step(step, blobs, inputs, want_grad)
+            if not step.bottoms:
+                blobs.source_tops.update(step.tops)
             for top, out, weight in zip(step.tops, outs, step.loss_weights):
                 if top not in blobs.diff_targets:
                     blobs.diff_targets[top] = out
@@ -460,7 +481,12 @@ class CaffeNet(nn.Module):
         except KeyError as exc:
             raise FormatError(f"layer '{step.name}': bottom blob {exc} has no value in this run (feed it)") from None
         bottoms = [b if keep else b.detach() for b, keep in zip(bottoms, step.propagate_down)]
-        outs = self.layers[step.module_key](*bottoms)
+        layer = self.layers[step.module_key]
+        if self._may_overwrite(step, bottoms, blobs, inputs):
+            out = layer.forward_inplace(bottoms[0])
+            if out is not None:
+                return (out,)
+        outs = layer(*bottoms)
         if torch.is_tensor(outs):
             outs = (outs,)
         outs = list(outs)
@@ -477,6 +503,33 @@ class CaffeNet(nn.Module):
                 out = out.view_as(out)  # an identity top still gets its own autograd node (its own diff)
             outs[k] = out
         return tuple(outs)
+
+    def _may_overwrite(self, step: LayerStep, bottoms: list, blobs: Blobs, inputs: dict) -> bool:
+        """True when an in-place prototxt layer may write its bottom as Caffe does: no autograd, and the
+        bottom is a tensor this run made that no other blob, input, weight, buffer or view shares."""
+        if (torch.is_grad_enabled() or len(bottoms) != 1 or step.tops != step.bottoms
+                or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()):
+            return False
+        bottom = bottoms[0]
+        if bottom._base is not None or bottom.requires_grad or bottom.numel() == 0:
+            return False
+        storage = bottom.untyped_storage().data_ptr()
+        if step.bottoms[0] in blobs.source_tops or blobs.storage_refs[storage] != 1:
+            return False
+        fed = (v.untyped_storage().data_ptr() for v in inputs.values() if torch.is_tensor(v))
+        return storage not in self._weight_storage() and storage not in set(fed)
+
+    def _weight_storage(self) -> set[int]:
+        """Storage addresses of every parameter and buffer (cached; ``_apply``/``load_state_dict`` reset it)."""
+        cached = getattr(self, "_state_storage", None)
+        if cached is None:
+            cached = {t.untyped_storage().data_ptr() for t in [*self.parameters(), *self.buffers()]}
+            self._state_storage = cached
+        return cached
+
+    def load_state_dict(self, *args, **kwargs):
+        self._state_storage = None
+        return super().load_state_dict(*args, **kwargs)
 
     def objective(self, blobs) -> torch.Tensor:
         """Σ loss_weight · sum(top) over the loss tops of a forward pass (0 when the net has no loss)."""

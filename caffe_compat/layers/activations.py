@@ -57,6 +57,11 @@ class ReLU(NeuronLayer):
             return torch.relu(x)
         return F.leaky_relu(x, self.negative_slope)
 
+    def forward_inplace(self, x):
+        if self.negative_slope == 0.0:
+            return torch.relu_(x)
+        return F.leaky_relu_(x, self.negative_slope)
+
 
 @register_layer("PReLU")
 class PReLU(NeuronLayer):

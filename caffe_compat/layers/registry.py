@@ -64,6 +64,14 @@ class CaffeLayer(nn.Module):
     def fill(self, generator: torch.Generator | None = None) -> None:
         """Initialise the blobs with the layer's Caffe fillers (no-op for layers without blobs)."""
 
+    def forward_inplace(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Overwrite ``x`` with the (single) top and return it, or return None when this layer cannot.
+
+        Called by :class:`~caffe_compat.net.CaffeNet` only without autograd, for a layer that is in-place
+        in the prototxt (top = bottom) and a bottom no other blob, input or view shares: it saves an
+        allocation and a memory pass, exactly as Caffe's in-place layers do.  Values equal ``forward``'s."""
+        return None
+
     def share_caffe_blob(self, index: int, tensor: torch.Tensor) -> None:
         """Rebind Caffe blob ``index`` to ``tensor`` (another layer's blob: weight sharing)."""
         current = self.caffe_blobs()[index]

@@ -11,11 +11,18 @@
   ``conv_transpose2d``'s layout.  ``out = stride·(in − 1) + dilation·(k − 1) + 1 − 2·pad``.
 * **Pooling** MAX/AVE with Caffe's output size ``ceil((in + 2p − k)/s) + 1``, minus one when padded and
   ``(out − 1)·s >= in + p`` (``round_mode: FLOOR`` uses floor).  Quirks reproduced:
-  - MAX never selects padding (the input is padded with −inf, also on the right for the ceil overhang);
+  - MAX never selects padding; a window lying wholly past the end (possible without padding, when
+    ceil rounding starts the last window at ``in``) gives Caffe's −FLT_MAX and mask −1, and
+    the AVE of such a window Caffe's 0/0 = NaN;
   - AVE divides by the window clipped to ``[−p, in + p)``: padding counts, the overhang past ``in + p``
-    does not; with ``p = 0`` a partial last window divides by its in-range size.  Implemented as a plain
-    zero-padded ``avg_pool2d`` (count_include_pad, no ceil_mode) times ``k_h·k_w / divisor`` with a
-    constant divisor map, so it exports to ONNX as Pad + AveragePool + Mul;
+    does not; with ``p = 0`` a partial last window divides by its in-range size;
+  - two implementations with the same values: when PyTorch's own ceil/floor-mode output size equals
+    Caffe's and ``p ≤ k/2``, eager mode calls ``max_pool2d``/``avg_pool2d`` with ``padding``/``ceil_mode``
+    directly (PyTorch's clipped divisor is Caffe's; NCHW MAX pooling runs on a ``channels_last`` copy,
+    ~5× faster on CPU); otherwise, and always under ONNX export, the explicit form: the input padded
+    (−inf for MAX, zeros for AVE, also on the right for the ceil overhang), plain pooling with no
+    padding and no ceil_mode, AVE times ``k_h·k_w / divisor`` from a constant divisor map (exports as
+    Pad + MaxPool/AveragePool + Mul, which ONNX Runtime computes exactly);
   - ``global_pooling`` pools the whole plane (pad 0, stride 1 required, as in Caffe);
   - STOCHASTIC is refused (NOT_IMPLEMENTED on Caffe's CPU build);
   - a second top on MAX pooling is Caffe's mask: the flat index ``h·W + w`` of the maximum, as float.
@@ -37,6 +44,7 @@ from torch import nn
 from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.io.shapes import (canonical_axis, conv_geometry, conv_out_size, deconv_out_size, pool_geometry,
                                     pooled_size)
+from caffe_compat.layers.cache_blocking import blocking_applies, per_sample
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
@@ -202,17 +210,54 @@ class Pooling(CaffeLayer):
             raise ShapeMismatchError(f"layer '{self.layer_name}': pooling needs a 4-D input, got {tuple(x.shape)}")
         height, width = int(x.shape[2]), int(x.shape[3])
         kernel, stride, pad, out = self.geometry_for(height, width)
+        if not torch.onnx.is_in_onnx_export() and self._torch_matches(height, width, kernel, stride, pad, out):
+            return self._torch_pool(x, kernel, stride, pad)
+        return self._explicit_pool(x, kernel, stride, pad, out)
+
+    def _torch_matches(self, height, width, kernel, stride, pad, out) -> bool:
+        """True when PyTorch's pooling with ``padding=pad, ceil_mode`` gives Caffe's output size."""
+        for size, k, s, p, o in zip((height, width), kernel, stride, pad, out):
+            if 2 * p > k:
+                return False
+            span = size + 2 * p - k
+            torch_out = (-(-span // s) if self.ceil_mode else span // s) + 1
+            if self.ceil_mode and (torch_out - 1) * s >= size + p:
+                torch_out -= 1
+            if torch_out != o:
+                return False
+        return True
+
+    def _torch_pool(self, x, kernel, stride, pad):
+        if self.method == self.AVE:
+            return (F.avg_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode, count_include_pad=True),)
+        if self.num_tops == 2:
+            top, index = F.max_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode, return_indices=True)
+            return top, index.to(x.dtype)
+        if x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last):
+            def through_nhwc(chunk):
+                nhwc = chunk.contiguous(memory_format=torch.channels_last)
+                return F.max_pool2d(nhwc, kernel, stride, pad, ceil_mode=self.ceil_mode).contiguous()
+            return (per_sample(through_nhwc, x) if blocking_applies(x) else through_nhwc(x),)
+        return (F.max_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode),)
+
+    def _explicit_pool(self, x, kernel, stride, pad, out):
+        height, width = int(x.shape[2]), int(x.shape[3])
         # Extra right/bottom padding so that plain floor-mode pooling yields Caffe's (ceil) output count.
         extra = [max(0, (o - 1) * s + k - p - size) for o, s, k, p, size in zip(out, stride, kernel, pad, (height, width))]
         pads = (pad[1], extra[1], pad[0], extra[0])
         if self.method == self.MAX:
-            padded = F.pad(x, pads, value=-math.inf) if any(pads) else x
+            # -FLT_MAX is Caffe's initial maximum: a window lying wholly in the overhang (possible without
+            # padding when the last window starts at or past the end) yields it, as in Caffe, with mask -1.
+            lowest = torch.finfo(x.dtype).min if x.is_floating_point() else -math.inf
+            padded = F.pad(x, pads, value=lowest) if any(pads) else x
             if self.num_tops == 2:
                 top, index = F.max_pool2d(padded, kernel, stride, return_indices=True)
                 top, index = top[:, :, :out[0], :out[1]], index[:, :, :out[0], :out[1]]
                 padded_width = width + pad[1] + extra[1]
                 row, col = index // padded_width - pad[0], index % padded_width - pad[1]
-                return top, (row * width + col).to(x.dtype)
+                inside = (row >= 0) & (row < height) & (col >= 0) & (col < width)
+                mask = torch.where(inside, row * width + col, torch.full_like(row, -1))
+                return top, mask.to(x.dtype)
             top = F.max_pool2d(padded, kernel, stride)
             return (top[:, :, :out[0], :out[1]],)
         padded = F.pad(x, pads) if any(pads) else x
@@ -222,7 +267,9 @@ class Pooling(CaffeLayer):
         full = kernel[0] * kernel[1]
         if all(r == kernel[0] for r in rows) and all(c == kernel[1] for c in cols):
             return (mean,)
-        scale = torch.tensor([[full / (r * c) for c in cols] for r in rows], dtype=x.dtype, device=x.device)
+        # An empty window (divisor 0) gives Caffe's 0 / 0 = NaN.
+        scale = torch.tensor([[full / (r * c) if r * c else math.nan for c in cols] for r in rows],
+                             dtype=x.dtype, device=x.device)
         return (mean * scale,)
 
     def extra_repr(self):

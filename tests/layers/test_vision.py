@@ -165,3 +165,64 @@ def test_fillers_follow_the_prototxt():
     ip = _layer('name: "ip" type: "InnerProduct" inner_product_param { num_output: 4 }', [(2, 5)])
     ip.fill(torch.Generator().manual_seed(3))  # no filler given: Caffe's constant 0
     assert torch.count_nonzero(ip.weight) == 0 and torch.count_nonzero(ip.bias) == 0
+
+
+def _caffe_pool_reference(x: np.ndarray, method: str, kernel, stride, pad, out) -> np.ndarray:
+    """Caffe's PoolingLayer::Forward_cpu loops, written out (MAX over the clipped window; AVE summed over
+    the clipped window and divided by the window clipped to [-pad, size + pad))."""
+    n, c, height, width = x.shape
+    top = np.zeros((n, c, *out), dtype=np.float64)
+    for ph in range(out[0]):
+        for pw in range(out[1]):
+            h0, w0 = ph * stride[0] - pad[0], pw * stride[1] - pad[1]
+            h1, w1 = min(h0 + kernel[0], height + pad[0]), min(w0 + kernel[1], width + pad[1])
+            divisor = (h1 - h0) * (w1 - w0)
+            h0, w0, h1, w1 = max(h0, 0), max(w0, 0), min(h1, height), min(w1, width)
+            window = x[:, :, h0:h1, w0:w1].astype(np.float64)
+            if window.size == 0:  # a window wholly past the end: Caffe's initial -FLT_MAX, or 0 / 0
+                top[:, :, ph, pw] = np.finfo(np.float32).min if method == "MAX" else np.nan
+            elif method == "MAX":
+                top[:, :, ph, pw] = window.max(axis=(2, 3))
+            else:
+                top[:, :, ph, pw] = window.sum(axis=(2, 3)) / divisor
+    return top
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+@pytest.mark.parametrize("size, kernel, stride, pad, rounding, fast", [
+    ((112, 112), 3, 2, 0, "CEIL", True),    # GoogLeNet pool1
+    ((28, 28), 3, 1, 1, "CEIL", True),      # inception pool branch
+    ((13, 11), (2, 3), 2, 1, "CEIL", True),  # clipped by Caffe's pad rule
+    ((9, 10), 3, 2, 1, "CEIL", True),
+    ((11, 17), 3, 3, 0, "FLOOR", True),
+    ((7, 8), 3, 2, 2, "CEIL", False),       # pad > kernel / 2: PyTorch refuses it
+    ((9, 9), 2, 3, 0, "CEIL", False),       # window past the end without padding: sizes differ
+])
+def test_pooling_fast_and_explicit_paths_equal_caffe_loops(method, size, kernel, stride, pad, rounding, fast):
+    """Eager mode takes PyTorch's padded/ceil pooling when its output size is Caffe's and the explicit
+    pad + pool (+ divisor map) form otherwise and under ONNX export; both equal Caffe's loops."""
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    text = (f'name: "p" type: "Pooling" pooling_param {{ pool: {method} kernel_h: {kh} kernel_w: {kw} '
+            f'stride: {stride} pad: {pad} round_mode: {rounding} }}')
+    shape = (2, 3, *size)
+    layer = _layer(text, [shape])
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(size)))
+    k, s, p, out = layer.geometry_for(*size)
+    assert layer._torch_matches(*size, k, s, p, out) is fast
+    (eager,) = layer(x)
+    (explicit,) = layer._explicit_pool(x, k, s, p, out)
+    reference = _caffe_pool_reference(x.numpy(), method, k, s, p, out)
+    if method == "MAX":
+        assert np.array_equal(eager.numpy(), reference.astype(np.float32))
+        assert np.array_equal(explicit.numpy(), reference.astype(np.float32))
+    else:
+        np.testing.assert_allclose(eager.numpy(), reference, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(explicit.numpy(), reference, rtol=1e-6, atol=1e-6)
+    if method == "MAX":
+        masked = _layer(text.replace('type: "Pooling"', 'type: "Pooling" top: "p" top: "mask"'), [shape])
+        top, mask = masked(x)
+        flat = x.reshape(2, 3, -1)
+        empty = mask < 0
+        assert torch.equal(empty, torch.from_numpy(reference == np.finfo(np.float32).min))
+        picked = torch.gather(flat, 2, mask.long().clamp(min=0).reshape(2, 3, -1)).reshape(top.shape)
+        assert torch.equal(picked[~empty], top[~empty])
