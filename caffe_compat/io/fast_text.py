@@ -16,11 +16,15 @@ import re
 
 from google.protobuf.descriptor import FieldDescriptor as _F
 
+# One token per match: whitespace or a comment (skipped), punctuation, a quoted string, a word, or
+# (last group) any other character, which sends the file to the full parser.  The alternatives are
+# tried at every position in turn, so ``findall`` covers the whole text without backtracking.
 _TOKEN = re.compile(r"""
-    (?P<skip>\s+|\#[^\n]*)
-  | (?P<punct>[{}:])
-  | (?P<string>"[^"\\\n]*"|'[^'\\\n]*')
-  | (?P<word>[-+]?[A-Za-z0-9_.][\w.+-]*)
+    (\s+|\#[^\n]*)
+  | ([{}:])
+  | ("[^"\\\n]*"|'[^'\\\n]*')
+  | ([-+]?[A-Za-z0-9_.][\w.+-]*)
+  | (.)
 """, re.X)
 
 _INTS = {_F.CPPTYPE_INT32, _F.CPPTYPE_INT64, _F.CPPTYPE_UINT32, _F.CPPTYPE_UINT64}
@@ -42,16 +46,18 @@ def _is_repeated(field) -> bool:
 
 def _tokens(text: str) -> list[tuple[str, str]]:
     out = []
-    pos, end = 0, len(text)
-    match = _TOKEN.match
-    while pos < end:
-        m = match(text, pos)
-        if m is None:
+    append = out.append
+    for skip, punct, string, word, other in _TOKEN.findall(text):
+        if skip:
+            continue
+        if punct:
+            append(("punct", punct))
+        elif word:
+            append(("word", word))
+        elif string:
+            append(("string", string))
+        else:
             raise _Fallback
-        kind = m.lastgroup
-        if kind != "skip":
-            out.append((kind, m.group(kind)))
-        pos = m.end()
     return out
 
 
@@ -89,8 +95,21 @@ def _scalar(field, kind: str, token: str):
     raise _Fallback
 
 
+_FIELD_INFO: dict = {}
+
+
+def _fields(descriptor) -> dict:
+    """name -> (field, is a message, is repeated) for one message type (cached)."""
+    info = _FIELD_INFO.get(descriptor)
+    if info is None:
+        info = {name: (f, f.cpp_type == _F.CPPTYPE_MESSAGE, _is_repeated(f))
+                for name, f in descriptor.fields_by_name.items()}
+        _FIELD_INFO[descriptor] = info
+    return info
+
+
 def _merge(message, tokens, i: int, depth: int) -> int:
-    fields = message.DESCRIPTOR.fields_by_name
+    fields = _fields(message.DESCRIPTOR)
     n = len(tokens)
     while i < n:
         kind, token = tokens[i]
@@ -98,19 +117,19 @@ def _merge(message, tokens, i: int, depth: int) -> int:
             if token == "}" and depth > 0:
                 return i + 1
             raise _Fallback
-        field = fields.get(token)
-        if field is None or kind != "word":
+        info = fields.get(token)
+        if info is None or kind != "word":
             raise _Fallback
+        field, is_message, repeated = info
         i += 1
         colon = i < n and tokens[i] == ("punct", ":")
         if colon:
             i += 1
         if i >= n:
             raise _Fallback
-        repeated = _is_repeated(field)
-        if field.cpp_type != _F.CPPTYPE_MESSAGE and not colon:
+        if not is_message and not colon:
             raise _Fallback  # scalars need the colon (messages may omit it)
-        if field.cpp_type == _F.CPPTYPE_MESSAGE:
+        if is_message:
             if tokens[i] != ("punct", "{"):
                 raise _Fallback
             sub = getattr(message, token).add() if repeated else getattr(message, token)
