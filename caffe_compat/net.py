@@ -13,10 +13,15 @@ Building follows Caffe's ``Net::Init``:
 
 Forward (``net(**inputs)`` or ``net.forward(**inputs)``) returns :class:`Blobs`, an ordered dict of
 **every** blob in Caffe's creation order holding what ``net.blobs[name].data`` would show: a blob
-rewritten in place (ReLU, Dropout, Scale, ...) holds the value after the last in-place layer.  No real
-in-place tensor op is used: each layer output is a new tensor, so autograd is exact.  Caffe's diff of a
-blob is the gradient with respect to the output of the *first* layer of its in-place chain;
-``Blobs.diff_targets`` holds those tensors and :meth:`CaffeNet.backward` returns every blob's diff.
+rewritten in place (ReLU, Dropout, Scale, ...) holds the value after the last in-place layer.  With
+autograd on, no real in-place tensor op is used: each layer output is a new tensor, so autograd is
+exact.  Caffe's diff of a blob is the gradient with respect to the output of the *first* layer of its
+in-place chain; ``Blobs.diff_targets`` holds those tensors and :meth:`CaffeNet.backward` returns every
+blob's diff.  Without autograd (``torch.no_grad()`` / ``torch.inference_mode()``, the way to run
+inference) a layer that is in-place in the prototxt and offers ``forward_inplace`` (ReLU, BatchNorm with
+global statistics, Scale) overwrites its bottom as Caffe does, when that tensor was made in this run and
+no other blob, view, fed input or weight shares its storage; memory-bound Pooling/LRN then run sample
+by sample (:mod:`caffe_compat.layers.cache_blocking`).  The blobs hold the same values either way.
 
 Parameters: ``net.params`` maps layer name -> that layer's blobs in Caffe order (pycaffe's
 ``net.params``; BatchNorm statistics are buffers but still listed).  Every blob carries ``lr_mult`` and
