@@ -217,7 +217,11 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
                 print(f"{dataset} {loss} seed {seed}: {'top-1' if setup.protocol == 'vehicleid' else 'R@1'} "
                       f"{100 * _headline(setup, metrics):.1f}% ({train['seconds']:.0f} s training)", flush=True)
     table = _table(setup, per_loss)
-    write_text_atomic(out_dir / "results.md", f"# {dataset}: {max_iter} iterations per run\n\n" + table)
+    heading = f"# {dataset}: {max_iter} iterations per run\n\n"
+    if dataset == "digits":
+        heading += ("The digits toy set is evaluated in the CUB-200-2011 layout and protocol, hence the "
+                    "column titles.\n\n")
+    write_text_atomic(out_dir / "results.md", heading + table)
     results = {loss: [{"seed": r["seed"], "metrics": r["metrics"]} for r in runs] for loss, runs in per_loss.items()}
     write_text_atomic(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
     plots = _plots(setup, out_dir, per_loss)

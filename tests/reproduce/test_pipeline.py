@@ -33,6 +33,7 @@ def test_digits_writes_every_artifact(digits_run):
     assert set(run["versions"]) >= {"torch", "onnx", "onnxruntime", "protobuf"}
     table = (out / "results.md").read_text()
     assert "| fappy |" in table and "| triplet |" in table
+    assert "in the CUB-200-2011 layout and protocol" in table
     for loss in ("fappy", "triplet"):
         per_seed = run["figures"][loss]["per_seed"]
         assert len(per_seed) == 2 and all(0.0 <= v <= 1.0 for v in per_seed)
