@@ -1,18 +1,22 @@
 """Shared test helpers: locating the real-Caffe fixtures.
 
-Small fixtures are copied into ``tests/fixtures`` so the suite runs from a plain clone; the large ones
-(full-width GoogLeNet) are read from ``../shared/caffe_reference`` beside the checkout when present.
+Small fixtures are copied into ``tests/fixtures``; the large ones (full-width GoogLeNet, the per-blob
+dumps of the small nets) and the FAPPY authors' own files are read from the team's ``shared`` folder:
+``$CAFFE_COMPAT_SHARED`` when set, else ``../shared`` beside the checkout.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
-SHARED_REFERENCE = REPO.parent / "shared" / "caffe_reference"
+SHARED = Path(os.environ.get("CAFFE_COMPAT_SHARED", REPO.parent / "shared"))
+SHARED_REFERENCE = SHARED / "caffe_reference"
+AUTHORS = SHARED / "authors"
 
 
 def fixture_path(relative: str) -> Path:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from caffe_compat.cli import main
-from tests.conftest import fixture_path
+from tests.conftest import AUTHORS, fixture_path
 
 
 def test_open_nsfw_inspects_cleanly(nsfw_dir, capsys):
@@ -54,9 +54,7 @@ def test_unreadable_input_exit_2_without_traceback(tmp_path):
 
 
 def test_authors_net_table_with_input_shapes(capsys):
-    from pathlib import Path
-
-    authors = Path(__file__).resolve().parents[3] / "shared" / "authors" / "cub200" / "train.prototxt"
+    authors = AUTHORS / "cub200" / "train.prototxt"
     assert main(["inspect", str(authors), "--input-shape", "data=128,3,224,224", "--input-shape", "label=128"]) == 0
     out = capsys.readouterr().out
     assert "6,498,352 parameters" in out and "8128x1x1x1" in out

@@ -11,9 +11,7 @@ import pytest
 from caffe_compat.errors import ParseError
 from caffe_compat.io import blob_to_array, blob_to_array_as, read_net, read_solver, write_net
 from caffe_compat.proto import caffe_pb2
-from tests.conftest import SHARED_REFERENCE, fixture_path
-
-AUTHORS = Path(__file__).resolve().parents[3] / "shared" / "authors"
+from tests.conftest import AUTHORS, SHARED_REFERENCE, fixture_path
 NET_PROTOTXTS = sorted(p for p in glob.glob(str(fixture_path("fappy").parent / "**" / "*.prototxt"), recursive=True)
                        if not p.endswith("solver.prototxt"))
 

@@ -20,9 +20,7 @@ from caffe_compat.zoo.loss_heads import BASELINES
 from caffe_compat.zoo.paper import PAPER_SETUPS, paper_files
 from caffe_compat.zoo.write_prototxt import main as write_main
 from caffe_compat.zoo.write_prototxt import rendered_files, stale_files
-from tests.conftest import REPO, fixture_path
-
-AUTHORS = REPO.parent / "shared" / "authors"
+from tests.conftest import AUTHORS, REPO, fixture_path
 PROTOTXT = REPO / "prototxt"
 
 # our folder -> (authors' train prototxt, authors' solver)
