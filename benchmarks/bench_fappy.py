@@ -7,7 +7,7 @@ labels in runs of 10, delta 1e-2 / 1e-3 / 1e-4; B=150, D=1024, runs of 16, delta
 * ``dense peer``: the obvious vectorisation measured in the same run — per-row soft histograms of all
   ``2/d + 2`` bins (``scatter_add``), reverse cumulative sums, autograd — with Caffe's normalisation
   (its loss is checked against ours);
-* times: median of ``--repeats`` runs after one warm-up; on CPU the thread CPU time by default (the
+* times: median of ``--repeats`` runs after three warm-up calls; on CPU the thread CPU time by default (the
   team's 2-core machine is shared, wall time there mostly measures the neighbours), ``--wall`` for
   wall-clock;
 * ``C++ layer``: the authors' Caffe layers, recorded single-threaded on a 2-vCPU AMD EPYC VM (not
@@ -38,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from caffe_compat.losses.fappy import FAPPYLoss, caffe_levels  # noqa: E402
 from caffe_compat.losses.pairwise import cosine_matrix, upper_pairs  # noqa: E402
 
-#: (B, D, run length, delta, C++ seconds) — caffe_reference/README.md section 6.
 WALL = False
+WARMUP = 3
 
+#: (B, D, run length, delta, C++ seconds) — caffe_reference/README.md section 6.
 SETTINGS = [
     (128, 512, 10, 1e-2, 0.261),
     (128, 512, 10, 1e-3, 0.361),
@@ -98,7 +99,8 @@ def fwd_bwd(fn, x, labels):
 def timed(fn, x, labels, device, repeats):
     """Median wall time; on CPU the median thread CPU time instead (one thread: the same work, but
     robust to other processes on a shared machine), see ``--wall``."""
-    fwd_bwd(fn, x, labels)  # warm-up
+    for _ in range(WARMUP):  # allocator pools, NumPy/torch dispatch caches, per-(B, device) caches
+        fwd_bwd(fn, x, labels)
     times = []
     clock = time.perf_counter if device == "cuda" or WALL else time.thread_time
     for _ in range(repeats):

@@ -14,6 +14,7 @@ from caffe_compat.errors import CaffeCompatError
 from caffe_compat.losses.fappy import (FAPPYLoss, caffe_levels, fappy_caffe, fappy_caffe_forward_backward,
                                        fappy_paper, paper_levels)
 from caffe_compat.losses.loss_errors import LossInputError
+from caffe_compat.losses.pairwise import cosine_matrix
 from tests.conftest import fixture_path
 
 CASES = json.loads(fixture_path("fappy/cases.json").read_text())
@@ -127,6 +128,24 @@ def test_negative_pair_at_cosine_one_is_rejected_but_positive_is_fine():
         fappy_caffe(torch.tensor([0.2, -1.0000001, 0.1]), lab, 0.1)
     loss, diff = fappy_caffe_forward_backward(torch.tensor([1.0, 0.5, 0.1]), lab, 0.1)  # positive at 1: skipped
     assert float(loss) == 0.0 and not diff.any()
+
+
+@pytest.mark.parametrize("mode", ["caffe", "paper"])
+def test_out_of_bounds_check_follows_the_rows_the_layer_reads(mode):
+    """labels [0,1,1,0]: positive pairs (0,3) and (1,2); cosines in Caffe's pair order
+    (01, 02, 03, 12, 13, 23).  At delta 0.1 (finest d = 0.125) a pair is used iff 1 - s >= 0.125, and a
+    used pair reads the histograms of its two rows, i.e. the cosines of those rows to all their
+    negatives.  A negative pair at cosine 1.0 is a segfault in Caffe exactly when one of its rows is read."""
+    lab = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    loss_fn = fappy_caffe if mode == "caffe" else fappy_paper
+    # (1,2) used (rows 1, 2 read), (0,3) not: (0,2) at 1.0 is read through row 2
+    with pytest.raises(LossInputError, match=r"negative pair \(0, 2\) \(cosine index 1\)"):
+        loss_fn(torch.tensor([0.1, 1.0, 0.99, 0.3, 0.2, 0.4]), lab, 0.1)
+    # (0,3) used (rows 0, 3 read), (1,2) not: (1,3) at 1.0 is read through row 3
+    with pytest.raises(LossInputError, match=r"negative pair \(1, 3\) \(cosine index 4\)"):
+        loss_fn(torch.tensor([0.1, 0.2, 0.3, 0.99, 1.0, 0.4]), lab, 0.1)
+    # neither positive pair used: nothing is read, the loss is 0 as in Caffe
+    assert float(loss_fn(torch.tensor([0.1, 1.0, 0.99, 0.99, 1.0, 0.4]), lab, 0.1)) == 0.0
 
 
 def test_unread_nan_cosine_is_harmless_as_in_caffe():
@@ -370,6 +389,20 @@ def test_module_matches_functional_on_fixture_cosines():
     iu, ju = torch.triu_indices(32, 32, 1)
     c = (feat @ feat.t()) / torch.sqrt(torch.diagonal(feat @ feat.t())[:, None] * torch.diagonal(feat @ feat.t()))
     assert float(module(feat, lab)) == float(fappy_caffe(c[iu, ju], lab, 0.01))
+
+
+def test_module_gradient_is_the_chain_rule_through_the_cosines():
+    """FAPPYLoss(mode="caffe") back-propagates through CosineSimilarityBatch's formula in one matmul;
+    it must equal autograd through the cosine matrix and the functional layer (float64, fixture data
+    with its bin-edge cases, single-label NaN case included)."""
+    for name in ("b32_d64_delta0.01", "b16_d8_delta0.1", "edge_single_label"):
+        z = load(name)
+        feat, lab, delta = torch.from_numpy(z["feat"]).double(), torch.from_numpy(z["label"]), float(z["delta"])
+        x1, x2 = feat.clone().requires_grad_(), feat.clone().requires_grad_()
+        FAPPYLoss(delta)(x1, lab).backward()
+        iu, ju = torch.triu_indices(len(lab), len(lab), 1)
+        fappy_caffe(cosine_matrix(x2)[iu, ju], lab, delta).backward()
+        torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-12, atol=1e-15, equal_nan=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
