@@ -1,11 +1,19 @@
-"""Load time of a Caffe model: caffe-compat's reader vs OpenCV 4.x ``cv2.dnn.readNetFromCaffe``.
+"""Load time of a Caffe model: caffe-compat's readers vs OpenCV 4.x ``cv2.dnn.readNetFromCaffe``.
 
-Both sides parse the prototxt and the caffemodel and end with every weight blob in memory
-(ours: numpy arrays via ``read_net`` + ``blob_to_array``; OpenCV: its dnn::Net).  When
-``caffe_compat.net`` is present a third row times ``load_net`` (the PyTorch module with weights).
-Median of N runs after one warm-up; the ratio column is OpenCV time / ours (> 1: we are faster).
+Every row parses the prototxt and the caffemodel and ends with every weight blob in memory:
 
-    python benchmarks/bench_load.py [--repeats 5] [--nsfw-cache .cache]
+* ``reader``: ``read_net(deploy)`` + ``read_weights(caffemodel)``: the NetParameter of the deploy file
+  and a numpy array per blob (read-only views of the memory-mapped caffemodel; the pages are mapped
+  and resident when it returns);
+* ``NetParameter``: ``read_net`` on both files, then ``blob_to_array`` on every blob (protobuf's parser
+  copies the floats into its arena, numpy copies them again);
+* ``torch module``: ``load_net(deploy, caffemodel)``, the PyTorch module with its weights (also builds
+  every layer port and copies the weights into parameters);
+* OpenCV: its ``dnn::Net`` with the weights in its own blobs.
+
+Median of N runs after one warm-up; each ratio is OpenCV time / ours (> 1: we are faster).
+
+    python benchmarks/bench_load.py [--repeats 7] [--nsfw-cache .cache]
 """
 
 from __future__ import annotations
@@ -29,7 +37,15 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
-def ours(deploy, weights):
+def reader(deploy, weights):
+    from caffe_compat.io import read_net
+    from caffe_compat.io.weights import read_weights
+
+    read_net(deploy)
+    return [blob.values for _, blobs in read_weights(weights) for blob in blobs]
+
+
+def netparameter(deploy, weights):
     from caffe_compat.io import blob_to_array, read_net
 
     read_net(deploy)
@@ -51,7 +67,7 @@ def opencv(deploy, weights):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--nsfw-cache", default=str(REPO / ".cache"))
     args = parser.parse_args()
     import cv2
@@ -66,20 +82,17 @@ def main() -> None:
     large = SHARED / "large" / "googlenet_full"
     if large.exists():
         models.append(("GoogLeNet full (26 MB)", large / "deploy.prototxt", large / "weights.caffemodel"))
-    try:
-        import caffe_compat.net  # noqa: F401
-        have_net = True
-    except ImportError:
-        have_net = False
-    print(f"OpenCV {cv2.__version__}, one thread, median of {args.repeats}")
-    print(f"{'model':26s} {'OpenCV s':>9s} {'ours (numpy) s':>15s} {'ratio':>6s} {'ours (torch module) s':>22s} {'ratio':>6s}")
+    rows = [("reader", reader), ("NetParameter", netparameter), ("torch module", ours_torch)]
+    print(f"OpenCV {cv2.__version__}, one thread, median of {args.repeats}; ratio = OpenCV time / ours")
+    header = f"{'model':24s} {'OpenCV ms':>9s}" + "".join(f" {name + ' ms':>17s} {'ratio':>6s}" for name, _ in rows)
+    print(header)
+    print("-" * len(header))
     for name, deploy, weights in models:
         t_cv = median_time(lambda: opencv(deploy, weights), args.repeats)
-        t_np = median_time(lambda: ours(deploy, weights), args.repeats)
-        line = f"{name:26s} {t_cv:9.4f} {t_np:15.4f} {t_cv / t_np:6.2f}x"
-        if have_net:
-            t_pt = median_time(lambda: ours_torch(deploy, weights), args.repeats)
-            line += f" {t_pt:22.4f} {t_cv / t_pt:6.2f}x"
+        line = f"{name:24s} {t_cv * 1e3:9.1f}"
+        for _, fn in rows:
+            t = median_time(lambda: fn(deploy, weights), args.repeats)
+            line += f" {t * 1e3:17.1f} {t_cv / t:5.2f}x"
         print(line)
 
 

@@ -9,7 +9,10 @@ Building follows Caffe's ``Net::Init``:
 3. Each layer is the registered port (:mod:`caffe_compat.layers`) built with its bottom shapes; the top
    shapes come from the port's ``output_shapes()``.  Learnable blobs are initialised with the layers'
    Caffe fillers from a seeded ``torch.Generator`` (an unset filler is constant 0, as in Caffe), then a
-   caffemodel, when given, overwrites them by layer **name** (Caffe's ``CopyTrainedLayersFrom``).
+   caffemodel, when given, overwrites them by layer **name** (Caffe's ``CopyTrainedLayersFrom``).  The
+   layers the caffemodel supplies are not filled first (they draw nothing from the generator: Caffe
+   fills them from its own RNG, which no port reproduces, so only the final values matter), and the
+   caffemodel is read in place (:mod:`caffe_compat.io.weights`).
 
 Forward (``net(**inputs)`` or ``net.forward(**inputs)``) returns :class:`Blobs`, an ordered dict of
 **every** blob in Caffe's creation order holding what ``net.blobs[name].data`` would show: a blob
@@ -56,6 +59,7 @@ from torch import nn
 
 from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
 from caffe_compat.io import read_net, write_net
+from caffe_compat.io.weights import StoredBlob, read_weights
 from caffe_compat.layers import layer_class
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
 from caffe_compat.proto import caffe_pb2
@@ -115,26 +119,24 @@ def module_key(layer_name: str, taken: set[str]) -> str:
     return candidate
 
 
-def blob_values(blob: caffe_pb2.BlobProto, target: tuple[int, ...], where: str) -> np.ndarray:
-    """A BlobProto's values shaped ``target`` if Caffe's ``Blob::ShapeEquals`` accepts it: legacy
-    num/channels/height/width compare with ``target`` padded with leading 1s (at most 4 axes); otherwise
-    ``shape.dim`` must equal ``target`` (an absent ``shape`` is a 0-axis blob, as Caffe writes a scalar
-    such as a channel-shared PReLU slope).  ``double_data`` wins when present, as in ``Blob::FromProto``."""
-    target = tuple(int(d) for d in target)
-    if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
-        stored = (blob.num, blob.channels, blob.height, blob.width)
-        ok = len(target) <= 4 and (1,) * (4 - len(target)) + target == stored
-    else:
-        stored = tuple(int(d) for d in blob.shape.dim)
-        ok = stored == target
-    if not ok:
-        raise ShapeMismatchError(f"{where}: the weights have shape {stored}, the net expects {target}")
-    values = np.asarray(blob.double_data, dtype=np.float64) if len(blob.double_data) else np.asarray(
-        blob.data, dtype=np.float32)
-    if values.size != int(np.prod(target)):
-        raise FormatError(f"{where}: the blob holds {values.size} values, its shape {target} needs "
-                          f"{int(np.prod(target))}")
-    return values.reshape(target)
+def _copy_blob(blob: StoredBlob, target: torch.Tensor, where: str) -> None:
+    """Copy a stored blob into ``target`` if Caffe's ``Blob::ShapeEquals`` accepts it: legacy
+    num/channels/height/width compare with the target's shape padded with leading 1s (at most 4 axes);
+    otherwise ``shape.dim`` must equal it (an absent ``shape`` is a 0-axis blob, as Caffe writes a scalar
+    such as a channel-shared PReLU slope)."""
+    shape = tuple(int(d) for d in target.shape)
+    if not blob.fits(shape):
+        raise ShapeMismatchError(f"{where}: the weights have shape {blob.shape}, the net expects {shape}")
+    if blob.values.size != target.numel():
+        raise FormatError(f"{where}: the blob holds {blob.values.size} values, its shape {shape} needs "
+                          f"{target.numel()}")
+    if target.device.type == "cpu" and target.is_contiguous() and target.dtype in _NUMPY_DTYPES:
+        np.copyto(target.detach().numpy().reshape(-1), blob.values, casting="same_kind")
+    else:  # the values may be a read-only view of the mapped file: copy before handing them to torch
+        target.copy_(torch.from_numpy(np.array(blob.values)).reshape(shape))
+
+
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
 def _as_netparameter(net) -> caffe_pb2.NetParameter:
@@ -169,9 +171,10 @@ class CaffeNet(nn.Module):
         self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
         self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
         self._build(filtered)
-        self.reinitialize(seed)
-        if weights is not None:
-            self.load_caffemodel(weights)
+        stored = None if weights is None else read_weights(weights)
+        self.reinitialize(seed, skip=self._supplied_by(stored))
+        if stored is not None:
+            self.load_caffemodel(stored)
         self.train(self.phase == "train")
 
     # ------------------------------------------------------------------------------ building
@@ -365,15 +368,16 @@ class CaffeNet(nn.Module):
     # ------------------------------------------------------------------------------ initialisation and weights
 
     @torch.no_grad()
-    def reinitialize(self, seed: int = 0) -> None:
+    def reinitialize(self, seed: int = 0, skip: frozenset[str] = frozenset()) -> None:
         """Fill every blob with its layer's Caffe fillers, drawing from ``torch.Generator().manual_seed(seed)``
-        (layers in net order).  A shared blob keeps its owner's values."""
+        (layers in net order).  A shared blob keeps its owner's values.  Layers whose module key is in
+        ``skip`` (those a caffemodel is about to overwrite) are left as they are and draw nothing."""
         generator = torch.Generator().manual_seed(int(seed))
         shared_by = {}
         for key, i, _, _ in self._shared:
             shared_by.setdefault(key, []).append(i)
         for step in self.steps:
-            if step.module_key is None:
+            if step.module_key is None or step.module_key in skip:
                 continue
             module = self.layers[step.module_key]
             keep = [(i, module.caffe_blobs()[i].detach().clone()) for i in shared_by.get(step.module_key, [])]
@@ -381,25 +385,34 @@ class CaffeNet(nn.Module):
             for i, value in keep:
                 module.caffe_blobs()[i].copy_(value)
 
+    def _supplied_by(self, stored: list[tuple[str, list[StoredBlob]]] | None) -> frozenset[str]:
+        """Module keys of the layers whose every blob a caffemodel's layer of the same name supplies."""
+        if not stored:
+            return frozenset()
+        by_name = self.module_names
+        return frozenset(by_name[name] for name, blobs in stored
+                         if name in by_name and len(blobs) == len(self.layers[by_name[name]].caffe_blobs()))
+
     @torch.no_grad()
     def load_caffemodel(self, model) -> None:
-        """Copy weights by layer name from a caffemodel path (or a NetParameter), like Caffe's
-        ``CopyTrainedLayersFrom``: layers absent from the model keep their values, model layers absent from
-        the net are ignored; a blob count or shape mismatch raises ShapeMismatchError (legacy 4-D blob dims
-        are accepted when they equal the net's shape padded with leading 1s)."""
-        source = _as_netparameter(model)
+        """Copy weights by layer name from a caffemodel path (or a NetParameter, or what
+        :func:`~caffe_compat.io.weights.read_weights` returned), like Caffe's ``CopyTrainedLayersFrom``:
+        layers absent from the model keep their values, model layers absent from the net are ignored; a
+        blob count or shape mismatch raises ShapeMismatchError (legacy 4-D blob dims are accepted when they
+        equal the net's shape padded with leading 1s).  ``double_data`` wins over ``data``, as in
+        ``Blob::FromProto``; values are rounded to the net's dtype."""
+        stored = model if isinstance(model, list) else read_weights(model)
         by_name = self.module_names
-        for layer in source.layer:
-            key = by_name.get(layer.name)
+        for name, blobs in stored:
+            key = by_name.get(name)
             if key is None:
                 continue
             targets = self.layers[key].caffe_blobs()
-            if len(layer.blobs) != len(targets):
-                raise ShapeMismatchError(f"layer '{layer.name}': the weights have {len(layer.blobs)} blobs, the net "
+            if len(blobs) != len(targets):
+                raise ShapeMismatchError(f"layer '{name}': the weights have {len(blobs)} blobs, the net "
                                          f"expects {len(targets)} (incompatible number of blobs)")
-            for j, (blob, target) in enumerate(zip(layer.blobs, targets)):
-                values = blob_values(blob, tuple(target.shape), f"layer '{layer.name}' blob {j}")
-                target.copy_(torch.as_tensor(np.array(values)))
+            for j, (blob, target) in enumerate(zip(blobs, targets)):
+                _copy_blob(blob, target, f"layer '{name}' blob {j}")
 
     def to_netparameter(self) -> caffe_pb2.NetParameter:
         """The net with its current weights as a V2 NetParameter, as Caffe's ``Net::ToProto`` writes it

@@ -9,6 +9,7 @@ import torch
 from google.protobuf import text_format
 
 from caffe_compat.errors import FormatError, ShapeMismatchError
+from caffe_compat.io import read_net
 from caffe_compat.net import CaffeNet, load_net
 from caffe_compat.net_graph import insert_splits
 from caffe_compat.proto import caffe_pb2
@@ -405,3 +406,29 @@ def test_train_eval_do_not_change_the_caffe_phase():
     net.eval()
     assert net.phase == "train" and not net.training
     assert all(net.layer(name).phase == "train" for name in _names(net))
+
+
+def test_layers_the_caffemodel_supplies_draw_nothing_from_the_fillers(tmp_path):
+    """load_net(weights=...) fills only the layers the caffemodel lacks (here all but fc_embedding), in
+    net order from the seeded generator; the supplied layer holds the stored values."""
+    deploy = str(fixture_path("nets/googlenet_small/deploy.prototxt"))
+    partial = tmp_path / "only_conv1.caffemodel"
+
+    def only_conv1(model):
+        keep = [layer for layer in model.layer if layer.name == "conv1/7x7_s2"]
+        del model.layer[:]
+        model.layer.extend(keep)
+
+    partial.write_bytes(_model_with(only_conv1).SerializeToString())
+    loaded = load_net(deploy, str(partial), seed=4)
+    stored = read_net(str(partial)).layer[0]
+    np.testing.assert_array_equal(loaded.params["conv1/7x7_s2"][0].detach().numpy().ravel(), np.asarray(stored.blobs[0].data))
+    # every other layer as reinitialize() fills it when conv1 is skipped
+    expected = load_net(deploy, seed=0)
+    expected.reinitialize(4, skip=frozenset({expected.module_names["conv1/7x7_s2"]}))
+    for name, blobs in expected.params.items():
+        if name != "conv1/7x7_s2":
+            for want, got in zip(blobs, loaded.params[name]):
+                assert torch.equal(want, got), name
+    # and differently from a fill of every layer (conv1's draws are skipped)
+    assert not torch.equal(load_net(deploy, seed=4).params["conv2/3x3"][0], loaded.params["conv2/3x3"][0])

@@ -16,22 +16,18 @@ import re
 
 from google.protobuf.descriptor import FieldDescriptor as _F
 
-# One token per match: whitespace or a comment (skipped), punctuation, a quoted string, a word, or
-# (last group) any other character, which sends the file to the full parser.  The alternatives are
-# tried at every position in turn, so ``findall`` covers the whole text without backtracking.
-_TOKEN = re.compile(r"""
-    (\s+|\#[^\n]*)
-  | ([{}:])
-  | ("[^"\\\n]*"|'[^'\\\n]*')
-  | ([-+]?[A-Za-z0-9_.][\w.+-]*)
-  | (.)
-""", re.X)
+# One token per match: a comment (dropped), a quoted string without escapes, punctuation, a run of
+# other non-blank characters (a name or a number, checked where it is used), or a lone quote, which
+# sends the file to the full parser.  Every non-blank character is in some token, so ``findall``
+# skips only whitespace.
+_TOKEN = re.compile(r"""\#[^\n]*|"[^"\\\n]*"|'[^'\\\n]*'|[{}:]|[^\s{}:"'\#]+|["']""")
 
 _INTS = {_F.CPPTYPE_INT32, _F.CPPTYPE_INT64, _F.CPPTYPE_UINT32, _F.CPPTYPE_UINT64}
 _FLOATS = {_F.CPPTYPE_FLOAT, _F.CPPTYPE_DOUBLE}
 _BOOLS = {"true": True, "t": True, "True": True, "1": True, "false": False, "f": False, "False": False, "0": False}
 _SPECIAL_FLOATS = {"inf": float("inf"), "-inf": float("-inf"), "+inf": float("inf"), "infinity": float("inf"),
                    "-infinity": float("-inf"), "nan": float("nan"), "-nan": float("nan")}
+_PUNCT = frozenset("{}:")
 
 
 class _Fallback(Exception):
@@ -44,105 +40,111 @@ def _is_repeated(field) -> bool:
     return bool(flag) if flag is not None else field.label == _F.LABEL_REPEATED
 
 
-def _tokens(text: str) -> list[tuple[str, str]]:
-    out = []
-    append = out.append
-    for skip, punct, string, word, other in _TOKEN.findall(text):
-        if skip:
-            continue
-        if punct:
-            append(("punct", punct))
-        elif word:
-            append(("word", word))
-        elif string:
-            append(("string", string))
-        else:
-            raise _Fallback
-    return out
+def _tokens(text: str) -> list[str]:
+    tokens = _TOKEN.findall(text)
+    if "#" in text:
+        tokens = [t for t in tokens if t[0] != "#"]
+    return tokens
 
 
-def _scalar(field, kind: str, token: str):
+def _string(token: str) -> str:
+    if len(token) < 2 or token[0] not in "\"'":
+        raise _Fallback
+    return token[1:-1]
+
+
+def _int(token: str) -> int:
+    digits = token[1:] if token[:1] in ("-", "+") else token
+    if not (digits.isascii() and digits.isdigit()):
+        raise _Fallback  # hex, octal, underscores...: protobuf's parser decides
+    return int(token)
+
+
+def _float(token: str) -> float:
+    low = token.lower()
+    if low in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[low]
+    if low.endswith("f") and not low.startswith(("in", "-in", "+in")):
+        low = low[:-1]
+    if not low.isascii() or "_" in low:
+        raise _Fallback
+    return float(low)  # ValueError -> fallback
+
+
+def _bool(token: str) -> bool:
+    if token not in _BOOLS:
+        raise _Fallback
+    return _BOOLS[token]
+
+
+def _converter(field):
+    """The function turning one token into the value of a scalar ``field`` (None: not handled)."""
     cpp = field.cpp_type
     if cpp == _F.CPPTYPE_STRING:
-        if kind != "string" or field.type == _F.TYPE_BYTES:
-            raise _Fallback
-        return token[1:-1]
-    if kind != "word":
-        raise _Fallback
+        return None if field.type == _F.TYPE_BYTES else _string
     if cpp in _INTS:
-        if not re.fullmatch(r"[-+]?\d+", token):
-            raise _Fallback
-        return int(token)
+        return _int
     if cpp in _FLOATS:
-        low = token.lower()
-        if low in _SPECIAL_FLOATS:
-            return _SPECIAL_FLOATS[low]
-        if low.endswith("f") and not low.startswith(("in", "-in", "+in")):
-            low = low[:-1]
-        try:
-            return float(low)
-        except ValueError:
-            raise _Fallback from None
+        return _float
     if cpp == _F.CPPTYPE_BOOL:
-        if token not in _BOOLS:
-            raise _Fallback
-        return _BOOLS[token]
+        return _bool
     if cpp == _F.CPPTYPE_ENUM:
-        value = field.enum_type.values_by_name.get(token)
-        if value is None:
-            raise _Fallback
-        return value.number
-    raise _Fallback
+        numbers = {name: value.number for name, value in field.enum_type.values_by_name.items()}
+
+        def enum(token: str) -> int:
+            if token not in numbers:
+                raise _Fallback
+            return numbers[token]
+        return enum
+    return None
 
 
 _FIELD_INFO: dict = {}
 
 
 def _fields(descriptor) -> dict:
-    """name -> (field, is a message, is repeated) for one message type (cached)."""
+    """name -> (is a message, is repeated, token converter) for one message type (cached)."""
     info = _FIELD_INFO.get(descriptor)
     if info is None:
-        info = {name: (f, f.cpp_type == _F.CPPTYPE_MESSAGE, _is_repeated(f))
+        info = {name: (f.cpp_type == _F.CPPTYPE_MESSAGE, _is_repeated(f), _converter(f))
                 for name, f in descriptor.fields_by_name.items()}
         _FIELD_INFO[descriptor] = info
     return info
 
 
-def _merge(message, tokens, i: int, depth: int) -> int:
+def _merge(message, tokens: list[str], i: int, depth: int) -> int:
     fields = _fields(message.DESCRIPTOR)
     n = len(tokens)
     while i < n:
-        kind, token = tokens[i]
-        if kind == "punct":
-            if token == "}" and depth > 0:
-                return i + 1
-            raise _Fallback
+        token = tokens[i]
+        if token == "}" and depth > 0:
+            return i + 1
         info = fields.get(token)
-        if info is None or kind != "word":
-            raise _Fallback
-        field, is_message, repeated = info
+        if info is None:
+            raise _Fallback  # punctuation out of place, a quoted name, an unknown field
+        is_message, repeated, convert = info
         i += 1
-        colon = i < n and tokens[i] == ("punct", ":")
+        colon = i < n and tokens[i] == ":"
         if colon:
             i += 1
         if i >= n:
             raise _Fallback
-        if not is_message and not colon:
-            raise _Fallback  # scalars need the colon (messages may omit it)
         if is_message:
-            if tokens[i] != ("punct", "{"):
+            if tokens[i] != "{":
                 raise _Fallback
             sub = getattr(message, token).add() if repeated else getattr(message, token)
             if not repeated:
                 sub.SetInParent()
             i = _merge(sub, tokens, i + 1, depth + 1)
             continue
-        value = _scalar(field, *tokens[i])
+        value = tokens[i]
+        if not colon or convert is None or value in _PUNCT:
+            raise _Fallback  # scalars need the colon (messages may omit it)
         i += 1
         if repeated:
-            getattr(message, token).append(value)
+            getattr(message, token).append(convert(value))
         else:
-            setattr(message, token, value)
+            setattr(message, token, convert(value))
     if depth:
         raise _Fallback
     return i

@@ -40,10 +40,12 @@ def test_plain_subset_takes_the_fast_path():
     assert net.layer[0].convolution_param.weight_filler.std == pytest.approx(0.01)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(st.sampled_from(['layer', '{', '}', ':', 'name', '"x"', 'type', 'top', 'bottom', '1', '-2.5',
                                  'inf', 'true', 'loss_weight', 'convolution_param', 'pad', 'engine', 'CAFFE',
-                                 'force_backward', '#c\n', "'y'", 'input_dim', '0x10', '1e3f']), max_size=25))
+                                 'force_backward', '#c\n', "'y'", 'input_dim', '0x10', '1e3f', '1_0', '"', "'",
+                                 '"a#b"', '+3', '-0', '\u0663', '1.5F', 'nan', '-inf', '[1,', 'phase', 'TEST',
+                                 'input_shape', 'dim', '"a"#c\n', 'debug_info', 't', '07']), max_size=25))
 def test_random_token_streams_agree(tokens):
     text = " ".join(tokens)
     slow = caffe_pb2.NetParameter()
