@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from caffe_compat.io import read_blob, read_net, read_solver, read_solverstate, write_blob, write_net
+from caffe_compat.io import read_blob, read_net, read_solver, read_solverstate, read_weights, write_blob, write_net
 
 __version__ = "0.1.0"
 
@@ -44,4 +44,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["read_blob", "read_net", "read_solver", "read_solverstate", "write_blob", "write_net", *_LAZY]
+__all__ = ["read_blob", "read_net", "read_solver", "read_solverstate", "read_weights", "write_blob", "write_net", *_LAZY]

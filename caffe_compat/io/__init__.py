@@ -8,6 +8,7 @@ from caffe_compat.io.datum_lmdb import decode_datum, iter_lmdb, lmdb_length, mak
 from caffe_compat.io.netfiles import read_net, read_solver, read_solverstate, write_net, write_solverstate
 from caffe_compat.io.shapes import conv_out_size, deconv_out_size, infer_shapes, pooled_size
 from caffe_compat.io.upgrade import upgrade_net, upgrade_solver
+from caffe_compat.io.weights import StoredBlob, read_weights
 
 try:  # pycaffe's caffe.io helpers (numpy + OpenCV), if that module is present
     from caffe_compat.io.transformer import Transformer, load_image  # noqa: F401
@@ -16,8 +17,8 @@ except ModuleNotFoundError as _exc:  # pragma: no cover
         raise
 
 __all__ = [
-    "array_to_blob", "blob_shape", "blob_to_array", "blob_to_array_as", "conv_out_size", "decode_datum",
+    "StoredBlob", "array_to_blob", "blob_shape", "blob_to_array", "blob_to_array_as", "conv_out_size", "decode_datum",
     "deconv_out_size", "infer_shapes", "iter_lmdb", "legacy_shape_equals", "lmdb_length", "make_datum",
-    "pooled_size", "read_blob", "read_net", "read_solver", "read_solverstate", "upgrade_net", "upgrade_solver",
+    "pooled_size", "read_blob", "read_net", "read_solver", "read_solverstate", "read_weights", "upgrade_net", "upgrade_solver",
     "write_blob", "write_lmdb", "write_net", "write_solverstate",
 ]

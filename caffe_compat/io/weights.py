@@ -67,7 +67,9 @@ def read_weights(model) -> list[tuple[str, list[StoredBlob]]]:
     """``[(layer name, blobs)]`` of a caffemodel path, in file order; also accepts what
     :func:`~caffe_compat.io.read_net` accepts (a NetParameter, bytes, prototxt text).
 
-    The arrays of a binary V2 caffemodel file are read-only views of the memory-mapped file."""
+    The arrays of a binary V2 caffemodel file are read-only views of the memory-mapped file: copy
+    them (``np.array``) to keep them past a rewrite of that file in place (an atomic rename, as every
+    writer of this project does, leaves the mapped old file intact)."""
     from caffe_compat.io.netfiles import read_net
 
     if isinstance(model, caffe_pb2.NetParameter):
