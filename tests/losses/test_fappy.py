@@ -424,3 +424,30 @@ def test_module_rejects_bad_batches():
         FAPPYLoss()(torch.randn(4), torch.zeros(4))
     with pytest.raises(LossInputError, match="labels"):
         FAPPYLoss()(torch.randn(4, 3), torch.zeros(5))
+
+
+@pytest.mark.parametrize("delta", [0.3, 0.01, 1e-3])
+def test_bin_counts_from_the_table_equal_the_binary_searches(monkeypatch, delta):
+    """The per-row table of finest bins and the batched searchsorted are two ways to count a row's
+    negatives below a bin; loss and diff must agree bit for bit, cosines on bin edges and at ±1
+    included, in both modes."""
+    import caffe_compat.losses.fappy as fappy_module
+
+    gen = torch.Generator().manual_seed(7)
+    lab = torch.randint(0, 5, (24,), generator=gen).double()
+    m = 24 * 23 // 2
+    edges = torch.tensor([-1.0, 1.0, 0.0, 0.5, -0.25, 1.0 - 2 ** -7, -1.0 + 2 ** -10], dtype=torch.float64)
+    cos = torch.rand(m, generator=gen, dtype=torch.float64) * 2 - 1
+    cos[torch.randperm(m, generator=gen)[:40]] = edges[torch.randint(0, len(edges), (40,), generator=gen)]
+    same = (lab[:, None] == lab[None, :])[tuple(torch.triu_indices(24, 24, 1))]
+    cos[~same] = cos[~same].clamp(max=0.999)  # a negative pair at 1.0 is Caffe's out-of-bounds read
+    results = {}
+    for columns in (0, 10 ** 9):
+        monkeypatch.setattr(fappy_module, "_TABLE_COLUMNS_PER_ROW", columns)
+        c = cos.clone().requires_grad_()
+        fappy_paper(c, lab, delta).backward()
+        results[columns] = (fappy_caffe_forward_backward(cos, lab, delta), c.grad)
+    (loss_a, diff_a), grad_a = results[0]
+    (loss_b, diff_b), grad_b = results[10 ** 9]
+    assert float(loss_a) == float(loss_b) and torch.equal(diff_a, diff_b) and torch.equal(grad_a, grad_b)
+    assert diff_a.abs().sum() > 0
