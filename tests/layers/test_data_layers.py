@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 
 import cv2
 import numpy as np
@@ -242,16 +241,20 @@ def test_hdf5_data_without_h5py_says_so(monkeypatch):
         _layer(HDF5_TEXT)
 
 
-def test_hdf5_data_batches_across_files_with_a_stand_in_reader(tmp_path, monkeypatch):
-    # h5py is optional and absent here; a stand-in with h5py's File(path, "r")[name] interface over .npz
-    # files checks the layer's own logic (row order, file switching, wrap-around, float32 tops).
-    fake = types.ModuleType("h5py")
-    fake.File = lambda path, mode="r": np.load(path)
-    monkeypatch.setitem(sys.modules, "h5py", fake)
+def test_hdf5_data_batches_across_files(tmp_path, monkeypatch):
+    """Real HDF5 files written with h5py (a dev dependency): rows in order, a batch that spans two
+    files, wrap-around to the first file, float32 tops from float64/int datasets, as Caffe's
+    HDF5DataLayer copies row by row and loads the next file when one is exhausted."""
+    import h5py
+
     monkeypatch.chdir(tmp_path)
-    np.savez(tmp_path / "a.npz", data=np.arange(8, dtype=np.float64).reshape(4, 2), label=np.arange(4))
-    np.savez(tmp_path / "b.npz", data=100 + np.arange(4, dtype=np.float64).reshape(2, 2), label=np.arange(4, 6))
-    (tmp_path / "files.txt").write_text("a.npz\nb.npz\n")
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = np.arange(8, dtype=np.float64).reshape(4, 2)
+        f["label"] = np.arange(4)
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f["data"] = 100 + np.arange(4, dtype=np.float64).reshape(2, 2)
+        f["label"] = np.arange(4, 6)
+    (tmp_path / "files.txt").write_text("a.h5\nb.h5\n")
     layer = _layer(HDF5_TEXT)
     assert layer.output_shapes() == [(3, 2), (3,)]
     labels = [layer()[1].tolist() for _ in range(3)]
@@ -259,3 +262,18 @@ def test_hdf5_data_batches_across_files_with_a_stand_in_reader(tmp_path, monkeyp
     data, label = layer()
     assert data.dtype == torch.float32 and label.tolist() == [3, 4, 5]
     assert data.tolist() == [[6, 7], [100, 101], [102, 103]]
+
+
+def test_hdf5_data_missing_dataset_and_unreadable_file_name_the_file(tmp_path, monkeypatch):
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = np.zeros((2, 2))
+    (tmp_path / "files.txt").write_text("a.h5\n")
+    with pytest.raises(DataError, match="a.h5 has no dataset 'label'"):
+        _layer(HDF5_TEXT)
+    (tmp_path / "broken.h5").write_bytes(b"not an hdf5 file")
+    (tmp_path / "files.txt").write_text("broken.h5\n")
+    with pytest.raises(DataError, match="cannot read broken.h5"):
+        _layer(HDF5_TEXT)
