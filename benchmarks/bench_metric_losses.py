@@ -175,13 +175,17 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, nargs="+", default=[128, 512], choices=sorted(PER_CLASS))
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
     parser.add_argument("--only", nargs="*", default=None, help="substrings of the loss names to run")
+    parser.add_argument("--device", choices=["all", "cpu", "cuda"], default="all",
+                        help="all: the CPU rows, and CUDA when present")
     args = parser.parse_args(argv)
     repeats = 10 if args.full else 3
     slow_s = None if args.full else 5.0  # quick: a PML run over 5 s is timed once, memory not measured
 
-    devices = [("cpu", t) for t in args.threads]
-    if torch.cuda.is_available():
+    devices = [("cpu", t) for t in args.threads] if args.device in ("all", "cpu") else []
+    if args.device in ("all", "cuda") and torch.cuda.is_available():
         devices.append(("cuda", None))
+    if not devices:
+        parser.error("--device cuda: no CUDA device is available")
     header = f"{'loss':26s} {'dev':8s} {'B':>4s} {'ours ms':>10s} {'PML ms':>10s} {'speed-up':>9s} {'ours MB':>8s} {'PML MB':>8s}"
     print(header)
     print("-" * len(header))

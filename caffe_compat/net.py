@@ -298,6 +298,13 @@ class CaffeNet(nn.Module):
             if isinstance(blob, nn.Parameter) and lr == 0.0:
                 blob.requires_grad_(False)
 
+    #: Caffe computes in IEEE float32.  On Ampere and newer GPUs PyTorch lets cuDNN convolutions use TF32
+    #: (products with a 10-bit mantissa: 2.6e-3 relative error on the GoogLeNet fixture), so moving a
+    #: CaffeNet to CUDA turns TF32 off process-wide (``torch.backends.cudnn.allow_tf32`` and
+    #: ``torch.backends.cuda.matmul.allow_tf32``).  Set ``allow_tf32 = True`` on the net (or the class)
+    #: before moving it to keep PyTorch's faster default; autocast (bf16/fp16) is unaffected.
+    allow_tf32 = False
+
     def _apply(self, fn, *args, **kwargs):
         # .to()/.cuda()/.half() replace buffers by new tensors: rebind shared buffers and their attributes.
         result = super()._apply(fn, *args, **kwargs)
@@ -306,6 +313,9 @@ class CaffeNet(nn.Module):
             self.layers[key].share_caffe_blob(i, self.layers[owner_key].caffe_blobs()[owner_i])
         if hasattr(self, "_blob_specs"):
             self._apply_specs()
+        if not self.allow_tf32 and self._device().type == "cuda":
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         return result
 
     # ------------------------------------------------------------------------------ introspection

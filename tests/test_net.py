@@ -17,6 +17,7 @@ from tests.conftest import SHARED_REFERENCE, fixture_path
 
 FORWARD_RTOL = 1e-4
 BACKWARD_RTOL = 1e-3
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _rel(a, b) -> float:
@@ -24,14 +25,16 @@ def _rel(a, b) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if b.size else 0.0
 
 
-def _load(directory: str):
+def _load(directory: str, device: str = "cpu"):
     net = load_net(str(fixture_path(f"{directory}/deploy.prototxt")), str(fixture_path(f"{directory}/weights.caffemodel")))
-    return net, np.load(fixture_path(f"{directory}/blobs.npz")), np.load(fixture_path(f"{directory}/grads.npz"))
+    return net.to(device), np.load(fixture_path(f"{directory}/blobs.npz")), np.load(fixture_path(f"{directory}/grads.npz"))
 
 
 def _forward_backward(net, blobs_ref, grads_ref):
-    blobs = net(**{n: torch.from_numpy(blobs_ref[n]) for n in net.input_names})
-    top = {n: grads_ref[f"diff:{n}"] for n in net.output_names if f"diff:{n}" in grads_ref}
+    device = next(net.parameters()).device
+    blobs = net(**{n: torch.from_numpy(blobs_ref[n]).to(device) for n in net.input_names})
+    top = {n: torch.from_numpy(grads_ref[f"diff:{n}"]).to(device)
+           for n in net.output_names if f"diff:{n}" in grads_ref}
     net.zero_grad(set_to_none=True)
     diffs = net.backward(blobs, top, loss=False)
     return blobs, top, diffs
@@ -44,18 +47,19 @@ def _param_errors(net, grads_ref) -> dict[str, float]:
             layer, index = key[len("param_diff:"):].rsplit(":", 1)
             blob = net.params[layer][int(index)]
             grad = blob.grad if blob.grad is not None else torch.zeros_like(blob)
-            errors[key] = _rel(grad.detach().numpy(), grads_ref[key])
+            errors[key] = _rel(grad.detach().cpu().numpy(), grads_ref[key])
     return errors
 
 
 def _forward_errors(blobs, blobs_ref) -> dict[str, float]:
     assert list(blobs) == list(blobs_ref["__blob_order__"])  # every blob, split tops included, in Caffe's order
-    return {name: _rel(blobs[name].detach().numpy(), blobs_ref[name]) for name in blobs}
+    return {name: _rel(blobs[name].detach().cpu().numpy(), blobs_ref[name]) for name in blobs}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("directory", ["nets/googlenet_small", "nets/vgg_cnn_m_1024_small"])
-def test_whole_net_matches_caffe_forward_and_backward(directory):
-    net, blobs_ref, grads_ref = _load(directory)
+def test_whole_net_matches_caffe_forward_and_backward(directory, device):
+    net, blobs_ref, grads_ref = _load(directory, device)
     blobs, _, diffs = _forward_backward(net, blobs_ref, grads_ref)
     forward = _forward_errors(blobs, blobs_ref)
     worst = max(forward, key=forward.get)
@@ -64,7 +68,7 @@ def test_whole_net_matches_caffe_forward_and_backward(directory):
     assert len(params) == sum(len(v) for v in net.params.values())
     worst = max(params, key=params.get)
     assert params[worst] < BACKWARD_RTOL, (worst, params[worst])
-    assert _rel(diffs["data"].numpy(), grads_ref["diff:data"]) < BACKWARD_RTOL
+    assert _rel(diffs["data"].cpu().numpy(), grads_ref["diff:data"]) < BACKWARD_RTOL
 
 
 # Caffe's LRN Backward reads its *top data*; in layer_zoo an in-place PReLU (prelu_ch) has overwritten that
@@ -74,8 +78,9 @@ def test_whole_net_matches_caffe_forward_and_backward(directory):
 LRN_STALE_TOP = {"pool_ave_pad_pool_ave_pad_0_split_0", "pool_ave_pad", "data_data_0_split_3"}
 
 
-def test_layer_zoo_matches_caffe_forward_and_backward():
-    net, blobs_ref, grads_ref = _load("layer_zoo")
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_zoo_matches_caffe_forward_and_backward(device):
+    net, blobs_ref, grads_ref = _load("layer_zoo", device)
     blobs, top, diffs = _forward_backward(net, blobs_ref, grads_ref)
     forward = _forward_errors(blobs, blobs_ref)
     worst = max(forward, key=forward.get)
@@ -89,7 +94,7 @@ def test_layer_zoo_matches_caffe_forward_and_backward():
         name = key[len("diff:"):]
         if not key.startswith("diff:") or name in top or name in LRN_STALE_TOP:
             continue
-        ours, ref = diffs[name].numpy(), grads_ref[key]
+        ours, ref = diffs[name].cpu().numpy(), grads_ref[key]
         np.testing.assert_allclose(ours, ref, rtol=0, atol=BACKWARD_RTOL * np.abs(ref).max() + 1e-6, err_msg=name)
         checked += 1
     assert checked == len(net.blob_shapes) - len(top) - len(LRN_STALE_TOP)  # every other blob has a Caffe diff
@@ -97,7 +102,7 @@ def test_layer_zoo_matches_caffe_forward_and_backward():
     assert not torch.equal(blobs.diff_targets["conv_g"], blobs["conv_g"])
     # the quirk's blobs still agree loosely (the stale top only touches negative PReLU inputs)
     for name in LRN_STALE_TOP:
-        assert _rel(diffs[name].numpy(), grads_ref[f"diff:{name}"]) < 2e-2
+        assert _rel(diffs[name].cpu().numpy(), grads_ref[f"diff:{name}"]) < 2e-2
 
 
 def test_layer_zoo_lrn_backward_quirk():

@@ -72,7 +72,10 @@ additions on the sorted rows, and handed back as a (B,B) matrix.  Levels that no
 coarsest ones) are skipped in the caffe mode: they add nothing and do not enter the finer levels'
 weights.  For speed at small batches: few large temporaries (in-place updates; the CPU allocator
 otherwise returns and re-faults pages on every call), the row sort on the CPU by NumPy, and
-level-independent work done once.
+level-independent work done once.  On CUDA the whole caffe-mode computation (cosines, layer,
+gradient) is recorded once per batch shape as a CUDA graph (fixed B − 1 slots per row, every level,
+no host synchronisation) and replayed: ~150 kernels launched at once instead of one by one from
+Python (``USE_CUDA_GRAPHS = False`` turns it off).
 """
 
 from __future__ import annotations
@@ -207,8 +210,11 @@ def _argsort_rows(key: torch.Tensor) -> torch.Tensor:
     return torch.argsort(key, dim=1)
 
 
-def _rows(s: torch.Tensor, labels: torch.Tensor) -> _Rows | None:
-    """``s``: symmetric (B,B) float64 cosines.  None when the batch has no positive pair."""
+def _rows(s: torch.Tensor, labels: torch.Tensor, k: int | None = None) -> _Rows | None:
+    """``s``: symmetric (B,B) float64 cosines.  None when the batch has no positive pair.
+
+    ``k``: the number of slots per row; by default the largest number of positive partners (read
+    from the device), else a fixed bound such as B − 1 (no host synchronisation, never None)."""
     b = labels.numel()
     same = labels[:, None] == labels[None, :]
     neg = ~same
@@ -219,9 +225,10 @@ def _rows(s: torch.Tensor, labels: torch.Tensor) -> _Rows | None:
     order = _argsort_rows(key.detach())
     s1 = key.gather(1, order)
     n_ent, n_pos, n_neg = readable.sum(1), pos.sum(1), neg.sum(1)
-    k = int(n_pos.max()) if b else 0
-    if k == 0:
-        return None
+    if k is None:
+        k = int(n_pos.max()) if b else 0
+        if k == 0:
+            return None
     # prefix sums; only the thresholds of slots a level does not use (masked) reach past the entries
     cum = torch.cat([s1.new_zeros(b, 1), s1], 1).cumsum_(1)
     ar = torch.arange(k, device=s.device)
@@ -232,15 +239,20 @@ def _rows(s: torch.Tensor, labels: torch.Tensor) -> _Rows | None:
                  slot_ok, sp, torch.where(slot_ok, 1.0 - sp.detach(), -math.inf))
 
 
+def _unreadable(rows: _Rows, finest: float) -> torch.Tensor:
+    """0-d bool on the device: some cosine the layer reads is out of Caffe's bounds (see below)."""
+    used = ~(rows.gap < finest)
+    return (used & ~(rows.sp.detach() >= -1.0)).any() | (used.any(1) & (rows.n_ent < rows.n_neg)).any()
+
+
 def _check_readable(s: torch.Tensor, labels: torch.Tensor, rows: _Rows, finest: float) -> None:
     """Raise where Caffe would read out of bounds: every cosine the layer touches must be a number in
     [-1, 1], and a negative one below 1.  The finest level reads a superset of the coarser ones: a row
     is read when one of its positive pairs is used there (not ``1 - s < d``, so NaN is used), and then
     all its negatives must be entries."""
-    used = ~(rows.gap < finest)
-    if not bool((used & ~(rows.sp.detach() >= -1.0)).any() | (used.any(1) & (rows.n_ent < rows.n_neg)).any()):
+    if not bool(_unreadable(rows, finest)):
         return
-    b, sd, row_used = labels.numel(), s.detach(), used.any(1)
+    b, sd, row_used = labels.numel(), s.detach(), (~(rows.gap < finest)).any(1)
     upper = torch.ones(b, b, dtype=torch.bool, device=s.device).triu(1)
     same = labels[:, None] == labels[None, :]
     bad_pos = upper & same & ~((1.0 - sd) < finest) & ~(sd >= -1.0)
@@ -361,6 +373,11 @@ def _caffe(s: torch.Tensor, labels: torch.Tensor, levels: list[float]
     levels = [d for d in levels if d <= widest]
     if not levels:
         return s.new_zeros(()), None
+    return _caffe_on_rows(s, rows, levels)
+
+
+def _caffe_on_rows(s: torch.Tensor, rows: _Rows, levels: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_caffe`` once the rows are laid out: loss and H at the given widths (no host synchronisation)."""
     lv = _levels(rows, levels)
     count = lv.active.sum((0, 1), dtype=torch.float64) * 0.5             # pairs used per level
     weight = _suffix_products(torch.where(count > 0, 0.5 / count, 0.5))
@@ -379,6 +396,95 @@ def _caffe(s: torch.Tensor, labels: torch.Tensor, levels: list[float]
     h = s.new_zeros(b, b)                     # E (the sorted rows put back in place), then E + Eᵀ
     h.scatter_add_(1, rows.order, ent).mT.scatter_add_(1, rows.order, ent)
     return loss, h.fill_diagonal_(0.0)
+
+
+def _caffe_static(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_caffe`` on a (B,B) cosine matrix with fixed shapes and no host synchronisation, so that a
+    CUDA graph can hold it: B − 1 slots per row and every level (an unused coarse level adds nothing
+    and leaves the finer levels' weights alone, so the numbers are those of ``_caffe``).  Returns
+    ``(loss, H, unreadable)``; the caller raises when ``unreadable`` is set."""
+    s = _from_matrix(sim)
+    rows = _rows(s, labels, k=labels.numel() - 1)
+    loss, h = _caffe_on_rows(s, rows, levels)
+    return loss, h, _unreadable(rows, levels[-1])
+
+
+class _Graphed:
+    """``fn(*inputs)`` (tensors in, a tuple of tensors out) recorded once as a CUDA graph and replayed
+    on copies of new inputs of the same shapes; the outputs are the graph's own buffers (clone what
+    you keep).  The authors' layer is ~150 small kernels per call: launched one by one from Python
+    they take ~2.5 ms on an H100 whose kernels need ~0.3 ms; a replay launches them at once."""
+
+    def __init__(self, fn, *inputs: torch.Tensor):
+        device = inputs[0].device
+        self.inputs = [t.clone() for t in inputs]
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up: cuBLAS handles and cached tensors made outside the capture
+            for _ in range(2):
+                fn(*self.inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = fn(*self.inputs)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        for static, value in zip(self.inputs, inputs):
+            static.copy_(value)
+        self.graph.replay()
+        return self.out
+
+
+_GRAPHS: dict = {}
+#: Graphs kept (one per function, batch shape, dtypes, device and delta), least recently used dropped first.
+MAX_GRAPHS = 8
+#: Replay the caffe-mode layer as a CUDA graph on CUDA devices (set False to launch kernel by kernel).
+USE_CUDA_GRAPHS = True
+
+
+def _graph_applies(t: torch.Tensor, labels: torch.Tensor, levels: list[float]) -> bool:
+    return (USE_CUDA_GRAPHS and t.is_cuda and bool(levels) and labels.numel() >= 2
+            and not torch.cuda.is_current_stream_capturing())
+
+
+def _replay(fn, levels: list[float], *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    key = (fn.__name__, tuple(levels), inputs[0].device) + tuple((t.shape, t.dtype) for t in inputs)
+    graph = _GRAPHS.pop(key, None) or _Graphed(functools.partial(fn, levels=levels), *inputs)
+    _GRAPHS[key] = graph
+    while len(_GRAPHS) > MAX_GRAPHS:
+        _GRAPHS.pop(next(iter(_GRAPHS)))
+    return graph(*inputs)
+
+
+def _caffe_matrix(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``_caffe(_from_matrix(sim), labels, levels)``; on CUDA through a cached CUDA graph."""
+    if _graph_applies(sim, labels, levels):
+        loss, h, unreadable = _replay(_caffe_static, levels, sim, labels)
+        if not bool(unreadable):
+            return loss.clone(), h.clone()
+    return _caffe(_from_matrix(sim), labels, levels)  # (when unreadable: raises, naming the pair)
+
+
+def _cosine_backward(x: torch.Tensor, sim: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """CosineSimilarityBatch's backward: ``dX`` for the diff ``H`` of every pair at (i, j) and (j, i)
+    (zero diagonal), ``S`` the cosines, ``xy = X·Xᵀ``: from ``S_ij = xy_ij / sqrt(xy_ii xy_jj)``,
+    ``dx_i = Σ_j H_ij (x_j / sqrt(xy_ii xy_jj) − S_ij x_i / xy_ii)``, i.e. ``dX = A·X`` with
+    ``A_ij = H_ij / (|x_i| |x_j|)`` off the diagonal and ``A_ii = −Σ_j H_ij S_ij / |x_i|²``: one matmul
+    (autograd through ``X·Xᵀ`` takes two)."""
+    r = torch.linalg.vector_norm(x, dim=1).reciprocal()                     # 1/|x_i|
+    a = h * (r[:, None] * r[None, :])
+    a.diagonal().sub_((h * sim).sum(1) * (r * r))
+    return a @ x
+
+
+def _embeddings_static(x: torch.Tensor, labels: torch.Tensor, levels: list[float]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cosines, the layer and the gradient for the embeddings (loss weight 1), graph-capturable."""
+    sim = cosine_matrix(x)
+    loss, h, unreadable = _caffe_static(sim, labels, levels)
+    return loss.to(x.dtype), _cosine_backward(x, sim, h.to(x.dtype)), unreadable
 
 
 def _paper(s: torch.Tensor, labels: torch.Tensor, levels: list[float], like: torch.Tensor) -> torch.Tensor:
@@ -423,7 +529,7 @@ class _FAPPYCaffe(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sim, labels, delta):
         with torch.no_grad():
-            loss, e = _caffe(_from_matrix(sim.detach()), labels, caffe_levels(delta))
+            loss, e = _caffe_matrix(sim.detach(), labels, caffe_levels(delta))
             grad = torch.zeros_like(sim) if e is None else e.triu_(1).to(sim.dtype)
         ctx.save_for_backward(grad)
         return loss.to(sim.dtype)
@@ -437,33 +543,32 @@ class _FAPPYCaffe(torch.autograd.Function):
 
 class _FAPPYCaffeEmbeddings(torch.autograd.Function):
     """``FAPPYLoss(mode="caffe")`` from the embeddings in one node: CosineSimilarityBatch, then the C++
-    FAPPY layer; backward applies CosineSimilarityBatch's own backward formula to the FAPPY diff.
-
-    With ``H`` the FAPPY diff of pair (i, j) at both (i, j) and (j, i) (times grad_output; zero
-    diagonal), ``S`` the cosines and ``xy = X·Xᵀ``, ``S_ij = xy_ij / sqrt(xy_ii xy_jj)`` gives
-    ``dx_i = Σ_j H_ij (x_j / sqrt(xy_ii xy_jj) − S_ij x_i / xy_ii)``, i.e. ``dX = A·X`` with
-    ``A_ij = H_ij / (|x_i| |x_j|)`` off the diagonal and ``A_ii = −Σ_j H_ij S_ij / |x_i|²``: one matmul
-    (autograd through ``X·Xᵀ`` takes two) and no autograd graph for the cosine matrix."""
+    FAPPY layer, whose diff (computed in Forward, as in Caffe) goes through CosineSimilarityBatch's
+    backward formula (:func:`_cosine_backward`) at once; backward scales that gradient by grad_output
+    (Caffe's loss_weight).  No autograd graph for the cosine matrix; on CUDA one graph replay."""
 
     @staticmethod
     def forward(ctx, x, labels, delta):
-        sim = cosine_matrix(x)
-        loss, e = _caffe(_from_matrix(sim), labels, caffe_levels(delta))
-        h = None if e is None else e.to(x.dtype)
-        ctx.save_for_backward(x, sim, h)
+        levels = caffe_levels(delta)
+        grad = None
+        if _graph_applies(x, labels, levels):
+            loss, grad, unreadable = _replay(_embeddings_static, levels, x, labels)
+            if bool(unreadable):
+                grad = None  # the eager path below raises, naming the pair
+            else:
+                loss, grad = loss.clone(), grad.clone()
+        if grad is None:
+            sim = cosine_matrix(x)
+            loss, e = _caffe(_from_matrix(sim), labels, levels)
+            grad = torch.zeros_like(x) if e is None else _cosine_backward(x, sim, e.to(x.dtype))
+        ctx.save_for_backward(grad)
         return loss.to(x.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        x, sim, h = ctx.saved_tensors
-        if h is None:
-            return torch.zeros_like(x), None, None
-        h = h * grad_output
-        r = torch.linalg.vector_norm(x, dim=1).reciprocal()                     # 1/|x_i|
-        a = h * (r[:, None] * r[None, :])
-        a.diagonal().sub_((h * sim).sum(1) * (r * r))
-        return a @ x, None, None
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output, None, None
 
 
 def _upper_to_matrix(cos: torch.Tensor, b: int) -> torch.Tensor:

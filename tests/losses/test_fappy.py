@@ -451,3 +451,46 @@ def test_bin_counts_from_the_table_equal_the_binary_searches(monkeypatch, delta)
     (loss_b, diff_b), grad_b = results[10 ** 9]
     assert float(loss_a) == float(loss_b) and torch.equal(diff_a, diff_b) and torch.equal(grad_a, grad_b)
     assert diff_a.abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["b32_d64_delta0.01", "b16_d8_delta0.1", "edge_single_label", "b128_d512_delta0.0001"])
+def test_fixed_shape_layer_equals_the_layer(name, device, monkeypatch):
+    """The graph-capturable form (B − 1 slots per row, every level, no host synchronisation) gives the
+    layer's loss and diff; on CUDA the FAPPYLoss module replays it as a CUDA graph and must give the
+    kernel-by-kernel numbers, gradient included."""
+    import caffe_compat.losses.fappy as fappy_module
+
+    z = load(name)
+    feat, lab, delta = torch.from_numpy(z["feat"]).double().to(device), torch.from_numpy(z["label"]).to(device), float(z["delta"])
+    sim, levels = cosine_matrix(feat), caffe_levels(delta)
+    loss_static, h_static, unreadable = fappy_module._caffe_static(sim, lab, levels)
+    loss, h = fappy_module._caffe(fappy_module._from_matrix(sim), lab, levels)
+    assert not bool(unreadable)
+    # float64 throughout; on CUDA scatter_add's atomics add in any order, so allow a few ulps of the scale
+    torch.testing.assert_close(loss_static, loss, rtol=1e-12, atol=0, equal_nan=True)
+    scale = float(torch.nan_to_num(h.abs(), nan=0.0).max())
+    torch.testing.assert_close(h_static, h, rtol=1e-12, atol=1e-13 * scale, equal_nan=True)
+    if device == "cuda":
+        results = []
+        for graphs in (True, False):
+            monkeypatch.setattr(fappy_module, "USE_CUDA_GRAPHS", graphs)
+            x = feat.float().clone().requires_grad_()
+            value = FAPPYLoss(delta)(x, lab)
+            value.backward()
+            results.append((value.detach(), x.grad))
+        grad_scale = float(torch.nan_to_num(results[1][1].abs(), nan=0.0).max())
+        torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=0, equal_nan=True)
+        torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-6 * grad_scale, equal_nan=True)
+        assert fappy_module._GRAPHS  # the graph path really ran
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_bounds_input_is_named_on_every_path(device):
+    """A zero feature row gives NaN cosines, which Caffe reads out of bounds: the module raises the
+    layer's error naming the pair, whether it ran kernel by kernel or as a CUDA graph."""
+    z = load("b16_d8_delta0.1")
+    feat, lab = torch.from_numpy(z["feat"]).float().to(device), torch.from_numpy(z["label"]).to(device)
+    feat[3] = 0.0
+    with pytest.raises(LossInputError, match=r"pair \(\d+, \d+\).*out of bounds"):
+        FAPPYLoss(0.1)(feat, lab)

@@ -27,9 +27,9 @@ def load_case(case: str):
     return np.load(d / "inputs.npz"), np.load(d / "trajectory.npz")
 
 
-def make_solver(case: str, **kwargs) -> Solver:
+def make_solver(case: str, device: str = "cpu", **kwargs) -> Solver:
     d = case_dir(case)
-    solver = Solver(d / "solver.prototxt", weights=d / "init.caffemodel", device="cpu", **kwargs)
+    solver = Solver(d / "solver.prototxt", weights=d / "init.caffemodel", device=device, **kwargs)
     inputs, _ = load_case(case)
     if not solver.net.input_names:  # MemoryData: every sub-batch in consumption order
         data = inputs["data"].reshape(-1, *inputs["data"].shape[-3:])

@@ -32,6 +32,7 @@ FAPPY_ATOL_OF_STEP = 1e-4
 
 
 CHAOTIC = {"sgd_fappy_authors_setup"}
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def force_caffe_state(solver, case: str, t: int) -> None:
@@ -47,8 +48,8 @@ def force_caffe_state(solver, case: str, t: int) -> None:
                                   for k in keys])
 
 
-def run_five(case: str, teacher_forced: bool = False, iterations: int = 5):
-    solver = make_solver(case)
+def run_five(case: str, teacher_forced: bool = False, iterations: int = 5, device: str = "cpu"):
+    solver = make_solver(case, device=device)
     trajectory, losses, logged, rates, clips = [param_arrays(solver)], [], [], [], []
     for t in range(iterations):
         if teacher_forced:
@@ -79,11 +80,12 @@ def assert_six_digits(ours: float, logged: float, what: str) -> None:
     assert abs(ours - logged) <= half_unit * 1.0001 + 2e-6 * abs(logged), (what, ours, logged)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES)
-def test_trajectory_matches_caffe(case):
+def test_trajectory_matches_caffe(case, device):
     _, reference = load_case(case)
     chaotic = case in CHAOTIC
-    solver, trajectory, losses, logged, rates, clips = run_five(case, teacher_forced=chaotic)
+    solver, trajectory, losses, logged, rates, clips = run_five(case, teacher_forced=chaotic, device=device)
     order = [str(n) for n in reference["__param_order__"]]
     assert list(trajectory[0]) == order  # Caffe's learnable-parameter order
     worst = 0.0
@@ -93,7 +95,7 @@ def test_trajectory_matches_caffe(case):
             what = f"{case} {key} after {t} iterations"
             worst = max(worst, assert_close_params(value, reference[key][t], what, step))
     if chaotic:  # and the uninterrupted run for its first iteration
-        first = run_five(case, iterations=1)[1][1]
+        first = run_five(case, iterations=1, device=device)[1][1]
         for key, value in first.items():
             assert_close_params(value, reference[key][1], f"{case} {key} uninterrupted, 1 iteration",
                                 reference[key][1] - reference[key][0])
