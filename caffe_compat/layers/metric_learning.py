@@ -13,20 +13,36 @@ layer's loss with its analytic diff as the gradient (accumulating per-level norm
 
 **Batch loss layers** (ours, for the papers' baselines; bottoms ``embedding (B, D…)``, ``label (B)``;
 top the scalar loss; parameters in the extension message ``metric_loss_param`` (LayerParameter field
-9200), unset fields keep each loss's documented default):
+9200), unset fields keep each loss's documented default).  Each layer maps every ``metric_loss_param``
+field its loss module has an option for; a field the layer does not use (including ``lambda`` when no
+VTHM miner runs, and ``cost`` together with ``beta``) is a :class:`~caffe_compat.errors.FormatError`
+naming the layer, the field and the fields it accepts, never silently ignored:
 
-| type | loss module | metric_loss_param fields read |
-| --- | --- | --- |
-| BatchContrastiveLoss | ContrastiveLoss | margin |
-| TripletLoss | TripletLoss | margin, mining (all / semihard / hard) |
-| LiftedStructSimilaritySoftmaxLoss | LiftedStructLoss | margin |
-| HistogramLoss | HistogramLoss | num_bins |
-| BinomialDevianceLoss | BinomialDevianceLoss | alpha, gamma, cost |
-| MultiSimilarityLoss | MultiSimilarityLoss | alpha, beta, base |
-| RAWLoss | RAWLoss | alpha, beta, gamma, lambda (VTHM margin), mining ("none" turns VTHM off) |
-| MarginLoss | MarginLoss | margin, beta, num_classes |
-| FastAPLoss | FastAPLoss | num_bins |
-| SmoothAPLoss | SmoothAPLoss | temperature |
+| type | loss module | metric_loss_param fields (→ module keyword) | mining values (default first) |
+| --- | --- | --- | --- |
+| BatchContrastiveLoss | ContrastiveLoss | margin, mining, lambda | none, vthm, easy_positive, distance_weighted |
+| TripletLoss | TripletLoss | margin, mining, lambda | all, semihard, hard, vthm, easy_positive, distance_weighted, <miner>+semihard, <miner>+hard |
+| LiftedStructSimilaritySoftmaxLoss | LiftedStructLoss | margin, mining, lambda | none, vthm, easy_positive, distance_weighted |
+| HistogramLoss | HistogramLoss | num_bins | — |
+| BinomialDevianceLoss | BinomialDevianceLoss | alpha, beta, gamma, cost (→ neg_cost; not with beta), mining, lambda | none, vthm, easy_positive, distance_weighted |
+| MultiSimilarityLoss | MultiSimilarityLoss | alpha, beta, base, mining, lambda | none, vthm, easy_positive, distance_weighted |
+| RAWLoss | RAWLoss | alpha, beta, gamma, mining, lambda (→ vthm_margin) | vthm, none, easy_positive, distance_weighted |
+| MarginLoss | MarginLoss | margin, beta (initial β), num_classes, mining, lambda | distance_weighted, none, vthm, easy_positive |
+| FastAPLoss | FastAPLoss | num_bins | — |
+| SmoothAPLoss | SmoothAPLoss | temperature | — |
+
+``mining`` picks the pair miner of :mod:`caffe_compat.losses.miners` put in front of the loss (its
+``miner=`` argument): ``vthm`` (:class:`VTHMMiner`, margin ``lambda``, default 0.1; the unified-view
+paper's Binomial+VTHM, RAW+VTHM, lifted+VTHM, and multi-similarity's own pair mining),
+``easy_positive`` (:class:`EasyPositiveMiner`, Levi et al.'s EPS with triplet, margin and MS losses),
+``distance_weighted`` (:class:`DistanceWeightedMiner` with Wu et al.'s cutoffs 0.5 / 1.4, drawing from
+torch's global generator: seed it with ``torch.manual_seed``; the paper's margin loss, RAW+DW), ``none``
+(every pair).  The miners work in front of any pair loss, so every layer with a miner takes all three.
+For ``TripletLoss``, ``all`` / ``semihard`` / ``hard`` choose the triplet set (the module's
+``triplets``) and ``<miner>+semihard`` / ``<miner>+hard`` combine a miner with a set (e.g.
+``easy_positive+semihard``).  Unknown values raise a FormatError listing the valid ones.  Binomial
+deviance's ``normalization="anchor"`` (unified-view Eq. (12)) has no proto field: module only.
+``CosineSimilarityBatch`` and ``FAPPYLoss`` take no ``metric_loss_param`` field.
 """
 
 from __future__ import annotations
@@ -51,11 +67,15 @@ def _check_bottoms(layer: CaffeLayer, count: int) -> None:
 
 @register_layer("CosineSimilarityBatch")
 class CosineSimilarityBatch(CaffeLayer):
-    """Pairwise cosines of a batch and Caffe's pair labels (see the module docstring)."""
+    """Pairwise cosines of a batch and Caffe's pair labels (see the module docstring).
+
+    Reads ``cosine_similarity_batch_param { pos_label neg_label }``; accepts no ``metric_loss_param`` field
+    (one set is a FormatError)."""
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         _check_bottoms(self, 2)
+        _reject_unused(self, param.metric_loss_param, ())
         p = param.cosine_similarity_batch_param
         self.pos_label, self.neg_label = float(p.pos_label), float(p.neg_label)
 
@@ -71,13 +91,16 @@ class CosineSimilarityBatch(CaffeLayer):
 
 @register_layer("FAPPYLoss")
 class FAPPYLossLayer(CaffeLayer):
-    """The authors' FAPPY loss on CosineSimilarityBatch's cosines (see the module docstring)."""
+    """The authors' FAPPY loss on CosineSimilarityBatch's cosines (see the module docstring).
+
+    Reads ``fappy_loss_param { delta }``; accepts no ``metric_loss_param`` field (one set is a FormatError)."""
 
     is_loss = True
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         _check_bottoms(self, 2)
+        _reject_unused(self, param.metric_loss_param, ())
         self.delta = float(param.fappy_loss_param.delta)
 
     def output_shapes(self):
@@ -87,66 +110,198 @@ class FAPPYLossLayer(CaffeLayer):
         return (fappy_caffe(cosine.reshape(-1), label.reshape(-1), self.delta),)
 
 
-def _opt(p, name):
-    return getattr(p, name) if p.HasField(name) else None
+# ---- batch loss layers: metric_loss_param -> loss module keywords ----
+
+MINERS = ("vthm", "easy_positive", "distance_weighted")
 
 
-def _kwargs(p, mapping: dict[str, str]) -> dict:
-    out = {}
-    for field, keyword in mapping.items():
-        value = _opt(p, field)
-        if value is not None:
-            out[keyword] = value
-    return out
+def _make_miner(name: str, vthm_margin):
+    from caffe_compat.losses import DistanceWeightedMiner, EasyPositiveMiner, VTHMMiner
+
+    if name == "vthm":
+        return VTHMMiner() if vthm_margin is None else VTHMMiner(vthm_margin)
+    if name == "easy_positive":
+        return EasyPositiveMiner()
+    return DistanceWeightedMiner()
 
 
-def _triplet_kwargs(p):
-    kw = _kwargs(p, {"margin": "margin"})
-    if p.HasField("mining"):
-        kw["triplets"] = p.mining
-    return kw
+def _pair_mining() -> dict:
+    """``mining`` of a loss with a ``miner=`` argument: ``none`` or one of :data:`MINERS`."""
+    table = {"none": lambda lam: {}}
+    for name in MINERS:
+        table[name] = lambda lam, name=name: {"miner": _make_miner(name, lam)}
+    return table
 
 
-def _raw_kwargs(p):
-    kw = _kwargs(p, {"alpha": "alpha", "beta": "beta", "gamma": "gamma", "lambda": "vthm_margin"})
-    if p.HasField("mining"):
-        if p.mining not in ("vthm", "none"):
-            raise FormatError(f"RAWLoss: metric_loss_param.mining must be 'vthm' or 'none', got {p.mining!r}")
-        kw["vthm"] = p.mining == "vthm"
-    return kw
+def _triplet_mining() -> dict:
+    table = {t: (lambda lam, t=t: {"triplets": t}) for t in ("all", "semihard", "hard")}
+    for name in MINERS:
+        table[name] = lambda lam, name=name: {"miner": _make_miner(name, lam)}
+    for name in MINERS:
+        for t in ("semihard", "hard"):
+            table[f"{name}+{t}"] = lambda lam, name=name, t=t: {"miner": _make_miner(name, lam), "triplets": t}
+    return table
 
 
-#: layer type -> (loss class name in caffe_compat.losses, metric_loss_param -> keyword arguments)
-BATCH_LOSSES = {
-    "BatchContrastiveLoss": ("ContrastiveLoss", lambda p: _kwargs(p, {"margin": "margin"})),
-    "TripletLoss": ("TripletLoss", _triplet_kwargs),
-    "LiftedStructSimilaritySoftmaxLoss": ("LiftedStructLoss", lambda p: _kwargs(p, {"margin": "margin"})),
-    "HistogramLoss": ("HistogramLoss", lambda p: _kwargs(p, {"num_bins": "num_bins"})),
-    "BinomialDevianceLoss": ("BinomialDevianceLoss",
-                             lambda p: _kwargs(p, {"alpha": "alpha", "gamma": "gamma", "cost": "neg_cost"})),
-    "MultiSimilarityLoss": ("MultiSimilarityLoss", lambda p: _kwargs(p, {"alpha": "alpha", "beta": "beta", "base": "base"})),
-    "RAWLoss": ("RAWLoss", _raw_kwargs),
-    "MarginLoss": ("MarginLoss", lambda p: _kwargs(p, {"margin": "margin", "beta": "beta", "num_classes": "num_classes"})),
-    "FastAPLoss": ("FastAPLoss", lambda p: _kwargs(p, {"num_bins": "num_bins"})),
-    "SmoothAPLoss": ("SmoothAPLoss", lambda p: _kwargs(p, {"temperature": "temperature"})),
+def _raw_mining() -> dict:
+    table = {
+        "vthm": lambda lam: {"vthm": True} if lam is None else {"vthm": True, "vthm_margin": lam},
+        "none": lambda lam: {"vthm": False},
+    }
+    for name in ("easy_positive", "distance_weighted"):
+        table[name] = lambda lam, name=name: {"miner": _make_miner(name, lam)}
+    return table
+
+
+def _margin_mining() -> dict:
+    table = {"distance_weighted": lambda lam: {}, "none": lambda lam: {"distance_weighted": False}}
+    for name in ("vthm", "easy_positive"):
+        table[name] = lambda lam, name=name: {"miner": _make_miner(name, lam)}
+    return table
+
+
+class BatchLossSpec:
+    """How one layer type reads ``metric_loss_param``.
+
+    ``fields``: plain field -> (loss keyword, description); ``mining``: accepted ``mining`` values ->
+    ``f(lambda_or_None) -> keywords`` (empty: the layer takes no ``mining``), ``default_mining`` the value
+    used when the field is unset; ``lambda`` (the VTHM margin) is accepted iff a VTHM value exists and is
+    used iff the effective value involves ``vthm``.
+    """
+
+    def __init__(self, loss: str, fields: dict, mining: dict | None = None, default_mining: str = "",
+                 summary: str = ""):
+        self.loss = loss
+        self.fields = fields
+        self.mining = mining or {}
+        self.default_mining = default_mining
+        self.summary = summary
+
+    @property
+    def accepted(self) -> tuple[str, ...]:
+        names = list(self.fields)
+        if self.mining:
+            names.append("mining")
+            if any("vthm" in v.split("+") for v in self.mining):
+                names.append("lambda")
+        return tuple(names)
+
+    def docstring(self, layer_type: str) -> str:
+        lines = [f"Caffe layer type {layer_type!r} over :class:`caffe_compat.losses.{self.loss}`.", ""]
+        if self.summary:
+            lines += [self.summary, ""]
+        lines.append("Accepted ``metric_loss_param`` fields (unset: the module's default):")
+        lines.append("")
+        for field, (keyword, text) in self.fields.items():
+            lines.append(f"* ``{field}`` → ``{keyword}``: {text}")
+        if self.mining:
+            values = ", ".join(f"``{v}``" for v in self.mining)
+            lines.append(f"* ``mining``: the pair miner in front of the loss, one of {values} "
+                         f"(default ``{self.default_mining}``)")
+            if "lambda" in self.accepted:
+                lines.append("* ``lambda``: VTHM margin λ (default 0.1); only with a ``vthm`` mining value")
+        lines += ["", "Any other field set is a FormatError naming the layer, the field and these fields."]
+        return "\n".join(lines)
+
+
+BATCH_LOSSES: dict[str, BatchLossSpec] = {
+    "BatchContrastiveLoss": BatchLossSpec(
+        "ContrastiveLoss", {"margin": ("margin", "m of the dissimilar hinge (default 1.0)")}, _pair_mining(), "none"),
+    "TripletLoss": BatchLossSpec(
+        "TripletLoss", {"margin": ("margin", "triplet margin (default 0.2)")}, _triplet_mining(), "all",
+        "``mining``: ``all`` / ``semihard`` / ``hard`` set ``triplets``; a miner name sets ``miner`` (over all "
+        "triplets), ``<miner>+semihard`` / ``<miner>+hard`` both (e.g. EPS: ``easy_positive``)."),
+    "LiftedStructSimilaritySoftmaxLoss": BatchLossSpec(
+        "LiftedStructLoss", {"margin": ("margin", "m in exp(m − D) (default 1.0)")}, _pair_mining(), "none"),
+    "HistogramLoss": BatchLossSpec(
+        "HistogramLoss", {"num_bins": ("num_bins", "number of bins, Δ = 2/num_bins (default 100)")}),
+    "BinomialDevianceLoss": BatchLossSpec(
+        "BinomialDevianceLoss",
+        {"alpha": ("alpha", "α, positive-pair scale (default 2)"),
+         "beta": ("beta", "β, negative-pair scale (default α·C = 50); not together with cost"),
+         "gamma": ("gamma", "γ, similarity threshold (default 0.5)"),
+         "cost": ("neg_cost", "Yi's negative cost C, β = α·C (default 25); not together with beta")},
+        _pair_mining(), "none",
+        "Normalisation is Yi et al.'s batch-wide pair counts; the unified view's per-anchor Eq. (12) "
+        "(``normalization='anchor'``) is module-only."),
+    "MultiSimilarityLoss": BatchLossSpec(
+        "MultiSimilarityLoss",
+        {"alpha": ("alpha", "α (default 2)"), "beta": ("beta", "β (default 50; the authors' release: 40)"),
+         "base": ("base", "similarity threshold λ of the MS paper (default 0.5)")},
+        _pair_mining(), "none",
+        "``mining: \"vthm\"`` with ``lambda`` = ε is the MS paper's pair mining "
+        "(``MultiSimilarityLoss.official()`` also skips incomplete anchors: module only)."),
+    "RAWLoss": BatchLossSpec(
+        "RAWLoss",
+        {"alpha": ("alpha", "α (default 2)"), "beta": ("beta", "β (default 50)"),
+         "gamma": ("gamma", "γ (default 0.5)")},
+        _raw_mining(), "vthm",
+        "``mining: \"vthm\"`` (default) is RAW+VTHM with ``lambda`` → ``vthm_margin``; ``none`` is plain RAW "
+        "(``vthm=False``); ``distance_weighted`` is RAW+DW."),
+    "MarginLoss": BatchLossSpec(
+        "MarginLoss",
+        {"margin": ("margin", "α (default 0.2)"), "beta": ("beta", "initial value of the learnable β (default 1.2)"),
+         "num_classes": ("num_classes", "one learnable β per class (labels in [0, num_classes))")},
+        _margin_mining(), "distance_weighted",
+        "``mining: \"distance_weighted\"`` (default) is Wu et al.'s sampling (global torch generator); "
+        "``none`` uses every pair (``distance_weighted=False``); ``easy_positive`` is EPS + margin."),
+    "FastAPLoss": BatchLossSpec(
+        "FastAPLoss", {"num_bins": ("num_bins", "L, bin centres linspace(0, 4, L+1) (default 10)")}),
+    "SmoothAPLoss": BatchLossSpec(
+        "SmoothAPLoss", {"temperature": ("temperature", "sigmoid temperature τ (default 0.01)")}),
 }
+
+
+def _set_fields(message) -> list[str]:
+    return [descriptor.name for descriptor, _ in message.ListFields()]
+
+
+def _reject_unused(layer: CaffeLayer, message, accepted, why: dict | None = None) -> None:
+    """FormatError for the first field of ``metric_loss_param`` that is set but not in ``accepted``."""
+    for field in _set_fields(message):
+        if field not in accepted:
+            reason = (why or {}).get(field, "is not used by this layer type")
+            raise FormatError(
+                f"layer '{layer.layer_name}' ({layer.caffe_type}): metric_loss_param.{field} {reason}; "
+                f"it accepts: {', '.join(accepted) if accepted else 'no metric_loss_param field'}")
+
+
+def loss_kwargs(layer: CaffeLayer, spec: BatchLossSpec, p) -> dict:
+    """The loss module keywords for ``metric_loss_param`` ``p``; FormatError for an unused field."""
+    _reject_unused(layer, p, spec.accepted)
+    where = f"layer '{layer.layer_name}' ({layer.caffe_type})"
+    kw = {keyword: getattr(p, field) for field, (keyword, _) in spec.fields.items() if p.HasField(field)}
+    if p.HasField("beta") and p.HasField("cost") and "cost" in spec.fields:
+        raise FormatError(f"{where}: metric_loss_param.cost is not used when beta is set (β = α·cost unless "
+                          f"beta is given); set one of them; it accepts: {', '.join(spec.accepted)}")
+    if spec.mining:
+        mining = p.mining if p.HasField("mining") else spec.default_mining
+        if mining not in spec.mining:
+            raise FormatError(f"{where}: metric_loss_param.mining {mining!r} is not one of: "
+                              f"{', '.join(spec.mining)}")
+        lam = getattr(p, "lambda") if p.HasField("lambda") else None
+        if lam is not None and "vthm" not in mining.split("+"):
+            raise FormatError(f"{where}: metric_loss_param.lambda (the VTHM margin) is not used with mining "
+                              f"{mining!r}; it needs a 'vthm' mining value; it accepts: {', '.join(spec.accepted)}")
+        kw.update(spec.mining[mining](lam))
+    return kw
 
 
 class BatchLossLayer(CaffeLayer):
     """Adapter: a ``caffe_compat.losses`` module as a Caffe loss layer over (embedding, label)."""
 
     is_loss = True
-    loss_name = ""
-    make_kwargs = staticmethod(lambda p: {})
+    spec: BatchLossSpec
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         _check_bottoms(self, 2)
         import caffe_compat.losses as losses
 
+        kwargs = loss_kwargs(self, self.spec, param.metric_loss_param)
         try:
-            self.loss = getattr(losses, self.loss_name)(**self.make_kwargs(param.metric_loss_param))
-        except TypeError as exc:
+            self.loss = getattr(losses, self.spec.loss)(**kwargs)
+        except (TypeError, ValueError) as exc:
             raise FormatError(f"layer '{self.layer_name}' ({self.caffe_type}): bad metric_loss_param: {exc}") from None
 
     def caffe_blobs(self):
@@ -159,7 +314,6 @@ class BatchLossLayer(CaffeLayer):
         return (self.loss(_rows(embedding), label.reshape(-1)),)
 
 
-for _type, (_name, _make) in BATCH_LOSSES.items():
+for _type, _spec in BATCH_LOSSES.items():
     register_layer(_type)(type(f"{_type}Layer", (BatchLossLayer,),
-                               {"loss_name": _name, "make_kwargs": staticmethod(_make),
-                                "__doc__": f"Caffe layer type {_type!r} over caffe_compat.losses.{_name}."}))
+                               {"spec": _spec, "__doc__": _spec.docstring(_type)}))
