@@ -34,3 +34,12 @@ class DataError(CaffeCompatError):
 
 class TrainingDiverged(CaffeCompatError):
     """The loss became NaN or infinite: names the iteration."""
+
+
+class WriteError(CaffeCompatError, OSError):
+    """An output file could not be written (missing or read-only directory, a file where a folder is
+    expected, disk full): names the path and the operating system's reason.  It is also an
+    :class:`OSError`, so callers that caught the raw error keep working."""
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno N] ..." form built from errno/strerror
+        return str(self.args[0]) if self.args else super().__str__()

@@ -1,6 +1,8 @@
 """``caffe-compat inspect NET.prototxt [--weights W.caffemodel] [--json]``.
 
-Exit status: 0 consistent, 1 when the weights check finds missing or mismatched blobs, 2 unreadable.
+Exit status: 0 consistent, 1 when the weights check finds missing or mismatched blobs, 2 when a file is
+unreadable or the net is invalid (a layer type neither Caffe 1.0 nor a registered port knows, shapes or
+parameters Caffe would refuse), with one line naming the file or layer on stderr.
 """
 
 from __future__ import annotations

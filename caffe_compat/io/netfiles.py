@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from caffe_compat.errors import ParseError
 from caffe_compat.io.dialects import normalize_binary_dialect, to_binary_dialect
 from caffe_compat.io.protofiles import looks_binary, parse_binary, parse_text, read_bytes, write_message
 from caffe_compat.io.upgrade import upgrade_net, upgrade_solver
@@ -27,6 +28,18 @@ def _is_path(s: str) -> bool:
     return "\n" not in s and "{" not in s and (os.path.exists(s) or len(s) < 4096 and not s.strip().startswith(("name:", "layer", "input")))
 
 
+def decode_prototxt(data: bytes, source: str) -> str:
+    """``data`` as UTF-8 text, or ParseError naming ``source``, the byte offset and line of the first
+    invalid byte.  (Content sniffing reads only the first 64 KiB, so a larger prototxt can reach here
+    with an invalid byte further on.)"""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ParseError(f"{source}: invalid UTF-8 byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
+                         f"(line {line}); a prototxt must be UTF-8 text") from None
+
+
 def read_net(path_or_text, upgrade: bool = True) -> caffe_pb2.NetParameter:
     """A NetParameter from a prototxt (text) or caffemodel (binary) path, bytes, or prototxt text.
 
@@ -44,7 +57,7 @@ def read_net(path_or_text, upgrade: bool = True) -> caffe_pb2.NetParameter:
         normalize_binary_dialect(net)
         return net
     else:
-        parse_text(data.decode("utf-8"), net, source)
+        parse_text(decode_prototxt(data, source), net, source)
     if upgrade:
         upgrade_net(net, source)
     return net

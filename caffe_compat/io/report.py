@@ -4,6 +4,11 @@
 shapes, learnable blob shapes, parameter count, multiply-adds), totals, and with weights the list of
 missing / extra / mismatched blobs, matched by layer name and blob index as Caffe's
 ``CopyTrainedLayersFrom`` does (legacy 4-D blob shapes accepted when Caffe accepts them).
+
+A layer whose type neither Caffe 1.0 nor this project knows (a typo such as ``Convolutoin``) raises
+:class:`~caffe_compat.errors.UnknownLayerError` naming the layer and the type, as Caffe refuses the net
+("Unknown layer type").  Caffe 1.0 types without a port here (``LSTM``, ``SPP``, ``WindowData``, ...) and
+``Python`` layers are accepted: their output shapes are unknown (``?``) unless given as input shapes.
 """
 
 from __future__ import annotations
@@ -11,10 +16,33 @@ from __future__ import annotations
 import math
 
 from caffe_compat.io.blobs import blob_shape, legacy_shape_equals
-from caffe_compat.io.shapes import infer_shapes
+from caffe_compat.io.shapes import has_shape_rule, infer_shapes
+
+#: The layer types Caffe 1.0 registers (its LayerRegistry), ports or not.
+CAFFE_1_0_TYPES = frozenset({
+    "AbsVal", "Accuracy", "ArgMax", "BatchNorm", "BatchReindex", "Bias", "BNLL", "Concat", "ContrastiveLoss",
+    "Convolution", "Crop", "Data", "Deconvolution", "Dropout", "DummyData", "Eltwise", "ELU", "Embed",
+    "EuclideanLoss", "Exp", "Filter", "Flatten", "HDF5Data", "HDF5Output", "HingeLoss", "Im2col", "ImageData",
+    "InfogainLoss", "InnerProduct", "Input", "Log", "LRN", "LSTM", "LSTMUnit", "MemoryData",
+    "MultinomialLogisticLoss", "MVN", "Parameter", "Pooling", "Power", "PReLU", "Python", "Reduction", "ReLU",
+    "Reshape", "RNN", "Scale", "Sigmoid", "SigmoidCrossEntropyLoss", "Silence", "Slice", "Softmax",
+    "SoftmaxWithLoss", "Split", "SPP", "TanH", "Threshold", "Tile", "WindowData"})
+
+
+def check_layer_types(net) -> None:
+    """UnknownLayerError (from the layer registry, naming layer and type) for a layer whose type is neither
+    a Caffe 1.0 type, nor one shape inference knows, nor a registered port (only this last case imports
+    torch, to load the ports)."""
+    for layer in net.layer:
+        if layer.type in CAFFE_1_0_TYPES or has_shape_rule(layer.type):
+            continue
+        from caffe_compat.layers.registry import layer_class
+
+        layer_class(layer)
 
 
 def inspect_net(net, weights=None, input_shapes=None) -> dict:
+    check_layer_types(net)
     blobs, table = infer_shapes(net, input_shapes)
     rows = []
     for entry in table:

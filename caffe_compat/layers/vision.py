@@ -11,6 +11,9 @@
   ``conv_transpose2d``'s layout.  ``out = stride·(in − 1) + dilation·(k − 1) + 1 − 2·pad``.
 * **Pooling** MAX/AVE with Caffe's output size ``ceil((in + 2p − k)/s) + 1``, minus one when padded and
   ``(out − 1)·s >= in + p`` (``round_mode: FLOOR`` uses floor).  Quirks reproduced:
+  - "padded" is Caffe's ``pad_h_ || pad_w_``: when either pad is nonzero the clip is tested on both
+    axes, also on one whose own pad is 0 (11×11, kernel 2, stride 4, ``pad_h: 1 pad_w: 0`` → 3×3, not
+    3×4; see :func:`caffe_compat.io.shapes.pooled_hw`);
   - MAX never selects padding; a window lying wholly past the end (possible without padding, when
     ceil rounding starts the last window at ``in``) gives Caffe's −FLT_MAX and mask −1, and
     the AVE of such a window Caffe's 0/0 = NaN;
@@ -43,7 +46,7 @@ from torch import nn
 
 from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.io.shapes import (canonical_axis, conv_geometry, conv_out_size, deconv_out_size, pool_geometry,
-                                    pooled_size)
+                                    pooled_hw)
 from caffe_compat.layers.cache_blocking import blocking_applies, per_sample
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
@@ -196,8 +199,7 @@ class Pooling(CaffeLayer):
         """(kernel, stride, pad, out) for an input plane of ``height × width``."""
         if self.global_pooling:
             return (height, width), (1, 1), (0, 0), (1, 1)
-        out = tuple(pooled_size(size, k, s, p, self.ceil_mode)
-                    for size, k, s, p in zip((height, width), self.kernel, self.stride, self.pad))
+        out = pooled_hw((height, width), self.kernel, self.stride, self.pad, self.ceil_mode)
         return self.kernel, self.stride, self.pad, out
 
     def output_shapes(self):

@@ -15,8 +15,13 @@ def test_open_nsfw_inspects_cleanly(nsfw_dir, capsys):
                    str(nsfw_dir / "resnet_50_1by2_nsfw.caffemodel")])
     out = capsys.readouterr().out
     assert status == 0
-    assert "5,944,567 parameters" in out and "fc_nsfw" in out
-    assert "prob" in out.splitlines()[-4] or "1x2" in out
+    lines = out.splitlines()
+    assert lines[-2] == "229 layers, 5,944,567 parameters, 1,068,550,144 multiply-adds"
+    assert lines[-1] == "weights: 373 blobs match"
+    prob = [line.split() for line in lines if line.split()[:2] == ["prob", "Softmax"]]
+    assert prob == [["prob", "Softmax", "fc_nsfw", "->", "prob", "1x2", "0"]]
+    fc = [line.split() for line in lines if line.split()[:1] == ["fc_nsfw"]]
+    assert fc == [["fc_nsfw", "InnerProduct", "pool", "->", "fc_nsfw", "1x2", "2x1024", "2", "2,050"]]
 
 
 def test_open_nsfw_json_prob_shape(nsfw_dir, capsys):
@@ -58,3 +63,47 @@ def test_authors_net_table_with_input_shapes(capsys):
     assert main(["inspect", str(authors), "--input-shape", "data=128,3,224,224", "--input-shape", "label=128"]) == 0
     out = capsys.readouterr().out
     assert "6,498,352 parameters" in out and "8128x1x1x1" in out
+
+
+def test_layer_zoo_weights_from_caffe_match(capsys):
+    """Caffe's own layer_zoo caffemodel: every learnable blob matches, including PReLU's channel-shared
+    slope, which Caffe stores as a 0-axis blob (shape ())."""
+    status = main(["inspect", str(fixture_path("layer_zoo/deploy.prototxt")), "--weights",
+                   str(fixture_path("layer_zoo/weights.caffemodel"))])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 0
+    assert lines[-1] == "weights: 21 blobs match"
+    prelu = [line.split() for line in lines if line.split()[:1] == ["prelu_shared"]]
+    assert prelu == [["prelu_shared", "PReLU", "ip_axis2_t", "->", "prelu_shared", "2x4x5", "scalar", "1"]]
+
+
+def test_layer_zoo_weights_json_reports_prelu_blob_shape(capsys):
+    assert main(["inspect", str(fixture_path("layer_zoo/deploy.prototxt")), "--weights",
+                 str(fixture_path("layer_zoo/weights.caffemodel")), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    prelu = [r for r in report["layers"] if r["name"] == "prelu_shared"][0]
+    assert prelu["param_shapes"] == [[]] and prelu["params"] == 1
+    assert report["weights_check"]["mismatched"] == [] and report["weights_check"]["matched_blobs"] == 21
+
+
+def test_unknown_layer_type_exit_2(tmp_path, capsys):
+    deploy = fixture_path("layer_zoo/deploy.prototxt").read_text()
+    changed = tmp_path / "deploy.prototxt"
+    changed.write_text(deploy.replace('name: "conv_1x1_s" type: "Convolution"',
+                                      'name: "conv_1x1_s" type: "Convolutoin"'))
+    assert main(["inspect", str(changed)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("caffe-compat inspect: error: layer 'conv_1x1_s': unknown layer type 'Convolutoin'.")
+
+
+def test_caffe_types_without_a_port_and_python_layers_are_not_unknown(capsys):
+    """Caffe 1.0 knows SPP (no port here) and any Python layer: their tops are just not inferred."""
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }\n'
+            'layer { name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param { pyramid_height: 2 } }\n'
+            'layer { name: "py" type: "Python" bottom: "data" top: "py" python_param { module: "m" layer: "L" } }\n')
+    from caffe_compat.io import read_net
+    from caffe_compat.io.report import inspect_net
+
+    report = inspect_net(read_net(text))
+    assert [r["top_shapes"] for r in report["layers"]] == [[[1, 3, 8, 8]], [None], [None]]

@@ -1,0 +1,103 @@
+"""Bad input on the command line: exit status 2, one line on stderr naming the file / layer / field and
+what was expected, no traceback, nothing written (``python -m caffe_compat.cli`` in a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import fixture_path
+
+ZOO = fixture_path("layer_zoo/deploy.prototxt")
+
+
+def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "caffe_compat.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def assert_usage_error(done: subprocess.CompletedProcess, command: str, message: str) -> None:
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"caffe-compat {command}: error: {message}\n"
+
+
+def _net(layer: str, dims=(2, 6, 5, 5)) -> str:
+    shape = " ".join(f"dim: {d}" for d in dims)
+    return (f'layer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{ {shape} }} }} }}\n'
+            f'layer {{ name: "conv" bottom: "data" top: "conv" {layer} }}\n')
+
+
+@pytest.mark.parametrize("layer, dims, message", [
+    ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 }', (2, 6, 5),
+     "layer 'conv' (Convolution): input 'data' has shape (2, 6, 5) (3 axes); expected 4 axes (N, C, H, W): "
+     "only 2-D convolution is supported"),
+    ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 group: 0 }', (2, 6, 5, 5),
+     "layer 'conv' (Convolution): convolution_param.group must be >= 1, got 0"),
+    ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 group: 4 }', (2, 6, 5, 5),
+     "layer 'conv' (Convolution): the input's 6 channels are not divisible by convolution_param.group 4"),
+    ('type: "Deconvolution" convolution_param { num_output: 5 kernel_size: 3 group: 2 }', (2, 6, 5, 5),
+     "layer 'conv' (Deconvolution): convolution_param.num_output 5 is not divisible by convolution_param.group 2"),
+])
+def test_inspect_invalid_convolution(tmp_path, layer, dims, message):
+    net = tmp_path / "net.prototxt"
+    net.write_text(_net(layer, dims))
+    assert_usage_error(run_cli("inspect", net), "inspect", message)
+
+
+def test_inspect_reshape_axis_out_of_range(tmp_path):
+    text = ZOO.read_text()
+    changed = text.replace("reshape_param { shape { dim: 0 dim: 3 dim: -1 dim: 4 } }",
+                           "reshape_param { shape { dim: 0 dim: 3 dim: -1 dim: 4 } axis: 9 }")
+    assert changed != text
+    net = tmp_path / "deploy.prototxt"
+    net.write_text(changed)
+    assert_usage_error(run_cli("inspect", net), "inspect",
+                       "layer 'reshape' (Reshape): reshape_param.axis 9 is out of range for the 3-axis input "
+                       "(2, 84, 6) (expected -4 to 3)")
+
+
+def test_inspect_big_prototxt_with_invalid_utf8_names_file_and_offset(tmp_path):
+    padding = b"# padding comment\n" * 4000  # 72,000 bytes: past the 64 KiB that content sniffing reads
+    head = padding + ZOO.read_bytes()
+    net = tmp_path / "big.prototxt"
+    net.write_bytes(head + b"# caf\xe9 (Latin-1)\n")
+    line = head.count(b"\n") + 1
+    assert_usage_error(run_cli("inspect", net), "inspect",
+                       f"{net}: invalid UTF-8 byte 0xe9 at byte offset {len(head) + 5} (line {line}); "
+                       f"a prototxt must be UTF-8 text")
+
+
+def test_inspect_unknown_layer_type_exits_2_naming_layer_and_type(tmp_path):
+    net = tmp_path / "typo.prototxt"
+    net.write_text(_net('type: "Convolutoin" convolution_param { num_output: 4 kernel_size: 3 }'))
+    done = run_cli("inspect", net)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("caffe-compat inspect: error: layer 'conv': unknown layer type 'Convolutoin'.")
+    assert done.stdout == ""  # no table printed with '?' shapes
+
+
+@pytest.mark.parametrize("make_target, reason", [
+    (lambda d: "/proc/nonexist/y", "cannot create folder /proc/nonexist: No such file or directory"),
+    (lambda d: (d / "a_file").write_text("x") and d / "a_file" / "y.prototxt", "{parent} is not a folder"),
+    (lambda d: (d / "out" / "sub").mkdir(parents=True) or d / "out", "Is a directory"),
+])
+def test_upgrade_to_unwritable_path(tmp_path, make_target, reason):
+    source = fixture_path("nets/googlenet_small_v1/deploy_v1.prototxt")
+    target = make_target(tmp_path)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    done = run_cli("upgrade", source, target)
+    reason = reason.format(parent=os.path.dirname(target))
+    assert_usage_error(done, "upgrade", f"{target}: cannot write ({reason})")
+    assert done.stdout == ""
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written, no temporary file left
+
+
+def test_upgrade_unwritable_solver_output(tmp_path):
+    source = fixture_path("solvers/nesterov/solver.prototxt")
+    done = run_cli("upgrade", "--solver", source, "/proc/nonexist/solver.prototxt")
+    assert_usage_error(done, "upgrade", "/proc/nonexist/solver.prototxt: cannot write (cannot create folder "
+                                        "/proc/nonexist: No such file or directory)")
