@@ -34,6 +34,13 @@ What is reproduced from pycaffe / Caffe:
 * ``set_random_seed(seed)`` seeds the fillers of nets built afterwards and torch's global RNG (Dropout).
   Without it fillers use seed 0 (deterministic), where Caffe would seed from the clock.
 
+The solver's nets (``solver.net``, ``solver.test_nets[i]``) are :class:`SolverNet`: CaffeNets (everything a
+CaffeNet offers is unchanged, ``params``/``layers``/``forward``/``phase`` included) with pycaffe's other
+names added: ``blobs`` (an Input blob's ``data`` *is* the solver's input array, so ``data[...] = x`` feeds
+the next ``solver.step``; other blobs hold the last forward's values), ``copy_from``, ``save``,
+``set_input_arrays``, ``inputs``, ``outputs``, ``top_names``, ``bottom_names``.  Their ``params`` are torch
+tensors, as on any CaffeNet: pycaffe's ``params[l][i].data[...] = array`` and ``.diff`` need :class:`Net`.
+
 Not reproduced: ``backward(start=..., end=...)`` and ``forward(start=...)`` past an in-place chain start
 (``start`` works for layers that read blobs already computed); ``Layer`` is pycaffe's Python-layer base
 class for porting code, but a Python layer still needs a registered native port to run (see
@@ -55,8 +62,8 @@ from caffe_compat.net import CaffeNet
 from caffe_compat.net_graph import PHASE_NAMES, phase_value
 from caffe_compat.proto import caffe_pb2
 
-__all__ = ["TRAIN", "TEST", "Net", "Blob", "ParamBlob", "Layer", "set_mode_cpu", "set_mode_gpu", "set_device",
-           "set_random_seed"]
+__all__ = ["TRAIN", "TEST", "Net", "Blob", "ParamBlob", "Layer", "SolverNet", "set_mode_cpu", "set_mode_gpu",
+           "set_device", "set_random_seed"]
 
 TRAIN = caffe_pb2.TRAIN  # 0, as pycaffe's caffe.TRAIN
 TEST = caffe_pb2.TEST    # 1, as pycaffe's caffe.TEST
@@ -468,20 +475,7 @@ class Net:
 
     def set_input_arrays(self, data, labels) -> None:
         """Feed the first layer, a MemoryData layer (pycaffe's checks: float32, C-contiguous, 4-D data)."""
-        first = self._cnet.steps[0] if self._cnet.steps else None
-        if first is None or first.type != "MemoryData":
-            raise CaffeCompatError("set_input_arrays may only be called if the first layer is a MemoryData layer")
-        data, labels = np.asarray(data), np.asarray(labels)
-        for what, arr in (("data", data), ("labels", labels)):
-            if arr.dtype != np.float32:
-                raise CaffeCompatError(f"set_input_arrays: {what} must be float32, got {arr.dtype}")
-            if not arr.flags["C_CONTIGUOUS"]:
-                raise CaffeCompatError(f"set_input_arrays: {what} must be C contiguous")
-        if data.ndim != 4:
-            raise ShapeMismatchError(f"set_input_arrays: data must be 4-d, got shape {data.shape}")
-        if labels.ndim == 1:
-            labels = labels[:, None, None, None]
-        self._cnet.layers[first.module_key].set_input_arrays(data, labels)
+        _set_input_arrays(self._cnet, data, labels)
 
     # ------------------------------------------------------------------------------ forward / backward
 
@@ -579,6 +573,190 @@ class Net:
 
     def __repr__(self) -> str:
         return f"Net({self._cnet.name!r}, phase={self._phase!r}, device={self._device}, blobs={len(self._blobs)})"
+
+
+def _set_input_arrays(cnet: CaffeNet, data, labels) -> None:
+    """pycaffe's ``Net::set_input_arrays`` on ``cnet``: its first layer must be MemoryData; float32,
+    C-contiguous arrays, 4-D data, labels one per row."""
+    first = cnet.steps[0] if cnet.steps else None
+    if first is None or first.type != "MemoryData":
+        raise CaffeCompatError("set_input_arrays may only be called if the first layer is a MemoryData layer")
+    data, labels = np.asarray(data), np.asarray(labels)
+    for what, arr in (("data", data), ("labels", labels)):
+        if arr.dtype != np.float32:
+            raise CaffeCompatError(f"set_input_arrays: {what} must be float32, got {arr.dtype}")
+        if not arr.flags["C_CONTIGUOUS"]:
+            raise CaffeCompatError(f"set_input_arrays: {what} must be C contiguous")
+    if data.ndim != 4:
+        raise ShapeMismatchError(f"set_input_arrays: data must be 4-d, got shape {data.shape}")
+    if labels.ndim == 1:
+        labels = labels[:, None, None, None]
+    cnet.layers[first.module_key].set_input_arrays(data, labels)
+
+
+class SolverNet(CaffeNet):
+    """A solver's TRAIN or TEST net: a :class:`~caffe_compat.net.CaffeNet` (unchanged: ``params`` are torch
+    tensors, ``layers`` the port modules, ``forward`` returns torch blobs, ``phase`` is ``"train"``/``"test"``)
+    plus pycaffe's ``Net`` names that CaffeNet lacks, so that old solver scripts run:
+
+    * ``input_arrays``: each Input top -> a float32 numpy array, zero-filled like a fresh Caffe blob (the
+      solver's ``inputs`` / ``test_inputs[i]``); a forward not given an Input top reads it from here.
+    * ``blobs``: pycaffe's ``net.blobs`` (every blob, Caffe's order).  An Input blob's ``data`` is its array
+      in ``input_arrays`` (``blobs['data'].data[...] = x`` feeds the next ``solver.step`` exactly like
+      ``solver.inputs['data'][...] = x``; ``reshape`` replaces it by zeros of the new shape).  Any other
+      blob's ``data`` is a host copy of its value after the last forward (solver step, test, or
+      ``forward()``), zeros before the first; writing to it changes nothing.  Blob ``diff`` is not kept
+      (use ``params[layer][i].grad`` or :class:`Net`).  Like Caffe, which keeps every blob allocated, the
+      net keeps the last forward's blobs (detached) until the next forward starts, so peak memory does
+      not grow; ``keep_blobs = False`` keeps none (then those blobs read as zeros).
+    * ``copy_from(path)``, ``save(path)``, ``set_input_arrays(data, labels)``, ``inputs``, ``outputs``,
+      ``top_names``, ``bottom_names``, ``_layer_names``.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.input_arrays: dict = {name: np.zeros(self.blob_shapes[name], dtype=np.float32)
+                                   for name in self.input_names}
+        self.keep_blobs = True
+        self._last_blobs: dict = {}
+        self._host_values: dict = {}
+
+    # ------------------------------------------------------------------------------ forward
+
+    def forward(self, **inputs):
+        """CaffeNet's forward; an Input top not given is read from ``input_arrays`` (pycaffe's
+        ``net.forward()`` reads the input blobs)."""
+        if not torch.compiler.is_compiling():
+            self.forget_blobs()
+            for name in self.input_names:
+                if name not in inputs:
+                    inputs[name] = self.input_array(name)
+        blobs = super().forward(**inputs)
+        if not torch.compiler.is_compiling():
+            self.record_blobs(blobs)
+        return blobs
+
+    def forget_blobs(self) -> None:
+        """Drop the last forward's blobs (done when a forward starts)."""
+        self._last_blobs, self._host_values = {}, {}
+
+    def record_blobs(self, blobs) -> None:
+        """Keep ``blobs`` (detached) as the values ``self.blobs[...].data`` shows (unless ``keep_blobs``
+        is false)."""
+        self._last_blobs, self._host_values = {}, {}
+        if self.keep_blobs:
+            self._last_blobs = {name: value.detach() for name, value in blobs.items()}
+
+    # ------------------------------------------------------------------------------ pycaffe names
+
+    def input_array(self, name: str) -> np.ndarray:
+        """The float32 numpy array fed to Input top ``name`` (a value of another kind put in
+        ``input_arrays`` is converted once, in place in the dict)."""
+        try:
+            value = self.input_arrays[name]
+        except KeyError:
+            raise CaffeCompatError(f"net '{self.name}': '{name}' is not an input blob; the inputs are "
+                                   f"{self.input_names}") from None
+        if not (isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags["C_CONTIGUOUS"]
+                and value.flags["WRITEABLE"]):
+            if torch.is_tensor(value):
+                value = value.detach().to("cpu")
+            value = np.array(value, dtype=np.float32, order="C")
+            self.input_arrays[name] = value
+        return value
+
+    def _host_value(self, name: str) -> np.ndarray:
+        value = self._host_values.get(name)
+        if value is None:
+            last = self._last_blobs.get(name)
+            if last is None:
+                value = np.zeros(self.blob_shapes[name], dtype=np.float32)
+            else:
+                value = last.to("cpu", torch.float32).numpy().copy()
+            self._host_values[name] = value
+        return value
+
+    @property
+    def blobs(self) -> OrderedDict:
+        return OrderedDict((name, _SolverBlob(self, name)) for name in self.blob_shapes)
+
+    @property
+    def inputs(self) -> list[str]:
+        return self.input_names
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.output_names
+
+    @property
+    def top_names(self) -> OrderedDict:
+        return OrderedDict((s.name, list(s.tops)) for s in self.steps)
+
+    @property
+    def bottom_names(self) -> OrderedDict:
+        return OrderedDict((s.name, list(s.bottoms)) for s in self.steps)
+
+    @property
+    def _layer_names(self) -> list[str]:
+        return self.layer_names
+
+    def copy_from(self, path) -> None:
+        """Load weights by layer name from a caffemodel (``CopyTrainedLayersFrom``)."""
+        self.load_caffemodel(str(path))
+
+    def save(self, path) -> None:
+        """Write the weights as a binary caffemodel."""
+        self.save_caffemodel(str(path))
+
+    def set_input_arrays(self, data, labels) -> None:
+        """Feed the first layer, a MemoryData layer (pycaffe's checks: float32, C-contiguous, 4-D data)."""
+        _set_input_arrays(self, data, labels)
+
+
+class _SolverBlob(Blob):
+    """``SolverNet.blobs[name]`` (see :class:`SolverNet`): a view, the values live in the net."""
+
+    def __init__(self, net: SolverNet, name: str):  # noqa: the base class's storage is not used
+        self.name = name
+        self._net = net
+
+    @property
+    def _is_input(self) -> bool:
+        return self.name in self._net.input_arrays
+
+    @property
+    def data(self) -> np.ndarray:
+        if self._is_input:
+            return self._net.input_array(self.name)
+        return self._net._host_value(self.name)
+
+    @property
+    def diff(self) -> np.ndarray:
+        raise CaffeCompatError(f"blob '{self.name}': a solver's net keeps no blob diffs; read the parameter "
+                               f"gradients as solver.net.params[layer][i].grad, or use caffe_compat.Net for "
+                               f"forward/backward with blob diffs")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    def reshape(self, *shape) -> None:
+        """An Input blob: new zero-filled input array of that shape (the next forward runs with it)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ShapeMismatchError(f"blob '{self.name}': negative dimension in {shape}")
+        if not self._is_input:
+            raise CaffeCompatError(f"blob '{self.name}' is not an input of the solver's net; only input blobs "
+                                   f"({self._net.input_names}) can be reshaped")
+        self._net.input_arrays[self.name] = np.zeros(shape, dtype=np.float32)
+
+    def _realloc(self, shape) -> None:
+        raise CaffeCompatError("a solver net's blob has no storage of its own")
+
+    def __repr__(self) -> str:
+        return f"Blob({self.name!r}, shape={self.shape})"
 
 
 def _transplant_state(old: CaffeNet, new: CaffeNet) -> None:

@@ -16,11 +16,17 @@ against the solver file's folder; ``snapshot_prefix`` is relative to the working
 a prefix naming a directory gets the solver file's stem appended (``UpgradeSnapshotPrefixProperty``).
 
 Inputs, the pycaffe way: ``solver.inputs`` maps each Input-layer top to a float32 numpy array
-(zero-filled, like a fresh Caffe blob).  Old scripts write the next batch into it (what
-``solver.net.blobs['data'].data[...] = x`` becomes through the pycaffe facade) or call
+(zero-filled, like a fresh Caffe blob).  Old scripts write the next batch into it or call
 ``solver.feed(data=..., label=...)``, then ``solver.step(1)``; every forward of the step reads those
 values.  ``solver.data_source`` (an iterator of input dicts, e.g. a DataLoader) takes precedence: each
 sub-batch pulls the next dict.  Layers that produce their own data (MemoryData, Data, ...) need no feed.
+
+The nets (``solver.net``, ``solver.test_nets``) are :class:`~caffe_compat.pycaffe.SolverNet`: CaffeNets
+that also answer pycaffe's ``Net`` names CaffeNet lacks: ``solver.net.copy_from(w)``,
+``solver.net.blobs['data'].data[...] = x`` (the very array ``solver.inputs['data']``),
+``solver.net.set_input_arrays(data, labels)`` (MemoryData), ``solver.net.blobs['loss'].data`` after a
+step, ``solver.test_nets[0].forward()`` / ``.blobs``.  ``params`` stays CaffeNet's: torch tensors (read
+``.data``/``.grad``; write with ``copy_``, not pycaffe's ``.data[...] = array``; no ``.diff``).
 
 Added to Caffe: a NaN/inf loss raises :class:`~caffe_compat.errors.TrainingDiverged` naming the
 iteration, before that iteration's update (weights and snapshots on disk stay the last good ones);
@@ -43,6 +49,7 @@ from caffe_compat.io import (array_to_blob, blob_to_array, read_net, read_solver
                              write_net, write_solverstate)
 from caffe_compat.net import CaffeNet
 from caffe_compat.proto import caffe_pb2
+from caffe_compat.pycaffe import SolverNet
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
 
@@ -109,10 +116,6 @@ class Solver:
         self.current_step = 0
         self.smoothed_loss = 0.0
         self._losses: list[float] = []
-        self.inputs: dict = {name: np.zeros(self.net.blob_shapes[name], dtype=np.float32)
-                             for name in self.net.input_names}
-        self.test_inputs: list[dict] = [{name: np.zeros(n.blob_shapes[name], dtype=np.float32)
-                                         for name in n.input_names} for n in self.test_nets]
         self.data_source = None
         self.test_data_sources: list = [None] * len(self.test_nets)
         self.autocast_dtype: torch.dtype | None = None
@@ -126,6 +129,22 @@ class Solver:
         self.outputs: dict[str, torch.Tensor] = {}
         self.last_lr = float("nan")
         self.test_scores: list[dict[str, np.ndarray]] = []
+
+    # ----------------------------------------------------------------------------- inputs
+
+    @property
+    def inputs(self) -> dict:
+        """The TRAIN net's Input tops -> float32 arrays (``solver.net.blobs[name].data`` are these arrays)."""
+        return self.net.input_arrays
+
+    @inputs.setter
+    def inputs(self, value: dict) -> None:
+        self.net.input_arrays = value
+
+    @property
+    def test_inputs(self) -> list[dict]:
+        """One ``inputs`` dict per TEST net (``solver.test_nets[i].blobs[name].data`` are these arrays)."""
+        return [net.input_arrays for net in self.test_nets]
 
     # ----------------------------------------------------------------------------- construction
 
@@ -171,7 +190,7 @@ class Solver:
             raise FormatError(f"solver: net file {path!r} not found (looked in {os.getcwd()} and {self.base_dir})")
         return read_net(resolved)
 
-    def _train_net(self, seed: int) -> CaffeNet:
+    def _train_net(self, seed: int) -> SolverNet:
         p = self.param
         given = [f for f in ("train_net_param", "train_net", "net_param", "net")
                  if (p.HasField(f) if f.endswith("param") else bool(getattr(p, f)))]
@@ -182,7 +201,7 @@ class Solver:
         net_param = getattr(p, source) if source.endswith("param") else self._read_net_file(getattr(p, source))
         net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
         log.info("Creating training net from %s", source)
-        return CaffeNet(net_param, phase="train", seed=seed)
+        return SolverNet(net_param, phase="train", seed=seed)
 
     @staticmethod
     def _with_state(net_param, state) -> caffe_pb2.NetParameter:
@@ -196,7 +215,7 @@ class Solver:
             copy.state.CopyFrom(merged)
         return copy
 
-    def _test_nets(self, seed: int) -> list[CaffeNet]:
+    def _test_nets(self, seed: int) -> list[SolverNet]:
         p = self.param
         sources = [n for n in p.test_net_param] + [self._read_net_file(f) for f in p.test_net]
         generic = None
@@ -216,7 +235,7 @@ class Solver:
             if p.test_state:
                 state.MergeFrom(p.test_state[i])
                 state.phase = caffe_pb2.TEST
-            nets.append(CaffeNet(self._with_state(net_param, state), phase="test", seed=seed))
+            nets.append(SolverNet(self._with_state(net_param, state), phase="test", seed=seed))
         return nets
 
     # ----------------------------------------------------------------------------- feeding
@@ -260,7 +279,13 @@ class Solver:
     def forward_backward(self) -> float:
         """Caffe's ``Net::ForwardBackward`` on the next inputs: the objective's value; diffs accumulate."""
         with self._autocast():
-            blobs = (self.forward_fn or self.net)(**self._next_inputs())
+            # `is not None`: a torch.compile'd module must not be truth-tested (bool() on it raises TypeError)
+            if self.forward_fn is not None:
+                self.net.forget_blobs()  # a compiled forward neither drops nor records them itself
+                blobs = self.forward_fn(**self._next_inputs())
+                self.net.record_blobs(blobs)
+            else:
+                blobs = self.net(**self._next_inputs())
             objective = self.net.objective(blobs)
         if objective.requires_grad:
             scaled = self.grad_scaler.scale(objective) if self.grad_scaler is not None else objective

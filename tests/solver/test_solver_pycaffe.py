@@ -1,0 +1,209 @@
+"""Old pycaffe solver scripts, unchanged, on ``import caffe_compat as caffe``: the top-level solver names,
+and ``solver.net`` / ``solver.test_nets[i]`` answering pycaffe's Net names (``copy_from``, ``blobs``,
+``set_input_arrays``, ``forward``) while staying CaffeNets.  Checked against the real-Caffe fixtures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import caffe_compat as caffe
+import caffe_compat.solver as solver_module
+from caffe_compat.errors import CaffeCompatError
+from caffe_compat.net import CaffeNet
+from caffe_compat.solver import AdaDelta, AdaGrad, RMSProp
+from tests.solver.caffe_cases import case_dir, load_case
+from tests.solver.test_solver_fixtures import assert_close_params, assert_six_digits
+
+SOLVER_NAMES = ["get_solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver",
+                "AdamSolver"]
+
+
+# ------------------------------------------------------------------------------------------ top-level names
+
+@pytest.mark.parametrize("name", SOLVER_NAMES)
+def test_top_level_solver_names(name):
+    assert getattr(caffe, name) is getattr(solver_module, name)
+    assert name in caffe.__all__
+
+
+def _first_step_of(kind: str, g: np.ndarray, lr: float, momentum: float, delta: float, rms_decay: float):
+    """Caffe's first update (zero history) of each rule for the regularised gradient ``g`` (float64)."""
+    if kind == "AdaGrad":
+        return lr * g / (np.sqrt(g * g) + delta)
+    if kind == "RMSProp":
+        return lr * g / (np.sqrt((1 - rms_decay) * g * g) + delta)
+    return lr * g * np.sqrt(delta / ((1 - momentum) * g * g + delta))  # AdaDelta, momentum = rho
+
+
+@pytest.mark.parametrize("kind,rule,momentum", [("AdaGrad", AdaGrad, 0.0), ("RMSProp", RMSProp, 0.0),
+                                                ("AdaDelta", AdaDelta, 0.95)])
+def test_forced_rule_solvers_take_the_first_step_of_their_rule(kind, rule, momentum, tmp_path):
+    """``caffe.<Rule>Solver(path)`` runs that rule whatever the file's ``type`` (here "SGD").  The
+    gradient comes from Caffe: the fixture's first SGD step is ``w0 - w1 = lr_local · g`` (zero history)."""
+    case = "sgd_step_momentum"
+    d = case_dir(case)
+    text = (d / "solver.prototxt").read_text().replace('net: "net.prototxt"', f'net: "{d / "net.prototxt"}"')
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("momentum:"))
+    path = tmp_path / "solver.prototxt"
+    path.write_text(text + f"\nmomentum: {momentum}\nsnapshot_prefix: \"{tmp_path / 'snap'}\"\n")
+    solver = getattr(caffe, f"{kind}Solver")(str(path))
+    assert solver.param.type == kind and type(solver.optimizer) is rule
+    inputs, reference = load_case(case)
+    solver.net.copy_from(d / "init.caffemodel")
+    solver.net.blobs["data"].data[...] = inputs["data"][0]
+    solver.net.blobs["label"].data[...] = inputs["label"][0]
+    solver.step(1)
+    p = solver.param
+    checked = 0
+    for layer, blobs in solver.net.params.items():
+        for i, blob in enumerate(blobs):
+            key = f"param:{layer}:{i}"
+            w0, w1 = reference[key][0].astype(np.float64), reference[key][1].astype(np.float64)
+            lr = float(p.base_lr) * blob.lr_mult
+            g = (w0 - w1) / lr
+            well_determined = np.abs(w0 - w1) > 1e-4 * np.abs(w0).max()  # float32 rounding of g < 1e-3
+            expected = _first_step_of(kind, g, lr, momentum, float(p.delta), float(p.rms_decay))
+            ours = w0 - blob.detach().numpy().astype(np.float64)
+            np.testing.assert_allclose(ours[well_determined], expected[well_determined], rtol=2e-3, err_msg=key)
+            checked += int(well_determined.sum())
+    assert checked > 100
+
+
+# ------------------------------------------------------------------------------------------ solver.net
+
+def _pycaffe_params(solver) -> dict[str, np.ndarray]:
+    """``{k: v[i].data}`` as a pycaffe script reads the weights (torch tensors on a solver's net)."""
+    return {f"param:{layer}:{i}": blob.data.numpy().copy() for layer, blobs in solver.net.params.items()
+            for i, blob in enumerate(blobs)}
+
+
+def _check_against_caffe(case, trajectory, losses, logged, rates):
+    _, reference = load_case(case)
+    assert list(trajectory[0]) == [str(n) for n in reference["__param_order__"]]
+    for key, value in trajectory[0].items():  # copy_from loaded Caffe's initial weights exactly
+        np.testing.assert_array_equal(value, reference[key][0])
+    for t in range(1, 6):
+        for key, value in trajectory[t].items():
+            assert_close_params(value, reference[key][t], f"{case} {key} after {t} iterations")
+    np.testing.assert_allclose(losses, reference["loss_blob"], rtol=2e-6, atol=0)
+    for t in range(5):
+        assert_six_digits(logged[t], float(reference["loss_logged"][t]), f"{case} logged loss {t}")
+        assert f"{rates[t]:.6g}" == f"{float(reference['lr'][t]):.6g}"
+
+
+def test_fixture_trajectory_driven_the_pycaffe_way():
+    case = "sgd_step_momentum"
+    d = case_dir(case)
+    inputs, _ = load_case(case)
+    solver = caffe.SGDSolver(str(d / "solver.prototxt"))
+    solver.net.copy_from(str(d / "init.caffemodel"))
+    trajectory, losses, logged, rates = [_pycaffe_params(solver)], [], [], []
+    for t in range(5):
+        solver.net.blobs["data"].data[...] = inputs["data"][t]
+        solver.net.blobs["label"].data[...] = inputs["label"][t]
+        solver.step(1)
+        trajectory.append(_pycaffe_params(solver))
+        losses.append(float(solver.net.blobs["loss"].data))
+        logged.append(solver.smoothed_loss)
+        rates.append(solver.last_lr)
+    _check_against_caffe(case, trajectory, losses, logged, rates)
+    # the blob arrays are the solver's input arrays: both ways of feeding are one
+    assert solver.net.blobs["data"].data is solver.inputs["data"]
+    np.testing.assert_array_equal(solver.net.blobs["data"].data, inputs["data"][4])
+    assert solver.net.blobs["ip1"].data.shape == (4, 5)
+
+
+def test_memorydata_fixture_driven_through_set_input_arrays():
+    case = "sgd_iter_size2"
+    d = case_dir(case)
+    inputs, _ = load_case(case)
+    solver = caffe.SGDSolver(str(d / "solver.prototxt"))
+    solver.net.copy_from(str(d / "init.caffemodel"))
+    data = np.ascontiguousarray(inputs["data"].reshape(-1, *inputs["data"].shape[-3:]), dtype=np.float32)
+    labels = np.ascontiguousarray(inputs["label"].reshape(-1), dtype=np.float32)
+    solver.net.set_input_arrays(data, labels)
+    trajectory, losses, logged, rates = [_pycaffe_params(solver)], [], [], []
+    for t in range(5):
+        solver.step(1)
+        trajectory.append(_pycaffe_params(solver))
+        losses.append(float(solver.net.blobs["loss"].data))
+        logged.append(solver.smoothed_loss)
+        rates.append(solver.last_lr)
+        # after a step the blobs hold the last forward's values: the step's second sub-batch
+        np.testing.assert_array_equal(solver.net.blobs["data"].data, data[4 * (2 * t + 1):4 * (2 * t + 2)])
+    _check_against_caffe(case, trajectory, losses, logged, rates)
+
+
+def test_test_net_the_pycaffe_way(tmp_path):
+    """``solver.test_nets[0]``: fed through its blobs, read after ``solver.test`` and after its own
+    ``forward()``.  The net has no phase-dependent layer, so its loss on batch 0 with the initial weights is
+    Caffe's first training loss."""
+    case = "sgd_step_momentum"
+    d = case_dir(case)
+    inputs, reference = load_case(case)
+    path = tmp_path / "solver.prototxt"
+    path.write_text(f'net: "{d / "net.prototxt"}"\ntest_iter: 1\ntest_interval: 1000\nbase_lr: 0.01\n'
+                    f'lr_policy: "fixed"\nsnapshot_prefix: "{tmp_path / "snap"}"\n')
+    solver = caffe.SGDSolver(str(path))
+    solver.net.copy_from(d / "init.caffemodel")
+    test_net = solver.test_nets[0]
+    assert isinstance(test_net, CaffeNet) and test_net.phase == "test"
+    test_net.blobs["data"].data[...] = inputs["data"][0]
+    test_net.blobs["label"].data[...] = inputs["label"][0]
+    assert test_net.blobs["data"].data is solver.test_inputs[0]["data"]
+    scores = solver.test(0)  # Caffe's Test: the TEST net takes the TRAIN net's weights
+    np.testing.assert_allclose(float(scores["loss"]), reference["loss_blob"][0], rtol=2e-6)
+    assert float(test_net.blobs["loss"].data) == float(scores["loss"])
+    out = test_net.forward()  # pycaffe's forward(): reads the input blobs
+    assert float(out["loss"].detach()) == float(scores["loss"])
+    test_net.blobs["data"].data[...] = inputs["data"][1]
+    test_net.blobs["label"].data[...] = inputs["label"][1]
+    test_net.forward()  # the blobs follow the new feed
+    assert float(test_net.blobs["loss"].data) != float(scores["loss"])
+    np.testing.assert_array_equal(test_net.blobs["data"].data, inputs["data"][1])
+
+
+def test_solver_net_is_still_a_caffenet():
+    case = "sgd_step_momentum"
+    solver = caffe.SGDSolver(str(case_dir(case) / "solver.prototxt"))
+    net = solver.net
+    assert isinstance(net, CaffeNet) and net.phase == "train"
+    assert isinstance(net.params["conv1"][0], torch.nn.Parameter)  # CaffeNet's params: torch tensors
+    assert isinstance(net.layers, torch.nn.ModuleDict) and net.layer("ip1") is net.layers["ip1"]
+    assert net.inputs == net.input_names == ["data", "label"] and net.outputs == ["loss"]
+    assert list(net.blobs) == list(net.blob_shapes)
+    assert net.top_names["conv1"] == ["conv1"] and net.bottom_names["loss"] == ["ip1", "label"]
+
+
+def test_solver_net_blobs_can_be_turned_off():
+    case = "sgd_step_momentum"
+    inputs, reference = load_case(case)
+    solver = caffe.SGDSolver(str(case_dir(case) / "solver.prototxt"))
+    solver.net.copy_from(case_dir(case) / "init.caffemodel")
+    solver.net.keep_blobs = False  # no activation kept between iterations
+    solver.feed(data=inputs["data"][0], label=inputs["label"][0])
+    solver.step(1)
+    assert solver.net._last_blobs == {}
+    assert float(solver.net.blobs["loss"].data) == 0.0  # nothing recorded: a fresh (zero) blob
+    solver.net.keep_blobs = True
+    solver.feed(data=inputs["data"][1], label=inputs["label"][1])
+    solver.step(1)
+    assert float(solver.net.blobs["loss"].data) == pytest.approx(float(reference["loss_blob"][1]), rel=2e-6)
+
+
+def test_solver_net_blob_errors_and_reshape():
+    solver = caffe.SGDSolver(str(case_dir("sgd_step_momentum") / "solver.prototxt"))
+    blobs = solver.net.blobs
+    with pytest.raises(CaffeCompatError, match="keeps no blob diffs"):
+        blobs["ip1"].diff
+    with pytest.raises(CaffeCompatError, match="only input blobs"):
+        blobs["ip1"].reshape(2, 5)
+    with pytest.raises(CaffeCompatError, match="MemoryData"):
+        solver.net.set_input_arrays(np.zeros((4, 3, 10, 10), np.float32), np.zeros(4, np.float32))
+    blobs["data"].reshape(2, 3, 10, 10)
+    blobs["label"].reshape(2)
+    assert solver.inputs["data"].shape == (2, 3, 10, 10) and blobs["data"].num == 2
+    solver.step(1)  # the next step runs on the new batch size
+    assert solver.net.blobs["ip1"].data.shape == (2, 5)
