@@ -13,6 +13,9 @@ need is raised to one tile).
 Self-retrieval (``reference=None``) excludes each query *by index*: its own column is set to ``-inf``
 and removed from the positives, so an exact duplicate of the query elsewhere in the set still counts
 as a neighbour (unlike "drop the first neighbour", which may drop the duplicate and keep the query).
+Its matrix is built from the 256 × 256 tile products of the upper triangle only (:func:`self_similarity`):
+``S[q, r] = S[r, q]`` exactly, and :func:`self_topk` finds the k-NN from that half of the products
+(half the matmul work), panel by panel, each panel handing its columns' candidates to the rows below.
 
 Ties are broken deterministically, the same way on every device and for every chunk size: items are
 ranked by similarity descending, then by reference index ascending. The order is exact: it is that of
@@ -35,6 +38,7 @@ DEFAULT_BUDGET_BYTES = 64 * 2**20
 BYTES_PER_ELEMENT = 24  # float32 similarity + worst-case exact-tie path (int64 key + int32 temporaries)
 _INDEX_SPAN = 2**31
 TILE_ROWS = 256  # every similarity row comes from a (256, D) @ (D, M) matmul: chunking cannot change a bit
+PANEL_BYTES_PER_ELEMENT = 12  # self_topk: float32 panel + float32 transposed copy of its active columns + slack
 
 
 def chunk_rows(n_columns: int, budget_bytes: int = DEFAULT_BUDGET_BYTES, extra_bytes_per_row: int = 0) -> int:
@@ -95,6 +99,139 @@ def tiled_matmul(query: torch.Tensor, reference_t: torch.Tensor, start: int, sto
     return out
 
 
+def rank_candidates(values: torch.Tensor, columns: torch.Tensor, k: int, full_rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k from each row's float top-(k+1) candidates (any order): sort them by
+    :func:`order_keys`; a row whose k-th and (k+1)-th candidates tie (the tie may reach beyond the
+    candidates) is redone by :func:`exact_topk` on ``full_rows(rows)``, its whole similarity rows."""
+    order = torch.argsort(order_keys(values, columns), dim=1, descending=True)
+    values, columns = values.gather(1, order), columns.gather(1, order)
+    boundary_tie = values[:, k - 1] == values[:, k]
+    values, columns = values[:, :k].contiguous(), columns[:, :k].contiguous()
+    if bool(boundary_tie.any()):
+        rows = torch.nonzero(boundary_tie)[:, 0]
+        values[rows], columns[rows] = exact_topk(full_rows(rows), k)
+    return values, columns
+
+
+class Tiles:
+    """The fixed-shape ``(TILE_ROWS, D)`` row tiles of a feature matrix, the last one zero-padded."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x, self.n = x, x.shape[0]
+        self.count = -(-self.n // TILE_ROWS)
+        first = (self.count - 1) * TILE_ROWS
+        self.last = x.new_zeros((TILE_ROWS, x.shape[1]))
+        self.last[: self.n - first] = x[first:]
+
+    def __getitem__(self, t: int) -> torch.Tensor:
+        return self.last if t == self.count - 1 else self.x[t * TILE_ROWS : (t + 1) * TILE_ROWS]
+
+    def span(self, t: int) -> slice:
+        """Rows of the matrix that tile ``t`` holds."""
+        return slice(t * TILE_ROWS, min(self.n, (t + 1) * TILE_ROWS))
+
+
+def self_similarity(tiles: Tiles, start: int, stop: int, column_start: int = 0) -> torch.Tensor:
+    """Rows ``start:stop``, columns ``column_start:N`` of the self-similarity matrix (starts on tile
+    boundaries). For ``i = tile(q) <= j = tile(r)``, ``S[q, r]`` is an entry of the fixed-shape product
+    ``tiles[i] @ tiles[j].T``, ``(256, D) @ (D, 256)``; for ``i > j`` it is ``S[r, q]``; a diagonal
+    product keeps its upper triangle and mirrors it. So ``S`` is exactly symmetric and its bits do not
+    depend on how rows are grouped. Lower tiles are transposed copies of upper ones when both lie
+    inside the requested rows and columns, else transposed products (the same bits)."""
+    if start % TILE_ROWS or column_start % TILE_ROWS:
+        raise ValueError("rows and columns must start on a tile boundary")
+    out = tiles.x.new_empty((stop - start, tiles.n - column_start))
+    i0, i1, j0 = start // TILE_ROWS, -(-stop // TILE_ROWS), column_start // TILE_ROWS
+
+    def part(i: int, j: int) -> torch.Tensor:
+        rows, cols = tiles.span(i), tiles.span(j)
+        return out[rows.start - start : rows.stop - start, cols.start - column_start : cols.stop - column_start]
+
+    for i in range(i0, i1):
+        for j in range(max(i, j0), tiles.count):
+            target = part(i, j)
+            if i == j:
+                block = tiles[i] @ tiles[i].t()
+                block = block.triu() + block.triu(1).t()
+                target.copy_(block[: target.shape[0], : target.shape[1]])
+            elif target.shape == (TILE_ROWS, TILE_ROWS):
+                torch.matmul(tiles[i], tiles[j].t(), out=target)
+            else:
+                target.copy_((tiles[i] @ tiles[j].t())[: target.shape[0], : target.shape[1]])
+        for j in range(j0, min(i, tiles.count)):
+            target = part(i, j)
+            if j >= i0:
+                target.copy_(part(j, i).t())
+            else:
+                target.copy_((tiles[j] @ tiles[i].t()).t()[: target.shape[0], : target.shape[1]])
+    return out
+
+
+def _merge_top(values: torch.Tensor, columns: torch.Tensor, more_values, more_columns, k: int):
+    """The k largest of two candidate lists per row (unsorted)."""
+    values = torch.cat([values, more_values], dim=1)
+    values, order = torch.topk(values, k, dim=1, largest=True, sorted=False)
+    return values, torch.cat([columns, more_columns], dim=1).gather(1, order)
+
+
+def self_topk(
+    x: torch.Tensor, k: int, *, budget_bytes: int = DEFAULT_BUDGET_BYTES
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Exact self-retrieval k-NN (query excluded by index; ties by lower index, as
+    :meth:`SimilarityBlock.topk`), yielded as ``(start, similarities, columns)`` for consecutive rows.
+
+    Only the upper triangle of tile products is computed: the rows are cut into panels (whole tiles,
+    ``P · N · PANEL_BYTES_PER_ELEMENT`` <= budget); panel ``[a, b)`` computes ``S[a:b, a:N]``.
+    Its rows then have every column (those ``< a`` were handed down by the panels above), so their
+    float top-(k+1) candidates are final and go through :func:`rank_candidates`. Its columns ``>= b``
+    are rows of later panels: each such row ``r`` keeps a running top-(k+1) list, merged with the
+    panel's top-(k+1) of ``S[a:b, r]`` when the panel holds a value above the list's current last one
+    (else nothing of the panel can enter it). Needs ``1 <= k <= N - 1``.
+    """
+    n = x.shape[0]
+    if not 1 <= k <= n - 1:
+        raise EvaluationInputError(f"k must be in [1, {n - 1}] here, got {k}")
+    tiles = Tiles(x)
+    candidates = k + 1
+    panel = max(1, int(budget_bytes // (n * PANEL_BYTES_PER_ELEMENT)) // TILE_ROWS) * TILE_ROWS
+    kept_values = x.new_full((n, candidates), float("-inf"))  # -inf placeholders never reach the top k
+    kept_columns = torch.zeros((n, candidates), dtype=torch.int64, device=x.device)
+
+    def full_rows(first: int):
+        def rows_of(rows: torch.Tensor) -> torch.Tensor:  # tie rows are rare: their tiles' strips again
+            queries = rows + first
+            out = x.new_empty((len(queries), n))
+            for t in torch.unique(queries // TILE_ROWS).tolist():
+                where = torch.nonzero(queries // TILE_ROWS == t)[:, 0]
+                span = tiles.span(t)
+                out[where] = self_similarity(tiles, span.start, span.stop)[queries[where] - span.start]
+            out[torch.arange(len(queries), device=x.device), queries] = float("-inf")
+            return out
+
+        return rows_of
+
+    for start in range(0, n, panel):
+        stop = min(start + panel, n)
+        sims = self_similarity(tiles, start, stop, start)
+        own = torch.arange(stop - start, device=x.device)
+        sims[own, own] = float("-inf")
+        values, columns = torch.topk(sims, min(candidates, n - start), dim=1, largest=True, sorted=False)
+        values, columns = _merge_top(kept_values[start:stop], kept_columns[start:stop], values, columns + start, candidates)
+        below = sims[:, stop - start :]
+        if stop < n:  # column r: row stop + r against this panel
+            active = torch.nonzero(below.amax(dim=0) > kept_values[stop:].amin(dim=1))[:, 0]
+            if len(active):
+                if len(active) < below.shape[1]:
+                    below = below.index_select(1, active)
+                panel_values, panel_rows = torch.topk(below, min(candidates, stop - start), dim=0, sorted=False)
+                rows = active + stop
+                kept_values[rows], kept_columns[rows] = _merge_top(
+                    kept_values[rows], kept_columns[rows], panel_values.t(), panel_rows.t() + start, candidates
+                )
+        del sims, below  # before the consumer runs: at most one panel is alive
+        yield start, *rank_candidates(values, columns, k, full_rows(start))
+
+
 @dataclass
 class SimilarityBlock:
     """Rows ``start:start+len(sims)`` of the query-by-reference cosine matrix.
@@ -119,15 +256,8 @@ class SimilarityBlock:
         sims = self.sims
         if k + 1 > sims.shape[1]:
             return exact_topk(sims, k)
-        values, columns = torch.topk(sims, k + 1, dim=1, largest=True, sorted=True)
-        order = torch.argsort(order_keys(values, columns), dim=1, descending=True)
-        values, columns = values.gather(1, order), columns.gather(1, order)
-        boundary_tie = values[:, k - 1] == values[:, k]
-        values, columns = values[:, :k].contiguous(), columns[:, :k].contiguous()
-        if bool(boundary_tie.any()):
-            rows = torch.nonzero(boundary_tie)[:, 0]
-            values[rows], columns[rows] = exact_topk(sims[rows], k)
-        return values, columns
+        values, columns = torch.topk(sims, k + 1, dim=1, largest=True, sorted=False)
+        return rank_candidates(values, columns, k, lambda rows: sims[rows])
 
     def same_label(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Boolean mask of same-label references (of ``rows`` only, if given), the query excluded."""
@@ -191,9 +321,10 @@ def similarity_blocks(
         extra_bytes_per_row += 16 * members.shape[1]
     rows = max(TILE_ROWS, chunk_rows(n_reference, budget_bytes, extra_bytes_per_row) // TILE_ROWS * TILE_ROWS)
     reference_t = reference.t()
+    tiles = Tiles(query) if exclude_self else None
     for start in range(0, n_query, rows):
         stop = min(start + rows, n_query)
-        sims = tiled_matmul(query, reference_t, start, stop)
+        sims = self_similarity(tiles, start, stop) if exclude_self else tiled_matmul(query, reference_t, start, stop)
         self_columns = None
         if exclude_self:
             self_columns = torch.arange(start, stop, device=sims.device)
@@ -222,6 +353,9 @@ def topk_neighbours(
     available = query.shape[0] - 1 if gallery is None else gallery.shape[0]
     if not 1 <= int(k) <= available:
         raise EvaluationInputError(f"k must be in [1, {available}] here, got {k}")
+    if gallery is None:
+        parts = list(self_topk(query, int(k), budget_bytes=budget_bytes))
+        return torch.cat([v for _, v, _ in parts]), torch.cat([i for _, _, i in parts])
     values, indices = [], []
     for block in similarity_blocks(query, gallery, budget_bytes=budget_bytes, extra_bytes_per_row=16 * int(k)):
         v, i = block.topk(int(k))

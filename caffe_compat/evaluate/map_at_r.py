@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from caffe_compat.evaluate.inputs import EvaluationInputError, as_features, as_labels
-from caffe_compat.evaluate.knn import DEFAULT_BUDGET_BYTES, SimilarityBlock, similarity_blocks
+from caffe_compat.evaluate.knn import DEFAULT_BUDGET_BYTES, SimilarityBlock, self_topk
 
 
 def relevant_counts(labels: torch.Tensor) -> torch.Tensor:
@@ -27,10 +27,13 @@ def relevant_counts(labels: torch.Tensor) -> torch.Tensor:
     return r
 
 
-def block_average_precision_at_r(block: SimilarityBlock, r: torch.Tensor, r_max: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(AP@R, hit@1)`` per row of ``block`` (float64, bool); ``r`` holds the rows' ``R_q``."""
-    _, columns = block.topk(r_max)
-    relevant = block.reference_labels[columns] == block.query_labels[:, None]
+def average_precision_at_r(
+    columns: torch.Tensor, query_labels: torch.Tensor, reference_labels: torch.Tensor, r: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(AP@R, hit@1)`` per query (float64, bool) from its ranked neighbours ``columns`` (at least
+    ``max(r)`` of them, best first); ``r`` holds the queries' ``R_q``."""
+    r_max = columns.shape[1]
+    relevant = reference_labels[columns] == query_labels[:, None]
     positions = torch.arange(1, r_max + 1, device=columns.device)
     relevant &= positions[None, :] <= r[:, None]
     precision = relevant.cumsum(dim=1).to(torch.float64) / positions.to(torch.float64)
@@ -38,15 +41,22 @@ def block_average_precision_at_r(block: SimilarityBlock, r: torch.Tensor, r_max:
     return ap, relevant[:, 0]
 
 
+def block_average_precision_at_r(block: SimilarityBlock, r: torch.Tensor, r_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(AP@R, hit@1)`` per row of ``block`` (float64, bool); ``r`` holds the rows' ``R_q``."""
+    _, columns = block.topk(r_max)
+    return average_precision_at_r(columns, block.query_labels, block.reference_labels, r)
+
+
 def ranking_scores(features, labels, *, device=None, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> dict[str, float]:
-    """``{"map_at_r": ..., "precision_at_1": ...}`` from one pass over the similarity matrix."""
+    """``{"map_at_r": ..., "precision_at_1": ...}`` from the top-``max(R_q)`` neighbours of every
+    query (:func:`~caffe_compat.evaluate.knn.self_topk`: one pass over half the similarity matrix)."""
     x = as_features(features, device)
     y = as_labels(labels, x.shape[0], x.device)
     r = relevant_counts(y)
-    r_max = int(r.max())
     aps, hits = [], []
-    for block in similarity_blocks(x, query_labels=y, budget_bytes=budget_bytes, extra_bytes_per_row=24 * r_max):
-        ap, hit = block_average_precision_at_r(block, r[block.start : block.start + len(block.sims)], r_max)
+    for start, _, columns in self_topk(x, int(r.max()), budget_bytes=budget_bytes):
+        stop = start + len(columns)
+        ap, hit = average_precision_at_r(columns, y[start:stop], y, r[start:stop])
         aps.append(ap)
         hits.append(hit)
     valid = r >= 1
@@ -67,7 +77,6 @@ def precision_at_1(features, labels, *, device=None, budget_bytes: int = DEFAULT
     y = as_labels(labels, x.shape[0], x.device)
     valid = relevant_counts(y) >= 1
     hits = []
-    for block in similarity_blocks(x, query_labels=y, budget_bytes=budget_bytes):
-        _, columns = block.topk(1)
-        hits.append(y[columns[:, 0]] == block.query_labels)
+    for start, _, columns in self_topk(x, 1, budget_bytes=budget_bytes):
+        hits.append(y[columns[:, 0]] == y[start : start + len(columns)])
     return float(torch.cat(hits)[valid].to(torch.float64).mean())

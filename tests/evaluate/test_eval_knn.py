@@ -87,3 +87,43 @@ def test_massive_ties_match_stable_brute_force(k, budget):
     s = (p @ p.T)[which][:, which]
     np.fill_diagonal(s, -np.inf)
     assert np.array_equal(idx.numpy(), np.argsort(-s, axis=1, kind="stable")[:, :k])
+
+
+def test_self_similarity_is_exactly_symmetric_and_independent_of_row_grouping():
+    from caffe_compat.evaluate.knn import Tiles, self_similarity
+
+    x = torch.nn.functional.normalize(torch.from_numpy(np.random.default_rng(4).normal(size=(600, 20)).astype(np.float32)))
+    tiles = Tiles(x)
+    whole = self_similarity(tiles, 0, 600)
+    assert torch.equal(whole, whole.t())
+    torch.testing.assert_close(whole, x @ x.t(), rtol=0, atol=1e-6)
+    assert torch.equal(self_similarity(tiles, 256, 600, 256), whole[256:, 256:])
+    assert torch.equal(self_similarity(tiles, 256, 512), whole[256:512])
+
+
+@pytest.mark.parametrize("k", [1, 40, 699])
+@pytest.mark.parametrize("budget", [1, 10**12])
+def test_self_topk_over_panels_equals_exact_topk_of_the_whole_matrix(k, budget):
+    # budget 1: panels of one tile, so rows get candidates handed down from up to two panels above
+    from caffe_compat.evaluate.knn import Tiles, exact_topk, self_similarity, self_topk
+
+    x = torch.nn.functional.normalize(torch.from_numpy(np.random.default_rng(8).normal(size=(700, 16)).astype(np.float32)))
+    whole = self_similarity(Tiles(x), 0, 700)
+    whole.fill_diagonal_(float("-inf"))
+    ref_sims, ref_idx = exact_topk(whole, k)
+    parts = list(self_topk(x, k, budget_bytes=budget))
+    assert [start for start, _, _ in parts] == ([0, 256, 512] if budget == 1 else [0])
+    assert torch.equal(torch.cat([i for _, _, i in parts]), ref_idx)
+    assert torch.equal(torch.cat([v for _, v, _ in parts]), ref_sims)
+
+
+@pytest.mark.parametrize("k", [1, 150, 151, 599])
+def test_massive_ties_across_panels_match_stable_brute_force(k):
+    rng = np.random.default_rng(9)
+    prototypes = rng.normal(size=(4, 16))
+    which = rng.integers(0, 4, 600)
+    _, idx = topk_neighbours(prototypes[which], k, budget_bytes=1)
+    p = prototypes / np.linalg.norm(prototypes, axis=1, keepdims=True)
+    s = (p @ p.T)[which][:, which]
+    np.fill_diagonal(s, -np.inf)
+    assert np.array_equal(idx.numpy(), np.argsort(-s, axis=1, kind="stable")[:, :k])

@@ -86,3 +86,15 @@ def test_chunked_equals_unchunked(budget):
     whole = retrieval_metrics(x, y, ks=(1, 2, 4, 8), budget_bytes=10**12)
     assert retrieval_metrics(x, y, ks=(1, 2, 4, 8), budget_bytes=budget) == whole
     assert whole["precision_at_1"] == whole["recall_at_k"][1]
+
+
+@pytest.mark.parametrize("budget", [1, 10**12])
+def test_half_matrix_panels_equal_the_full_row_chunks(budget):
+    # ranking_scores works on the upper triangle in panels (budget 1: three panels of 256 rows);
+    # retrieval_metrics reads whole rows: same similarity bits, same neighbours, same scores
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(700, 10)).astype(np.float32)
+    y = rng.integers(0, 30, 700)
+    whole = retrieval_metrics(x, y, ks=(1,), budget_bytes=10**12)
+    scores = ranking_scores(x, y, budget_bytes=budget)
+    assert scores == {"map_at_r": whole["map_at_r"], "precision_at_1": whole["precision_at_1"]}
