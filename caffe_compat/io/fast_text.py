@@ -115,6 +115,7 @@ def _fields(descriptor) -> dict:
 def _merge(message, tokens: list[str], i: int, depth: int) -> int:
     fields = _fields(message.DESCRIPTOR)
     n = len(tokens)
+    seen = set()  # singular fields given twice: Caffe's TextFormat::Parse rejects them (protobuf says where)
     while i < n:
         token = tokens[i]
         if token == "}" and depth > 0:
@@ -123,6 +124,10 @@ def _merge(message, tokens: list[str], i: int, depth: int) -> int:
         if info is None:
             raise _Fallback  # punctuation out of place, a quoted name, an unknown field
         is_message, repeated, convert = info
+        if not repeated:
+            if token in seen:
+                raise _Fallback
+            seen.add(token)
         i += 1
         colon = i < n and tokens[i] == ":"
         if colon:

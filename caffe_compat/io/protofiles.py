@@ -23,6 +23,7 @@ PROTOBUF_LIMIT = 2**31 - 1
 
 _UNKNOWN_FIELD = re.compile(r'Message type "(?:caffe\.)?([\w.]+)" has no field named "(\w+)"')
 _UNKNOWN_ENUM = re.compile(r'Enum type "(?:caffe\.)?([\w.]+)" has no value named (\w+)')
+_SET_TWICE = re.compile(r'Message type "(?:caffe\.)?([\w.]+)" should not have multiple "(\w+)" fields')
 _CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1f]")
 _POSITION = re.compile(r"^(\d+):(\d+) : ?")
 
@@ -37,7 +38,11 @@ def describe_text_error(exc: text_format.ParseError, source: str) -> str:
         text = text[match.end():]
     unknown = _UNKNOWN_FIELD.search(text)
     enum = _UNKNOWN_ENUM.search(text)
-    if unknown:
+    twice = _SET_TWICE.search(text)
+    if twice:
+        text = (f"'{twice.group(2)}' is given more than once in {twice.group(1).split('.')[-1]} (it is not a "
+                "repeated field; Caffe's parser rejects this)")
+    elif unknown:
         text = f"unknown field '{unknown.group(2)}' in {unknown.group(1).split('.')[-1]}"
     elif enum:
         text = f"'{enum.group(2)}' is not a value of {enum.group(1).split('.')[-1]}"
@@ -46,14 +51,15 @@ def describe_text_error(exc: text_format.ParseError, source: str) -> str:
 
 
 def parse_text(text: str, message, source: str = "<text>"):
-    """Parse prototxt ``text`` into ``message`` (merged, so repeated fields may appear in any order).
+    """Parse prototxt ``text`` into ``message`` (repeated fields may appear in any order; a singular
+    field given twice is an error, as in Caffe's ``TextFormat::Parse``).
 
     Plain Caffe files take the fast path of :mod:`caffe_compat.io.fast_text`; anything else, and every
     error, goes through protobuf's own text parser."""
     if not message.ByteSize() and merge_fast(text, message):
         return message
     try:
-        text_format.Merge(text, message)
+        text_format.Parse(text, message)  # like Caffe's TextFormat::Parse: a singular field only once
     except text_format.ParseError as exc:
         raise ParseError(describe_text_error(exc, source)) from None
     return message

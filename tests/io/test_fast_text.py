@@ -57,3 +57,24 @@ def test_random_token_streams_agree(tokens):
     fast = caffe_pb2.NetParameter()
     if merge_fast(text, fast):
         assert slow_ok and fast == slow
+
+
+@pytest.mark.parametrize("text, field, message", [
+    ('name: "a"\nname: "b"\n', "name", "NetParameter"),
+    ('layer {\n  name: "c" type: "Convolution"\n  convolution_param { num_output: 1 }\n'
+     '  convolution_param { num_output: 2 }\n}\n', "convolution_param", "LayerParameter"),
+    ('layer { name: "p" type: "Pooling" pooling_param { pool: MAX pool: AVE } }', "pool", "PoolingParameter"),
+])
+def test_singular_field_given_twice_is_an_error_like_caffe(text, field, message):
+    """Caffe reads prototxt with TextFormat::Parse, which refuses a non-repeated field given twice
+    (Merge would keep the last value silently); the fast path hands such files to protobuf for the
+    position."""
+    from caffe_compat.errors import ParseError
+    from caffe_compat.io import read_net
+
+    assert not merge_fast(text, caffe_pb2.NetParameter())
+    with pytest.raises(ParseError, match=rf"<text>:\d+:\d+: '{field}' is given more than once in {message}"):
+        read_net(text)
+    # repeated fields may repeat, in any order
+    net = read_net('layer { name: "a" type: "Concat" bottom: "x" top: "y" bottom: "z" }')
+    assert list(net.layer[0].bottom) == ["x", "z"]
