@@ -150,3 +150,36 @@ def test_data_source_feeds_each_sub_batch():
         solver.step(1)
         for key, value in param_arrays(solver).items():
             np.testing.assert_allclose(value, reference[key][t + 1], rtol=1e-5, atol=4e-6 * np.abs(value).max())
+
+
+@pytest.mark.parametrize("average", [1, 3, 7])
+def test_displayed_loss_is_the_mean_of_the_last_average_loss_iterations(average):
+    """Caffe's UpdateSmoothedLoss: a running mean while fewer than ``average_loss`` losses are held,
+    then a ring buffer; the displayed loss is the mean of the last ``average_loss`` losses of the
+    current ``Step(n)`` call (up to float32 rounding).  Quirk: ``Step`` clears the buffer, so a pycaffe
+    loop of ``solver.step(1)`` always displays the last loss whatever ``average_loss`` says."""
+    from caffe_compat.io import read_solver
+
+    param = read_solver(case_dir(CASE) / "solver.prototxt")
+    param.net = str(case_dir(CASE) / "net.prototxt")
+    param.average_loss = average
+
+    def fresh():
+        solver = Solver(param, weights=str(case_dir(CASE) / "init.caffemodel"), device="cpu")
+        feed(solver, CASE, 0)  # the same batch every iteration: one Step(n) call cannot be fed in between
+        return solver
+
+    one_by_one, losses = fresh(), []
+    for _ in range(9):
+        one_by_one.step(1)
+        losses.append(float(one_by_one.outputs["loss"]))
+        assert one_by_one.smoothed_loss == pytest.approx(losses[-1], rel=1e-7)  # the Step-clears quirk
+    assert len(set(np.round(losses, 6))) == 9  # the weights move, so the window matters
+    for n in (2, 9):
+        solver = fresh()
+        solver.step(n)
+        window = losses[:n][-average:]
+        # float32 running updates: absolute rounding of the order of eps x the largest loss seen
+        tolerance = 1e-6 * max(losses[:n])
+        assert solver.smoothed_loss == pytest.approx(sum(window) / len(window), rel=2e-6, abs=tolerance), (n, average)
+    assert abs(sum(losses[-3:]) / 3 - losses[-1]) > 1e-3  # the mean of a window is not just the last loss
