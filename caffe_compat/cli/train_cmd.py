@@ -2,10 +2,20 @@
 
 Reads the net relative to the working directory, then to the solver's folder; ``--weights`` copies a
 caffemodel in first (fine-tuning), ``--snapshot`` resumes from a ``.solverstate``.  Data come from the
-net's data layers (Data/LMDB, ImageData, MemoryData, the authors' LabelShufflingLayer port).
+net's data layers (Data/LMDB, ImageData, HDF5Data, DummyData, the authors' LabelShufflingLayer port); a
+net that reads its batches only from Input layers is refused (exit status 2): feed those through the
+Python API (``caffe_compat.solver.train.train(solver, data=...)``).
+
+Data parallel: ``torchrun --nproc_per_node N -m caffe_compat.cli train SOLVER.prototxt`` (or the
+``caffe-compat`` script under ``torchrun --no-python``) splits every global batch of the net's data
+layers over the N ranks, the pair losses see the gathered global batch, and rank 0 alone writes the
+snapshots, the logs and the summary line (see :mod:`caffe_compat.solver.train`).
+``--no-distributed`` trains each rank alone.
 """
 
 from __future__ import annotations
+
+import argparse
 
 
 def register(sub) -> None:
@@ -22,15 +32,26 @@ def register(sub) -> None:
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--log", help="CSV log of loss and lr per iteration")
     p.add_argument("--tensorboard", help="TensorBoard log folder (when tensorboard is installed)")
+    p.add_argument("--distributed", action=argparse.BooleanOptionalAction, default=None,
+                   help="data-parallel training over the torchrun ranks (default: when WORLD_SIZE > 1)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from caffe_compat.solver import distributed as ddp
     from caffe_compat.solver.train import train
 
     summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=args.device,
                     amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
-                    tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed)
+                    tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
+                    distributed=args.distributed)
+    main = ddp.is_main_process()
+    if ddp.is_distributed():
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    if not main:
+        return 0
     print(f"trained {summary.iterations} iterations in {summary.seconds:.1f} s ({summary.iters_per_s:.2f} it/s) on "
           f"{summary.device}; loss {summary.first_loss:.6g} -> {summary.last_loss:.6g}; "
           f"snapshots: {', '.join(summary.snapshots) or 'none'}")

@@ -13,6 +13,20 @@ With the Solver: ``gather_loss_bottoms(solver.net)`` makes the pair layers (``Co
 the metric-learning loss layers) read gathered bottoms, and ``solver.gradient_hook = average_gradients_hook``
 averages the parameter diffs across ranks before Caffe's update (the update then runs identically on
 every rank, so the weights stay in sync).  Losses reported by each rank are the global-batch loss.
+
+:func:`caffe_compat.solver.train.train` does all of this when it runs under torchrun (see its module
+docstring); the pieces it adds live here too: :func:`shard_batch` (rank ``r``'s contiguous share of a
+global batch, the split :class:`~caffe_compat.data.samplers.GlobalBatchSampler` makes),
+:func:`shard_data_layers` (the net's own data layers keep producing the global batch on every rank,
+identically seeded, and each rank keeps its share), :func:`broadcast_parameters` (rank 0's weights,
+as DDP does at construction) and :func:`any_rank` (a flag agreed by all ranks).
+
+Normalisation.  Averaging the parameter gradients is exact for the pair layers (above).  A loss layer
+that is *not* gathered (e.g. SoftmaxWithLoss beside the pair loss) sees only the rank's share; the
+average of the ranks' gradients is then the gradient of the mean of the per-rank losses, which equals
+the global-batch loss when the layer normalises by its batch size (Caffe's default BATCH_SIZE / VALID
+without ignore_label) and the shares are equal (what :func:`shard_batch` makes).  Such a layer's loss,
+as reported by a rank, is that rank's share's loss.
 """
 
 from __future__ import annotations
@@ -25,13 +39,15 @@ from torch import nn
 
 from caffe_compat.errors import CaffeCompatError
 
-__all__ = ["GatherBottoms", "all_gather", "all_gather_with_grad", "average_gradients", "average_gradients_hook",
-           "gather_batch", "gather_loss_bottoms", "init_distributed", "is_distributed", "is_main_process",
-           "rank", "world_size", "PAIR_LAYER_TYPES"]
+__all__ = ["GatherBottoms", "ShardTops", "all_gather", "all_gather_with_grad", "any_rank", "average_gradients",
+           "average_gradients_hook", "broadcast_parameters", "env_world_size", "gather_batch", "gather_loss_bottoms",
+           "init_distributed", "is_distributed", "is_main_process", "rank", "shard_batch", "shard_data_layers",
+           "world_size", "PAIR_LAYER_TYPES"]
 
-PAIR_LAYER_TYPES = ("CosineSimilarityBatch", "FAPPYLoss", "ContrastiveBatchLoss", "LiftedStructSimilaritySoftmaxLoss",
-                    "HistogramLoss", "TripletLoss", "BinomialDevianceLoss", "MultiSimilarityLoss", "MarginLoss",
-                    "FastAPLoss", "SmoothAPLoss")
+PAIR_LAYER_TYPES = ("CosineSimilarityBatch", "FAPPYLoss", "BatchContrastiveLoss", "LiftedStructSimilaritySoftmaxLoss",
+                    "HistogramLoss", "TripletLoss", "BinomialDevianceLoss", "MultiSimilarityLoss", "RAWLoss",
+                    "MarginLoss", "FastAPLoss", "SmoothAPLoss",
+                    "Python:distribution_loss_layer.DistributionLossLayer")
 
 
 def is_distributed() -> bool:
@@ -50,21 +66,35 @@ def is_main_process() -> bool:
     return rank() == 0
 
 
-def init_distributed(backend: str | None = None) -> tuple[int, int, torch.device]:
+def env_world_size() -> int:
+    """The ``WORLD_SIZE`` torchrun exports (1 when absent)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        raise CaffeCompatError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer") from None
+
+
+def init_distributed(backend: str | None = None, device=None) -> tuple[int, int, torch.device]:
     """Join the process group torchrun describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_*``).
 
-    Returns ``(rank, world_size, device)``: ``cuda:<LOCAL_RANK>`` with NCCL when CUDA is available, else
-    CPU with gloo.  Without torchrun's variables it is a single process: ``(0, 1, device)``.
+    Returns ``(rank, world_size, device)``.  ``device`` (default: CUDA when available): a CUDA device
+    means ``cuda:<LOCAL_RANK>`` (a plain ``"cuda"``) with NCCL, CPU means gloo; ``backend`` overrides.
+    Without torchrun's variables it is a single process: ``(0, 1, device)``.  A process group that is
+    already initialised is joined as it is.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
-    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) <= 1:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device(f"cuda:{local_rank}")
+    if is_distributed():
+        return rank(), world_size(), device
+    if env_world_size() <= 1:
         return 0, 1, device
-    if cuda:
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    if not is_distributed():
-        dist.init_process_group(backend or ("nccl" if cuda else "gloo"))
+    dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"))
     return rank(), world_size(), device
 
 
@@ -127,14 +157,24 @@ def gather_batch(embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
 @torch.no_grad()
 def average_gradients(params) -> None:
     """All-reduce the ``.grad`` of ``params`` and divide by the world size (what DDP does in backward).
-    Every rank must hold a gradient for the same parameters."""
+    Every rank must hold a gradient for the same parameters.  The gradients travel in one flat buffer
+    per (device, dtype) (one collective, like DDP's buckets); the values are those of one all-reduce
+    per tensor (an element-wise sum)."""
     if not is_distributed() or world_size() == 1:
         return
     n = world_size()
+    groups: dict = {}
     for p in params:
         if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-            p.grad.div_(n)
+            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+    for grads in groups.values():
+        flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat.div_(n)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 def average_gradients_hook(solver) -> None:
@@ -175,11 +215,117 @@ def gather_loss_bottoms(net, layer_types=PAIR_LAYER_TYPES) -> list[str]:
     from_pair_layer: set[str] = set()
     wrapped = []
     for step in net.steps:
-        if step.type in layer_types and step.module_key is not None:
+        if step.module_key is None:
+            continue
+        module = net.layers[step.module_key]
+        # a Python layer's registry key ("Python:module.Layer") names the port, its step type is "Python"
+        port = module.inner if isinstance(module, GatherBottoms) else module
+        if step.type in layer_types or getattr(port, "caffe_type", step.type) in layer_types:
             gather = tuple(b not in from_pair_layer for b in step.bottoms)
-            module = net.layers[step.module_key]
             if any(gather) and not isinstance(module, GatherBottoms):
                 net.layers[step.module_key] = GatherBottoms(module, gather)
                 wrapped.append(step.name)
             from_pair_layer.update(step.tops)
+    return wrapped
+
+
+def _comm_device(device=None) -> torch.device:
+    """Where a small collective's tensor must live: CUDA for NCCL, CPU otherwise."""
+    if dist.get_backend() == "nccl":
+        return torch.device(device) if device is not None and torch.device(device).type == "cuda" else \
+            torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def any_rank(flag: bool, device=None) -> bool:
+    """True on every rank when ``flag`` is true on at least one (a MAX all-reduce; every rank must call it
+    at the same point).  ``flag`` itself without a process group."""
+    if not is_distributed() or world_size() == 1:
+        return bool(flag)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_comm_device(device))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+@torch.no_grad()
+def broadcast_parameters(net) -> None:
+    """Copy rank 0's parameters and buffers to every rank (DDP does it at construction)."""
+    if not is_distributed() or world_size() == 1:
+        return
+    seen = set()
+    tensors = [blob for blobs in net.params.values() for blob in blobs] + list(net.buffers())
+    for tensor in tensors:
+        if id(tensor) not in seen and tensor.numel():
+            seen.add(id(tensor))
+            dist.broadcast(tensor.data, src=0)
+
+
+def shard_batch(batch: dict, where: str = "batch") -> dict:
+    """This rank's share of a global batch ``{blob: tensor or array}``: rows ``[r·b, (r+1)·b)`` of every
+    value along its first axis, ``b = B / world_size`` (the split of :class:`GlobalBatchSampler`), so
+    the ranks' shares in rank order are the global batch, rows in order.  0-d values are left whole;
+    ``B`` must be divisible by the world size (equal shares keep per-rank losses normalised alike)."""
+    n = world_size()
+    if n == 1:
+        return batch
+    r = rank()
+    out = {}
+    for name, value in batch.items():
+        shape = getattr(value, "shape", None)
+        if shape is None or len(shape) == 0:
+            out[name] = value
+            continue
+        rows = int(shape[0])
+        if rows % n:
+            raise CaffeCompatError(f"{where}: blob '{name}' has {rows} rows, not divisible by the {n} ranks: "
+                                   f"use a global batch size that is a multiple of the world size")
+        b = rows // n
+        out[name] = value[r * b:(r + 1) * b]
+    return out
+
+
+class ShardTops(nn.Module):
+    """Wraps a data layer (a layer without bottoms) so that each rank keeps its share of the global batch
+    the layer produces (:func:`shard_batch` on its tops).  Every rank runs the layer (seeded alike from
+    the net's generator), so the shares are consistent.  The identity without a process group; other
+    attributes (``set_input_arrays``, ``fill``, ...) are the wrapped layer's."""
+
+    def __init__(self, layer: nn.Module, tops: tuple[str, ...], where: str):
+        super().__init__()
+        self.inner = layer
+        self.tops = tuple(tops)
+        self.where = where
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules", {})
+            if "inner" not in modules:
+                raise
+            return getattr(modules["inner"], name)
+
+    def caffe_blobs(self):
+        return self.inner.caffe_blobs()
+
+    def forward(self, *bottoms):
+        outs = self.inner(*bottoms)
+        single = torch.is_tensor(outs)
+        outs = (outs,) if single else tuple(outs)
+        shared = shard_batch(dict(zip(self.tops, outs)), self.where)
+        outs = tuple(shared[t] for t in self.tops)
+        return outs[0] if single else outs
+
+
+def shard_data_layers(net, skip_types=("Input",)) -> list[str]:
+    """Wrap the data layers of ``net`` (layers without bottoms, other than ``skip_types``) in
+    :class:`ShardTops`.  Returns the wrapped names.  Idempotent."""
+    wrapped = []
+    for step in net.steps:
+        if step.bottoms or step.type in skip_types or step.module_key is None or not step.tops:
+            continue
+        module = net.layers[step.module_key]
+        if not isinstance(module, ShardTops):
+            net.layers[step.module_key] = ShardTops(module, step.tops, f"layer '{step.name}' ({step.type})")
+            wrapped.append(step.name)
     return wrapped

@@ -115,3 +115,31 @@ def test_gather_loss_bottoms_wraps_the_registered_contrastive_and_raw_layers():
     after = net(data=x, label=labels)  # one process: the gather is the identity
     for name in ("contrastive", "raw"):
         assert float(after[name].detach()) == float(before[name].detach())
+
+
+PYTHON_HISTOGRAM_NET = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 8 dim: 4 } } }
+layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 8 } } }
+layer { name: "embed" type: "InnerProduct" bottom: "data" top: "embed"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "cos" type: "CosineSimilarityBatch" bottom: "embed" bottom: "label" top: "cosine" top: "pair_label" }
+layer { name: "hist" type: "Python" bottom: "cosine" bottom: "pair_label" top: "loss" loss_weight: 1
+  python_param { module: "distribution_loss_layer" layer: "DistributionLossLayer"
+    param_str: "grid_delta: 0.25\\nloss: exp\\ndistr_type: hist" } }
+"""
+
+
+def test_python_pair_layer_is_matched_by_its_registry_key():
+    """The authors' histogram loss is a Python layer (step type "Python"): gather_loss_bottoms finds it by
+    its registry key.  Fed by CosineSimilarityBatch, its bottoms are already global, so only the cosine
+    layer is wrapped; fed directly by the features' layer, it would be wrapped itself."""
+    net = CaffeNet(PYTHON_HISTOGRAM_NET, phase="train")
+    assert gather_loss_bottoms(net) == ["cos"]
+    assert not isinstance(net.layer("hist"), GatherBottoms)
+    direct = CaffeNet(PYTHON_HISTOGRAM_NET.replace('bottom: "cosine" bottom: "pair_label" top: "loss"',
+                                                   'bottom: "cosine_in" bottom: "pair_in" top: "loss"')
+                      .replace('layer { name: "cos"',
+                               'layer { name: "cin" type: "Input" top: "cosine_in" top: "pair_in" input_param { '
+                               'shape { dim: 28 dim: 1 dim: 1 dim: 1 } shape { dim: 28 dim: 1 dim: 1 dim: 1 } } }\n'
+                               'layer { name: "cos"'), phase="train")
+    assert "hist" in gather_loss_bottoms(direct)

@@ -45,7 +45,7 @@ def test_forced_rule_solvers_take_the_first_step_of_their_rule(kind, rule, momen
     case = "sgd_step_momentum"
     d = case_dir(case)
     text = (d / "solver.prototxt").read_text().replace('net: "net.prototxt"', f'net: "{d / "net.prototxt"}"')
-    text = "\n".join(line for line in text.splitlines() if not line.startswith("momentum:"))
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(("momentum:", "snapshot_prefix:")))
     path = tmp_path / "solver.prototxt"
     path.write_text(text + f"\nmomentum: {momentum}\nsnapshot_prefix: \"{tmp_path / 'snap'}\"\n")
     solver = getattr(caffe, f"{kind}Solver")(str(path))

@@ -98,3 +98,26 @@ def test_bf16_autocast_and_channels_last_on_cpu():
 def test_bad_amp_name():
     with pytest.raises(FormatError, match="amp must be one of"):
         train(make_solver(CASE), loader(), iters=1, amp="fp8")
+
+
+def test_input_only_net_without_data_is_refused(tmp_path, monkeypatch, capsys):
+    from caffe_compat.cli import main
+    from caffe_compat.errors import CaffeCompatError
+
+    monkeypatch.chdir(tmp_path)  # nothing may be written (the fixture's snapshot_prefix is relative)
+    solver_file = str(case_dir(CASE) / "solver.prototxt")
+    assert main(["train", solver_file, "--iters", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("caffe-compat train: error: ") and "only from Input layers (data, label)" in err
+    assert "Python API" in err and "zero-filled" in err
+    with pytest.raises(CaffeCompatError, match="Input-only net needs its data fed through the Python API"):
+        train(solver_file, iters=1, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    # with data, the same path trains (and a Solver object is trained on its inputs, the pycaffe way)
+    summary = train(solver_file, loader(), iters=2, progress=False, weights=str(case_dir(CASE) / "init.caffemodel"))
+    assert summary.iterations == 2
+    reference = make_solver(CASE)
+    for t in range(2):
+        feed(reference, CASE, t)
+        reference.step(1)
+    assert np.float32(summary.last_loss) == np.float32(reference.last_loss)
