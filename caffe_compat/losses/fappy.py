@@ -520,7 +520,18 @@ def fappy_caffe_forward_backward(cosine: torch.Tensor, labels: torch.Tensor, del
     return loss.to(cos.dtype), diff.to(cos.dtype).reshape(cosine.shape)
 
 
-class _FAPPYCaffe(torch.autograd.Function):
+class _SavedGradient(torch.autograd.Function):
+    """Caffe's loss layers compute their diff in Forward; backward scales it by grad_output (the top
+    diff, i.e. loss_weight)."""
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output, None, None
+
+
+class _FAPPYCaffe(_SavedGradient):
     """Forward: loss and the C++ diff; backward: that diff times grad_output (= Caffe's loss_weight).
 
     ``sim`` is the (B,B) cosine matrix of which the upper triangle (the pairs i<j) is read; the
@@ -534,14 +545,8 @@ class _FAPPYCaffe(torch.autograd.Function):
         ctx.save_for_backward(grad)
         return loss.to(sim.dtype)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output, None, None
 
-
-class _FAPPYCaffeEmbeddings(torch.autograd.Function):
+class _FAPPYCaffeEmbeddings(_SavedGradient):
     """``FAPPYLoss(mode="caffe")`` from the embeddings in one node: CosineSimilarityBatch, then the C++
     FAPPY layer, whose diff (computed in Forward, as in Caffe) goes through CosineSimilarityBatch's
     backward formula (:func:`_cosine_backward`) at once; backward scales that gradient by grad_output
@@ -563,12 +568,6 @@ class _FAPPYCaffeEmbeddings(torch.autograd.Function):
             grad = torch.zeros_like(x) if e is None else _cosine_backward(x, sim, e.to(x.dtype))
         ctx.save_for_backward(grad)
         return loss.to(x.dtype)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output, None, None
 
 
 def _upper_to_matrix(cos: torch.Tensor, b: int) -> torch.Tensor:
