@@ -36,10 +36,21 @@ both layers hold the *same* Parameter (gradients add up, as in Caffe where data 
 Loss: a loss layer's top 0 has loss_weight 1 unless the prototxt says otherwise; any top with an
 explicit non-zero ``loss_weight`` counts.  ``net.objective(blobs) = Σ loss_weight · sum(top)``.
 
-Phase vs ``.train()/.eval()``: the Caffe phase is fixed at construction (it decides which layers exist
-and how Dropout/BatchNorm behave; ports read their ``phase``).  The torch ``training`` flag starts as
-``phase == "train"``; ``.train()``/``.eval()`` flip only that flag and do **not** change Caffe
-semantics (build a second net with the other phase, sharing weights via ``load_state_dict``, for that).
+Phase vs ``.train()/.eval()``: the Caffe phase (with level and stages) is fixed at construction and
+decides which layers exist (include/exclude NetStateRules); ``.train()``/``.eval()`` never change that
+layer set, nor ``net.phase``/``layer.phase`` (build a second net with the other phase, sharing weights
+via ``load_state_dict``, for the other phase's layers).  The torch ``training`` flag starts as
+``phase == "train"`` and decides the phase-dependent *behaviour* of the ports, as PyTorch users
+expect: ``.eval()`` gives Caffe's TEST behaviour (Dropout is the identity; BatchNorm without an
+explicit ``use_global_stats`` normalises with the stored global statistics and updates nothing; Data/
+ImageData take the centre crop), ``.train()`` Caffe's TRAIN behaviour (Dropout drops; BatchNorm uses
+batch statistics and updates its moving averages; random crops).  So with the flag left as built, every
+layer computes exactly what Caffe computes in that phase.  Kept in both modes, as in Caffe: an explicit
+``batch_norm_param { use_global_stats: ... }``; Caffe's quirk of drawing ``mirror`` in TEST too; and a
+layer whose own ``phase`` field differs from the net's (a prototxt pinning, say, a BatchNorm to TEST in
+a TRAIN net): ``train()``/``eval()`` leave such a layer in its own phase.  A layer whose ``phase`` equals
+the net's follows the mode whether the prototxt wrote it or not (Caffe's ``ToProto``, and so saved
+prototxts and checkpoints, write every layer's phase).
 
 ``force_backward: true``: inputs fed to a forward are made to require grad (if they do not already) so
 that the input diffs exist, as with Caffe's force_backward.  Without it, input diffs are returned only
@@ -304,6 +315,15 @@ class CaffeNet(nn.Module):
     #: ``torch.backends.cuda.matmul.allow_tf32``).  Set ``allow_tf32 = True`` on the net (or the class)
     #: before moving it to keep PyTorch's faster default; autocast (bf16/fp16) is unaffected.
     allow_tf32 = False
+
+    def train(self, mode: bool = True) -> "CaffeNet":
+        """Set the torch mode of every port (their phase-dependent behaviour: module docstring), except that
+        a layer whose own phase differs from the net's keeps that phase's mode.  Never changes the layer set."""
+        super().train(mode)
+        for step in getattr(self, "steps", ()):
+            if step.module_key is not None and step.phase != self.phase:
+                self.layers[step.module_key].train(step.phase == "train")
+        return self
 
     def _apply(self, fn, *args, **kwargs):
         # .to()/.cuda()/.half() replace buffers by new tensors: rebind shared buffers and their attributes.

@@ -437,3 +437,136 @@ def test_layers_the_caffemodel_supplies_draw_nothing_from_the_fillers(tmp_path):
                 assert torch.equal(want, got), name
     # and differently from a fill of every layer (conv1's draws are skipped)
     assert not torch.equal(load_net(deploy, seed=4).params["conv2/3x3"][0], loaded.params["conv2/3x3"][0])
+
+
+# ------------------------------------------------------------------ .train()/.eval() follow Caffe's phases
+
+MODES_NET = """
+name: "modes"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 4 dim: 3 dim: 2 dim: 2 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" batch_norm_param { moving_average_fraction: 0.5 } }
+layer { name: "bn_batch" type: "BatchNorm" bottom: "data" top: "bn_batch"
+        batch_norm_param { use_global_stats: false moving_average_fraction: 0.5 } }
+layer { name: "bn_test" type: "BatchNorm" bottom: "data" top: "bn_test" phase: TEST }
+layer { name: "drop" type: "Dropout" bottom: "data" top: "drop" dropout_param { dropout_ratio: 0.5 } }
+layer { name: "mc_drop" type: "Dropout" bottom: "data" top: "mc_drop" phase: TRAIN }
+layer { name: "train_only" type: "Power" bottom: "data" top: "t" include { phase: TRAIN } }
+"""
+_BN_MEAN, _BN_VAR, _BN_FACTOR = np.array([2.0, 4.0, 6.0]), np.array([8.0, 18.0, 32.0]), 2.0  # global: m 1,2,3; v 4,9,16
+
+
+def _modes_net(phase):
+    net = CaffeNet(MODES_NET, phase=phase)
+    with torch.no_grad():
+        for name in ("bn", "bn_batch", "bn_test"):
+            mean, var, factor = net.params[name]
+            mean.copy_(torch.tensor(_BN_MEAN)), var.copy_(torch.tensor(_BN_VAR)), factor.fill_(_BN_FACTOR)
+    for name in ("drop", "mc_drop"):
+        net.layer(name).generator = torch.Generator().manual_seed(3)
+    return net
+
+
+def _modes_input():
+    return np.random.RandomState(11).randn(4, 3, 2, 2).astype(np.float32) * 3 + 1
+
+
+def _global_bn(x):  # Caffe's TEST BatchNorm: (x - mean/s) / sqrt(var/s + eps), eps = float32(1e-5)
+    eps = float(np.float32(1e-5))
+    mean, var = (_BN_MEAN / _BN_FACTOR).reshape(1, 3, 1, 1), (_BN_VAR / _BN_FACTOR).reshape(1, 3, 1, 1)
+    return (x.astype(np.float64) - mean) / np.sqrt(var + eps)
+
+
+def _batch_bn(x):  # Caffe's TRAIN BatchNorm: biased batch variance; stats λ·blob + μ, λ·blob + m/(m-1)·σ²
+    x = x.astype(np.float64)
+    mu, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    m = x.size // 3
+    y = (x - mu.reshape(1, 3, 1, 1)) / np.sqrt(var.reshape(1, 3, 1, 1) + float(np.float32(1e-5)))
+    return y, 0.5 * _BN_MEAN + mu, 0.5 * _BN_VAR + m / (m - 1) * var, 0.5 * _BN_FACTOR + 1
+
+
+def _assert_dropped(net, blobs, name, x):
+    mask = net.layer(name).last_mask.numpy()
+    assert 0 < mask.sum() < mask.size
+    np.testing.assert_array_equal(blobs[name].numpy(), np.where(mask, x * np.float32(2.0), 0))
+
+
+def _assert_stats(net, name, mean, var, factor):
+    got = [b.detach().numpy().astype(np.float64) for b in net.params[name]]
+    np.testing.assert_allclose(got[0], mean, rtol=1e-6), np.testing.assert_allclose(got[1], var, rtol=1e-6)
+    np.testing.assert_allclose(got[2], [factor], rtol=1e-7)
+
+
+def test_eval_on_a_train_net_gives_caffe_test_behaviour_and_keeps_the_layer_set():
+    x = _modes_input()
+    net = _modes_net("train")
+    assert net.training and net.layer("drop").training and not net.layer("bn_test").training  # pinned: own phase
+    before = net(data=x)
+    _assert_dropped(net, before, "drop", x)
+    y, mean, var, factor = _batch_bn(x)
+    np.testing.assert_allclose(before["bn"].detach().numpy(), y, rtol=1e-5, atol=1e-5)
+    _assert_stats(net, "bn", mean, var, factor)
+
+    net = _modes_net("train").eval()
+    assert not net.training and net.phase == "train" and "t" in net.blob_shapes  # same layer set
+    assert net.layer("mc_drop").phase == "train" and not net.layer("mc_drop").training  # equals the net's: follows
+    with torch.no_grad():
+        blobs = net(data=torch.from_numpy(x))
+    assert torch.equal(blobs["drop"], torch.from_numpy(x)) and torch.equal(blobs["mc_drop"], torch.from_numpy(x))
+    np.testing.assert_allclose(blobs["bn"].numpy(), _global_bn(x), rtol=1e-5, atol=1e-6)
+    _assert_stats(net, "bn", _BN_MEAN, _BN_VAR, _BN_FACTOR)  # no moving-average update in TEST
+    y, mean, var, factor = _batch_bn(x)  # explicit use_global_stats: false is kept in eval mode
+    np.testing.assert_allclose(blobs["bn_batch"].numpy(), y, rtol=1e-5, atol=1e-5)
+    _assert_stats(net, "bn_batch", mean, var, factor)
+    np.testing.assert_allclose(blobs["bn_test"].numpy(), _global_bn(x), rtol=1e-5, atol=1e-6)
+    assert torch.equal(blobs["t"], torch.from_numpy(x))
+
+
+def test_train_on_a_test_net_gives_caffe_train_behaviour_and_eval_restores_it():
+    x = _modes_input()
+    reference = _modes_net("test")
+    assert not reference.training and reference.layer("mc_drop").training  # pinned to TRAIN in a TEST net
+    expected = reference(data=x)
+    assert torch.equal(expected["drop"], torch.from_numpy(x))
+    _assert_dropped(reference, expected, "mc_drop", x)
+    net = _modes_net("test").train()
+    assert net.phase == "test" and "t" not in net.blob_shapes
+    blobs = net(data=x)
+    _assert_dropped(net, blobs, "drop", x)
+    y, mean, var, factor = _batch_bn(x)
+    np.testing.assert_allclose(blobs["bn"].detach().numpy(), y, rtol=1e-5, atol=1e-5)
+    _assert_stats(net, "bn", mean, var, factor)
+    np.testing.assert_allclose(blobs["bn_test"].detach().numpy(), y, rtol=1e-5, atol=1e-5)  # phase = net's: follows
+    _assert_dropped(net, blobs, "mc_drop", x)  # pinned to TRAIN
+    net = _modes_net("test").train().eval()  # back to the phase's own behaviour, bit for bit
+    blobs = net(data=x)
+    for name in expected:
+        assert torch.equal(blobs[name], expected[name]), name
+
+
+def test_checkpoint_round_trip_keeps_train_eval_semantics(tmp_path):
+    """Saved nets write every layer's phase (Caffe's ToProto does): a phase equal to the net's still follows
+    the mode after reloading, a pinned one stays pinned."""
+    from caffe_compat.checkpoint import load_checkpoint, save_checkpoint
+
+    save_checkpoint(_modes_net("train"), tmp_path / "m.pt")
+    net = load_checkpoint(tmp_path / "m.pt").eval()
+    x = _modes_input()
+    blobs = net(data=x)
+    assert torch.equal(blobs["drop"], torch.from_numpy(x))
+    np.testing.assert_allclose(blobs["bn"].detach().numpy(), _global_bn(x), rtol=1e-5, atol=1e-6)
+    assert not net.layer("bn_test").training and net.train().layer("bn_test").training is False
+
+
+def test_unknown_layer_type_error_names_layer_type_and_how_to_register():
+    from caffe_compat.errors import UnknownLayerError
+
+    text = """name: "unknown"
+    layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }
+    layer { name: "mystery/1" type: "FancyNorm" bottom: "data" top: "out" }
+    """
+    with pytest.raises(UnknownLayerError) as info:
+        load_net(text)
+    message = str(info.value)
+    assert "layer 'mystery/1'" in message and "unknown layer type 'FancyNorm'" in message
+    assert "@caffe_compat.layers.register_layer('FancyNorm')" in message and "CaffeLayer subclass" in message
+    assert "Python layer" not in message

@@ -22,6 +22,10 @@ Offsets and mirroring:
   here, not equal to a particular Caffe run.  ``TEST`` without mirroring is deterministic and
   bit-identical to Caffe.
 
+``phase`` is the transformer's default; ``transform``/``transform_chw`` take ``phase=`` to use the
+other phase for one call (the data layers pass their mode: ``.eval()`` on a net gives Caffe's TEST
+transform, ``.train()`` Caffe's TRAIN transform, see :mod:`caffe_compat.layers.data`).
+
 Errors Caffe raises as ``CHECK`` failures are :class:`~caffe_compat.errors.FormatError` (bad
 parameters: mean file together with mean values, a mean_value count that is neither 1 nor C) or
 :class:`~caffe_compat.errors.DataError` (an image smaller than the crop, a mean of another size).
@@ -96,8 +100,10 @@ class DataTransformer:
             return channels, self.crop_size, self.crop_size
         return channels, height, width
 
-    def transform(self, image_hwc: np.ndarray, rng: np.random.RandomState | None = None) -> np.ndarray:
-        """The cv::Mat path: ``H x W x C`` (or ``H x W``) uint8 BGR image -> float32 ``C x h x w``."""
+    def transform(self, image_hwc: np.ndarray, rng: np.random.RandomState | None = None,
+                  phase: str | int | None = None) -> np.ndarray:
+        """The cv::Mat path: ``H x W x C`` (or ``H x W``) uint8 BGR image -> float32 ``C x h x w``.
+        ``phase``: TRAIN/TEST for this call (default: ``self.phase``)."""
         image = np.asarray(image_hwc)
         if image.dtype != np.uint8:
             raise DataError(f"Image data type must be unsigned byte (uint8), got {image.dtype}")
@@ -105,17 +111,20 @@ class DataTransformer:
             image = image[:, :, None]
         if image.ndim != 3:
             raise DataError(f"expected an H x W x C image, got shape {image.shape}")
-        return self._apply(image.transpose(2, 0, 1), rng)
+        return self._apply(image.transpose(2, 0, 1), rng, phase)
 
-    def transform_chw(self, datum_chw: np.ndarray, rng: np.random.RandomState | None = None) -> np.ndarray:
-        """The Datum path: ``C x H x W`` uint8 bytes or float values -> float32 ``C x h x w``."""
+    def transform_chw(self, datum_chw: np.ndarray, rng: np.random.RandomState | None = None,
+                      phase: str | int | None = None) -> np.ndarray:
+        """The Datum path: ``C x H x W`` uint8 bytes or float values -> float32 ``C x h x w``.
+        ``phase``: TRAIN/TEST for this call (default: ``self.phase``)."""
         datum = np.asarray(datum_chw)
         if datum.ndim != 3:
             raise DataError(f"expected a C x H x W array, got shape {datum.shape}")
-        return self._apply(datum, rng)
+        return self._apply(datum, rng, phase)
 
-    def _apply(self, chw: np.ndarray, rng: np.random.RandomState | None) -> np.ndarray:
+    def _apply(self, chw: np.ndarray, rng: np.random.RandomState | None, phase: str | int | None = None) -> np.ndarray:
         rng = self.rng if rng is None else rng
+        phase = self.phase if phase is None else _phase_name(phase)
         channels, height, width = chw.shape
         do_mirror = self.mirror and bool(rng.randint(2))
         if channels < 1:
@@ -127,7 +136,7 @@ class DataTransformer:
         out_h, out_w = height, width
         if crop:
             out_h = out_w = crop
-            if self.phase == TRAIN:
+            if phase == TRAIN:
                 h_off = int(rng.randint(height - crop + 1))
                 w_off = int(rng.randint(width - crop + 1))
             else:

@@ -1,4 +1,7 @@
-"""pycaffe's ``caffe.io`` helpers: :class:`Transformer` and :func:`load_image` (numpy + OpenCV).
+"""pycaffe's ``caffe.io`` helpers (numpy + OpenCV, no torch): :class:`Transformer`, :func:`load_image`,
+:func:`resize_image`, :func:`oversample` and the BlobProto converters :func:`blobproto_to_array`,
+:func:`array_to_blobproto`, :func:`arraylist_to_blobprotovector_str`,
+:func:`blobprotovector_str_to_arraylist`.
 
 Nearly every old inference script does::
 
@@ -13,16 +16,37 @@ channel swap, raw scale, mean subtraction, input scale.  ``load_image`` returns 
 channels when ``color``; with ``color=False`` a single channel of luminance
 ``0.2125 R + 0.7154 G + 0.0721 B`` (scikit-image's weights, which pycaffe used).
 
-Difference from pycaffe, documented: resizing uses OpenCV's bilinear ``cv2.resize`` on the min-max
-normalised image instead of scikit-image's ``resize`` (pycaffe's ``resize_image``); results agree to
-interpolation round-off, not bit for bit.  Feed images already at the blob size for exact parity.
+Difference from pycaffe, documented: :func:`resize_image` (also used by ``preprocess``) resizes with
+OpenCV (``cv2.resize``, per channel, on the min-max normalised image) instead of scikit-image's
+``resize(..., mode='constant')``.  Both sample at half-pixel centres, so **inside** the image bilinear
+results agree to float round-off (checked against scikit-image's algorithm re-implemented with
+scipy.ndimage: ≤ 1e-7 on [0, 1] data), but they are *not* equal in two cases:
+
+* enlarging: pycaffe's ``mode='constant'`` blends the outermost output rows/columns with the
+  constant 0 of the normalised image, i.e. pulls them toward the image minimum; OpenCV replicates the
+  edge pixel (differences up to ~0.4 of the value range on random data);
+* shrinking with scikit-image ≥ 0.15: its ``resize`` anti-aliases by default (a Gaussian pre-filter,
+  sigma = (factor - 1) / 2), which pycaffe does not turn off; OpenCV's bilinear does not filter, so
+  results differ by far more than round-off (~0.1-0.4 of the range on random data).  With the
+  scikit-image of pycaffe's era (< 0.15, no anti-aliasing) shrinking agrees to round-off.
+
+Feed images already at the blob size for exact parity.  ``interp_order`` 0 (nearest, OpenCV's
+half-pixel ``INTER_NEAREST_EXACT``: scikit-image's order 0 except at exact half-way ties) and 1
+(bilinear) are supported; scikit-image's spline orders 2-5 are refused rather than approximated.
+Unlike pycaffe, which switches to ``scipy.ndimage.zoom`` (corner-aligned sampling) for images with
+other than 1 or 3 channels, every channel count goes through the same OpenCV path.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from caffe_compat.errors import CaffeCompatError, DataError
+from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.io.blobs import blob_shape
+from caffe_compat.proto import caffe_pb2
+
+__all__ = ["Transformer", "array_to_blobproto", "arraylist_to_blobprotovector_str", "blobproto_to_array",
+           "blobprotovector_str_to_arraylist", "load_image", "oversample", "resize_image"]
 
 
 def load_image(filename: str, color: bool = True) -> np.ndarray:
@@ -44,17 +68,123 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
     return np.ascontiguousarray(image, dtype=np.float32)
 
 
-def resize_image(image: np.ndarray, new_dims) -> np.ndarray:
-    """Bilinear resize of an H×W×K image to ``new_dims`` (H', W') (see the module note)."""
+_INTERPOLATION = {0: "INTER_NEAREST_EXACT", 1: "INTER_LINEAR"}
+
+
+def resize_image(im: np.ndarray, new_dims, interp_order: int = 1) -> np.ndarray:
+    """pycaffe's ``caffe.io.resize_image``: an H×W×K image resized to ``new_dims`` (H', W'), float32.
+
+    As pycaffe: the image is min-max normalised, resized and mapped back; a constant image gives the
+    constant (no division by 0).  ``interp_order`` 0 = nearest, 1 = bilinear (the module docstring
+    says where the numbers differ from pycaffe's scikit-image resize)."""
     import cv2
 
-    h, w = int(new_dims[0]), int(new_dims[1])
+    image = np.asarray(im)
+    if image.ndim != 3 or 0 in image.shape:
+        raise CaffeCompatError(f"resize_image: expected a non-empty H x W x K image, got shape {image.shape}")
+    try:
+        h, w = (int(d) for d in new_dims)
+    except (TypeError, ValueError):
+        raise CaffeCompatError(f"resize_image: new_dims must be (height, width), got {new_dims!r}") from None
+    if h < 1 or w < 1:
+        raise CaffeCompatError(f"resize_image: new_dims must be positive, got {(h, w)}")
+    if interp_order not in _INTERPOLATION:
+        raise CaffeCompatError(f"resize_image: interp_order must be 0 (nearest) or 1 (bilinear), got {interp_order!r} "
+                               f"(scikit-image's spline orders 2-5 are not reproduced)")
     lo, hi = float(image.min()), float(image.max())
     if hi <= lo:
         return np.full((h, w, image.shape[-1]), lo, dtype=np.float32)
     normed = ((image - lo) / (hi - lo)).astype(np.float32)
-    channels = [cv2.resize(normed[:, :, k], (w, h), interpolation=cv2.INTER_LINEAR) for k in range(normed.shape[-1])]
+    flag = getattr(cv2, _INTERPOLATION[interp_order])
+    channels = [cv2.resize(normed[:, :, k], (w, h), interpolation=flag) for k in range(normed.shape[-1])]
     return (np.stack(channels, axis=-1) * (hi - lo) + lo).astype(np.float32)
+
+
+def oversample(images, crop_dims) -> np.ndarray:
+    """pycaffe's ``caffe.io.oversample``: 10 crops of ``crop_dims`` (h, w) per H×W×K image, float32
+    ``(10·N, h, w, K)``.  Per image, in pycaffe's order: the corners top-left, top-right, bottom-left,
+    bottom-right, the centre (offset ``((H-h)//2, (W-w)//2)``, what pycaffe's rounding gives), then the
+    same five mirrored left-right.  All images must have the first one's shape (pycaffe takes the crop
+    positions from the first image)."""
+    images = [np.asarray(im) for im in images]
+    if not images:
+        raise CaffeCompatError("oversample: no images given")
+    shape = images[0].shape
+    if len(shape) != 3:
+        raise CaffeCompatError(f"oversample: images must be H x W x K arrays, got shape {shape}")
+    for k, im in enumerate(images):
+        if im.shape != shape:
+            raise CaffeCompatError(f"oversample: image {k} has shape {im.shape}, image 0 has {shape}")
+    try:
+        ch, cw = (int(d) for d in crop_dims)
+    except (TypeError, ValueError):
+        raise CaffeCompatError(f"oversample: crop_dims must be (height, width), got {crop_dims!r}") from None
+    height, width = shape[:2]
+    if not (0 < ch <= height and 0 < cw <= width):
+        raise CaffeCompatError(f"oversample: crop {(ch, cw)} does not fit the {height}x{width} images")
+    offsets = [(0, 0), (0, width - cw), (height - ch, 0), (height - ch, width - cw),
+               ((height - ch) // 2, (width - cw) // 2)]
+    crops = np.empty((10 * len(images), ch, cw, shape[2]), dtype=np.float32)
+    for n, im in enumerate(images):
+        for k, (y, x) in enumerate(offsets):
+            crops[10 * n + k] = im[y:y + ch, x:x + cw, :]
+            crops[10 * n + 5 + k] = im[y:y + ch, x:x + cw, :][:, ::-1, :]
+    return crops
+
+
+# ---------------------------------------------------------------------------------------------- BlobProto
+
+def blobproto_to_array(blob, return_diff: bool = False) -> np.ndarray:
+    """pycaffe's ``caffe.io.blobproto_to_array``: the blob's ``data`` (``diff`` with ``return_diff``) as a
+    float64 array (pycaffe's ``np.array(blob.data)``) of shape ``(num, channels, height, width)`` for a
+    legacy blob (any of those fields set), else ``shape.dim``.  Beyond pycaffe: a blob storing only
+    ``double_data``/``double_diff`` is read too; a value count that does not fit the shape is a
+    :class:`~caffe_compat.errors.FormatError` naming both."""
+    if not isinstance(blob, caffe_pb2.BlobProto):
+        raise CaffeCompatError(f"blobproto_to_array: expected a caffe_pb2.BlobProto, got {type(blob).__name__}")
+    single, double = (blob.diff, blob.double_diff) if return_diff else (blob.data, blob.double_data)
+    data = np.array(double if len(double) and not len(single) else single, dtype=np.float64)
+    shape = blob_shape(blob)
+    count = int(np.prod(shape)) if shape else 1
+    if data.size != count:
+        what = "diff" if return_diff else "data"
+        raise FormatError(f"blobproto_to_array: blob of shape {shape} ({count} values) holds {data.size} {what} values")
+    return data.reshape(shape)
+
+
+def array_to_blobproto(arr, diff=None):
+    """pycaffe's ``caffe.io.array_to_blobproto``: a BlobProto with ``shape.dim`` = ``arr.shape`` and the
+    values as float32 ``data`` (and ``diff`` when given; unlike pycaffe, a diff of another shape is
+    refused)."""
+    array = np.asarray(arr)
+    blob = caffe_pb2.BlobProto()
+    blob.shape.dim.extend(int(d) for d in array.shape)
+    blob.data.extend(array.astype(np.float32).ravel())
+    if diff is not None:
+        diff = np.asarray(diff)
+        if diff.shape != array.shape:
+            raise CaffeCompatError(f"array_to_blobproto: diff has shape {diff.shape}, the array {array.shape}")
+        blob.diff.extend(diff.astype(np.float32).ravel())
+    return blob
+
+
+def arraylist_to_blobprotovector_str(arraylist) -> bytes:
+    """pycaffe's ``caffe.io.arraylist_to_blobprotovector_str``: a serialised BlobProtoVector of the arrays."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.blobs.extend([array_to_blobproto(arr) for arr in arraylist])
+    return vec.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(str_) -> list[np.ndarray]:
+    """pycaffe's ``caffe.io.blobprotovector_str_to_arraylist``: the arrays of a serialised BlobProtoVector."""
+    from google.protobuf.message import DecodeError
+
+    vec = caffe_pb2.BlobProtoVector()
+    try:
+        vec.ParseFromString(bytes(str_))
+    except (DecodeError, TypeError) as exc:
+        raise FormatError(f"blobprotovector_str_to_arraylist: not a serialised BlobProtoVector ({exc})") from None
+    return [blobproto_to_array(blob) for blob in vec.blobs]
 
 
 class Transformer:

@@ -6,8 +6,9 @@ Every port returns a new tensor (never writes its input), so a prototxt that run
 Gradients are autograd's derivative of the forward, which equals Caffe's hand-written backward for
 every layer here; where Caffe's backward has a special case (Power at a zero base, BNLL's clamp) the
 class docstring says how it compares.  ``Threshold`` has no backward in Caffe (its top is detached
-here).  ``Dropout`` reads the layer's ``phase`` at call time: ``"train"`` drops, ``"test"`` is the
-identity (Caffe scales at train time).
+here).  ``Dropout`` reads the layer's mode at call time (``mode_phase``: the torch ``training`` flag,
+initialised from the phase): training drops (Caffe's TRAIN), eval is the identity (Caffe's TEST; Caffe
+scales at train time).
 """
 
 from __future__ import annotations
@@ -232,9 +233,11 @@ class Dropout(NeuronLayer):
     element (``dropout_param.dropout_ratio``, default 0.5); at TEST the identity (Caffe scales at train
     time, not at test time).
 
-    The phase is read at call time from ``self.phase``; ``self.generator`` (a ``torch.Generator`` on
-    the input's device, default None = torch's global RNG) drives the mask, and the last TRAIN mask is
-    kept in ``self.last_mask`` (boolean)."""
+    TRAIN vs TEST is read at call time from the torch ``training`` flag (``self.mode_phase``), which
+    starts as ``phase == "train"``: ``.eval()`` on a TRAIN-phase net makes Dropout the identity,
+    ``.train()`` on a TEST-phase net makes it drop (registry docstring).  ``self.generator`` (a
+    ``torch.Generator`` on the input's device, default None = torch's global RNG) drives the mask,
+    and the last TRAIN mask is kept in ``self.last_mask`` (boolean)."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
@@ -245,7 +248,7 @@ class Dropout(NeuronLayer):
         self.last_mask: torch.Tensor | None = None
 
     def activation(self, x):
-        if self.phase != "train" or self.ratio == 0.0:
+        if not self.training or self.ratio == 0.0:
             return x
         keep = torch.rand(x.shape, generator=self.generator, device=x.device, dtype=torch.float32) >= self.ratio
         self.last_mask = keep

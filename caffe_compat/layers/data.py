@@ -178,6 +178,11 @@ class MemoryData(_SourceLayer):
 # Data, ImageData and HDF5Data read records from files named (relative to the working directory, as
 # Caffe opens them) in the prototxt.  Their state (``position``: the next record; ``_generator``: the
 # numpy RandomState of crops, mirrors and shuffles) lives on the layer, so successive forwards advance.
+# The transform's phase (random crop in TRAIN, centre crop in TEST) is the layer's *mode* at call time
+# (``mode_phase``: the torch ``training`` flag, initialised from the phase), like Dropout and BatchNorm:
+# ``.eval()`` gives Caffe's TEST transform, ``.train()`` Caffe's TRAIN transform.  Caffe's TEST transform
+# still mirrors at random when ``mirror: true`` (kept quirk), so ``.eval()`` makes the data deterministic
+# only without ``mirror``.
 
 
 def _transformer(param, phase: str):
@@ -265,7 +270,9 @@ class Data(_RecordLayer):
     from the first record (Caffe's ``InferBlobShape``); every record of a batch must transform to it.
     Each record goes through :class:`~caffe_compat.data.transformer.DataTransformer`:
     ``(pixel[c, h_off+h, w_off+w] - mean[c, h_off+h, w_off+w]) * scale``, centre crop in TEST, random
-    crop in TRAIN, mirror (drawn in every phase, Caffe's quirk) from the layer's seeded RandomState;
+    crop in TRAIN (TRAIN/TEST = the layer's mode, ``self.training``, initialised from the phase:
+    ``.eval()`` gives the centre crop, ``.train()`` the random one), mirror (drawn in every phase and
+    mode, Caffe's quirk) from the layer's seeded RandomState;
     TEST without mirror is bit-identical to Caffe.  Encoded records decode with OpenCV:
     ``transform_param.force_color`` or ``data_param.force_encoded_color`` (older Caffe's name) ->
     colour, ``force_gray`` -> grey, else native channels.  ``source`` is relative to the working
@@ -305,7 +312,7 @@ class Data(_RecordLayer):
     def _record(self, index):
         pixels, label = self.source.image(index)
         try:
-            return self.transformer.transform_chw(pixels, self._generator), label
+            return self.transformer.transform_chw(pixels, self._generator, phase=self.mode_phase), label
         except CaffeCompatError as exc:
             raise type(exc)(f"layer '{self.layer_name}' (Data), record {index}: {exc}") from None
 
@@ -320,6 +327,9 @@ class ImageData(_RecordLayer):
     ``root_folder + path`` -- plain string concatenation, as Caffe does it, so ``root_folder`` needs its
     trailing ``/`` -- read with ``cv::imread`` (BGR or grey) and, when both ``new_height`` and
     ``new_width`` are positive, ``cv::resize``'d (bilinear), then transformed like the Data layer.
+    Setting only one of ``new_height``/``new_width`` is a FormatError naming the layer (Caffe's
+    ``image_data_layer.cpp`` CHECK-fails: "Current implementation requires new_height and new_width to be
+    set at the same time").
     Tops ``data`` (batch, C, h, w) and optionally ``label`` (batch,).  ``shuffle`` permutes the lines at
     setup and again each time the list wraps around; ``rand_skip`` starts at line
     ``Rand() % rand_skip``.  Shuffles and skips draw from the layer's RandomState (seeded at ``fill``
@@ -341,6 +351,10 @@ class ImageData(_RecordLayer):
         self.transformer = _transformer(param, phase)
         self.root_folder, self.shuffle, self.rand_skip = p.root_folder, bool(p.shuffle), int(p.rand_skip)
         self.new_height, self.new_width, self.is_color = int(p.new_height), int(p.new_width), bool(p.is_color)
+        if (self.new_height > 0) != (self.new_width > 0):
+            raise FormatError(f"layer '{self.layer_name}' (ImageData): new_height ({self.new_height}) and new_width "
+                              f"({self.new_width}) must be set together or both left 0 (Caffe CHECKs: 'Current "
+                              f"implementation requires new_height and new_width to be set at the same time.')")
         try:
             self.lines = read_list_file(p.source)
         except CaffeCompatError as exc:
@@ -382,7 +396,8 @@ class ImageData(_RecordLayer):
 
     def _record(self, index):
         try:
-            return self.transformer.transform_chw(self._image(index), self._generator), self.lines[self.order[index]][1]
+            image = self.transformer.transform_chw(self._image(index), self._generator, phase=self.mode_phase)
+            return image, self.lines[self.order[index]][1]
         except CaffeCompatError as exc:
             raise type(exc)(f"layer '{self.layer_name}' (ImageData), line {self.order[index] + 1}: {exc}") from None
 

@@ -24,8 +24,11 @@ class BatchNorm(CaffeLayer):
     """Caffe's BatchNorm (normalisation only; the affine part is a separate ``Scale`` layer).
 
     Blobs (all non-learnable, zero-initialised): 0 = accumulated mean (C,), 1 = accumulated variance
-    (C,), 2 = scale factor s (1,).  ``batch_norm_param``: ``use_global_stats`` (unset: true in TEST,
-    false in TRAIN, decided from ``self.phase`` at call time), ``moving_average_fraction`` λ (0.999),
+    (C,), 2 = scale factor s (1,).  ``batch_norm_param``: ``use_global_stats`` (unset: Caffe's default
+    ``phase == TEST``, decided at call time from the torch ``training`` flag, which starts as
+    ``phase == "train"``: ``.eval()`` gives global statistics, ``.train()`` batch statistics and the
+    moving-average update; an explicit value is kept in both modes, as in Caffe),
+    ``moving_average_fraction`` λ (0.999),
     ``eps`` (1e-5).  Statistics are per channel (axis 1; one channel for a 1-axis bottom) over every
     other axis, m = count / C values each.
 
@@ -54,7 +57,7 @@ class BatchNorm(CaffeLayer):
     def use_global_stats(self) -> bool:
         if self._global_stats_setting is not None:
             return bool(self._global_stats_setting)
-        return self.phase != "train"
+        return not self.training
 
     def caffe_blobs(self):
         return [self.mean, self.variance, self.scale_factor]

@@ -21,10 +21,18 @@ Contract of a port (``caffe_compat.net.CaffeNet`` relies on it):
   buffer of the layer or of a submodule) and rebinds it; override it only if a port stores blobs in an
   unusual way.
 
-Phase: a port whose behaviour depends on the phase (Dropout, BatchNorm without use_global_stats, ...)
-reads ``self.phase`` (the layer's ``phase`` field, else the net's), fixed at construction like Caffe's.
-``CaffeNet`` sets torch's ``training`` flag to ``phase == "train"``; ports should not switch behaviour
-on ``self.training`` (so ``.eval()`` on a TRAIN net keeps Caffe's TRAIN semantics).
+Phase and mode: the phase (``"train"``/``"test"``, the layer's ``phase`` field, else the net's) is fixed
+at construction; it is what chose the layer *set* (include/exclude NetStateRules), and ``.train()`` /
+``.eval()`` never change that set.  A port whose behaviour depends on the phase (Dropout, BatchNorm
+without an explicit ``use_global_stats``, the data layers' crop) follows the torch ``training`` flag
+instead, read at call time through :attr:`CaffeLayer.mode_phase` (``"train"`` if ``self.training`` else
+``"test"``).  The flag is initialised from the phase (TRAIN -> training, TEST -> eval) when the port is
+built and whenever ``phase`` is assigned, so with the default flags a port computes exactly Caffe's
+phase; ``.eval()`` then gives Caffe's TEST behaviour and ``.train()`` Caffe's TRAIN behaviour, as PyTorch
+users expect.  Settings a prototxt makes explicit keep their value in both modes, as in Caffe
+(``batch_norm_param { use_global_stats: ... }``; a layer whose own ``phase`` differs from the net's is
+kept in that phase by ``CaffeNet.train``/``eval``, see :mod:`caffe_compat.net`).  New ports must not
+read ``self.phase`` for behaviour: use ``self.mode_phase`` (or ``self.training``).
 """
 
 from __future__ import annotations
@@ -52,7 +60,24 @@ class CaffeLayer(nn.Module):
         self.param = param
         self.layer_name = param.name
         self.bottom_shapes = [tuple(int(d) for d in s) for s in bottom_shapes]
-        self.phase = phase
+        self.phase = phase  # also sets the torch training flag (see the ``phase`` property)
+
+    @property
+    def phase(self) -> str:
+        """The phase the layer was built for (fixed by the net; it chose the layer set).  Assigning it
+        re-initialises the torch ``training`` flag from it (``phase == "train"``), as at construction."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        self.train(value == "train")
+
+    @property
+    def mode_phase(self) -> str:
+        """The Caffe phase whose behaviour the port computes now: ``"train"`` if ``self.training`` else
+        ``"test"`` (what phase-dependent ports read at call time)."""
+        return "train" if self.training else "test"
 
     def caffe_blobs(self) -> list[torch.Tensor]:
         """The layer's blobs in Caffe order (what a caffemodel stores for it)."""

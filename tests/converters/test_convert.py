@@ -127,3 +127,49 @@ def test_cli_round_trip_and_exit_codes(tmp_path, capsys):
     process = subprocess.run([sys.executable, "-m", "caffe_compat.cli", "convert", str(changed), weights, "-o",
                               str(tmp_path / "y.pt")], capture_output=True, text=True, cwd=REPO)
     assert process.returncode == 2 and "error:" in process.stderr and "Traceback" not in process.stderr
+
+
+def test_to_caffe_writes_nothing_when_the_caffemodel_cannot_be_written(tmp_path, capsys):
+    """The caffemodel target is a folder: exit 2 with a one-line error, and no prototxt (nor temporary
+    file) is left beside it."""
+    case = fixture_path("solvers/sgd_step_momentum")
+    convert_caffe_to_torch(case / "net.prototxt", case / "init.caffemodel", tmp_path / "t.pt")
+    out = tmp_path / "out"
+    (out / "t.caffemodel").mkdir(parents=True)
+    capsys.readouterr()
+    assert main(["convert", "--to-caffe", str(tmp_path / "t.pt"), "-o", str(out / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "t.caffemodel: cannot write" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["t.caffemodel"] and not any((out / "t.caffemodel").iterdir())
+
+
+def test_to_caffe_failure_restores_the_previous_pair_and_removes_new_folders(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import converters.torch_to_caffe as module
+    from caffe_compat.errors import WriteError
+
+    case = fixture_path("solvers/sgd_step_momentum")
+    convert_caffe_to_torch(case / "net.prototxt", case / "init.caffemodel", tmp_path / "t.pt")
+    convert_caffe_to_torch(*_files("layer_zoo"), tmp_path / "zoo.pt")
+    old = convert_torch_to_caffe(tmp_path / "t.pt", tmp_path / "out" / "m")
+    before = [p.read_bytes() for p in old]
+    real_replace = os.replace
+
+    def disk_full_on_caffemodel(src, dst):
+        if str(dst).endswith(".caffemodel"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(module.os, "replace", disk_full_on_caffemodel)
+    with pytest.raises(WriteError, match=r"m\.caffemodel: cannot write \(No space left on device\)"):
+        convert_torch_to_caffe(tmp_path / "zoo.pt", tmp_path / "out" / "m")  # the prototxt was renamed first
+    assert [p.read_bytes() for p in old] == before  # the old pair, as it was
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["m.caffemodel", "m.prototxt"]
+    with pytest.raises(WriteError):
+        convert_torch_to_caffe(tmp_path / "zoo.pt", tmp_path / "fresh" / "deep" / "m")
+    assert not (tmp_path / "fresh").exists()
+    monkeypatch.undo()
+    new = convert_torch_to_caffe(tmp_path / "zoo.pt", tmp_path / "out" / "m")
+    assert [p.read_bytes() for p in new] != before and len(list((tmp_path / "out").iterdir())) == 2

@@ -49,3 +49,106 @@ def test_resize_to_blob_size_preserves_constant_and_range():
     t.set_transpose("data", (2, 0, 1))
     out = t.preprocess("data", np.full((4, 4, 3), 0.25, np.float32))
     assert out.shape == (3, 8, 8) and np.allclose(out, 0.25)
+
+
+# ------------------------------------------------------------- pycaffe's other caffe.io helpers
+
+def _ramp_image(length: int) -> np.ndarray:  # values 0..length-1 along the width, 1 row, 1 channel
+    return np.arange(length, dtype=np.float32).reshape(1, length, 1)
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_resize_image_of_a_constant_image_is_the_constant(order):
+    out = caffe.io.resize_image(np.full((4, 5, 3), 0.3, np.float64), (7, 9), interp_order=order)
+    assert out.dtype == np.float32 and out.shape == (7, 9, 3) and np.all(out == np.float32(0.3))
+
+
+def test_resize_image_samples_at_half_pixel_centres():
+    """Bilinear 2x of a ramp 0..3: output o samples x = (o + 0.5)/2 - 0.5 (scikit-image's and OpenCV's
+    convention); the outermost samples (x = -0.25, 3.25) take the edge value (OpenCV replicates it;
+    pycaffe's scikit-image mode='constant' blends them with the minimum: the documented difference)."""
+    up = caffe.io.resize_image(_ramp_image(4), (1, 8))[0, :, 0]
+    expected = np.clip(np.arange(8) / 2 - 0.25, 0, 3)
+    np.testing.assert_allclose(up, expected, atol=1e-6)
+    down = caffe.io.resize_image(_ramp_image(8), (1, 4))[0, :, 0]  # x = 2o + 0.5, no anti-aliasing
+    np.testing.assert_allclose(down, np.arange(4) * 2 + 0.5, atol=1e-6)
+    nearest = caffe.io.resize_image(_ramp_image(4), (1, 8), interp_order=0)[0, :, 0]
+    np.testing.assert_array_equal(nearest, np.repeat(np.arange(4), 2))
+    shape = caffe.io.resize_image(np.random.RandomState(0).rand(5, 6, 4), (10, 3)).shape
+    assert shape == (10, 3, 4)  # any channel count
+
+
+def test_resize_image_rejects_bad_input():
+    with pytest.raises(CaffeCompatError, match="interp_order must be 0.*or 1"):
+        caffe.io.resize_image(np.zeros((2, 2, 3)), (4, 4), interp_order=3)
+    with pytest.raises(CaffeCompatError, match="H x W x K"):
+        caffe.io.resize_image(np.zeros((2, 2)), (4, 4))
+    with pytest.raises(CaffeCompatError, match="positive"):
+        caffe.io.resize_image(np.zeros((2, 2, 1)), (0, 4))
+
+
+def _coded_image(height, width, channels, base=0):  # value = base + 100·y + 10·x + k
+    y, x, k = np.meshgrid(np.arange(height), np.arange(width), np.arange(channels), indexing="ij")
+    return (base + 100 * y + 10 * x + k).astype(np.float64)
+
+
+@pytest.mark.parametrize("height, width, crop, centre", [
+    (5, 6, (3, 4), (1, 1)),
+    (6, 7, (3, 4), (1, 1)),  # pycaffe: centre (3, 3.5) - crop/2 (1.5, 2) = (1.5, 1.5), truncated to (1, 1)
+    (7, 9, (2, 2), (2, 3)),  # (3.5, 4.5) - (1, 1) = (2.5, 3.5) -> (2, 3)
+])
+def test_oversample_gives_corners_centre_and_mirrors_in_pycaffe_order(height, width, crop, centre):
+    images = [_coded_image(height, width, 2), _coded_image(height, width, 2, base=1000)]
+    crops = caffe.io.oversample(images, crop)
+    ch, cw = crop
+    assert crops.dtype == np.float32 and crops.shape == (20, ch, cw, 2)
+    origins = [(0, 0), (0, width - cw), (height - ch, 0), (height - ch, width - cw), centre]
+    for n, base in enumerate((0, 1000)):
+        for k, (y, x) in enumerate(origins):
+            expected = _coded_image(ch, cw, 2, base=base + 100 * y + 10 * x)
+            np.testing.assert_array_equal(crops[10 * n + k], expected)
+            np.testing.assert_array_equal(crops[10 * n + 5 + k], expected[:, ::-1, :])
+    assert caffe.io.oversample(np.stack(images), crop).shape == (20, ch, cw, 2)  # an (N, H, W, K) array works
+
+
+def test_oversample_rejects_bad_input():
+    with pytest.raises(CaffeCompatError, match="does not fit"):
+        caffe.io.oversample([np.zeros((4, 4, 3))], (5, 2))
+    with pytest.raises(CaffeCompatError, match="image 1 has shape"):
+        caffe.io.oversample([np.zeros((4, 4, 3)), np.zeros((5, 4, 3))], (2, 2))
+    with pytest.raises(CaffeCompatError, match="H x W x K"):
+        caffe.io.oversample([np.zeros((4, 4))], (2, 2))
+
+
+def test_blobproto_round_trip_with_a_legacy_mean_file():
+    from caffe_compat.io.protofiles import read_message
+    from caffe_compat.proto import caffe_pb2
+    from tests.conftest import fixture_path
+
+    blob = read_message(fixture_path("data/mean.binaryproto"), caffe_pb2.BlobProto(), binary=True)
+    assert blob.HasField("num") and not blob.shape.dim  # a legacy 4-D blob, as compute_image_mean writes
+    mean = caffe.io.blobproto_to_array(blob)
+    expected = np.load(fixture_path("data/source_images.npz"))["mean"]
+    assert mean.dtype == np.float64 and mean.shape == (1, 3, 16, 20)  # pycaffe: np.array(blob.data)
+    np.testing.assert_array_equal(mean[0], expected)
+    diff = np.arange(mean.size, dtype=np.float32).reshape(mean.shape)
+    again = caffe.io.array_to_blobproto(mean, diff)
+    assert list(again.shape.dim) == [1, 3, 16, 20] and not again.HasField("num")
+    np.testing.assert_array_equal(caffe.io.blobproto_to_array(again), mean)
+    np.testing.assert_array_equal(caffe.io.blobproto_to_array(again, return_diff=True), diff)
+    with pytest.raises(CaffeCompatError, match=r"holds 0 diff values"):
+        caffe.io.blobproto_to_array(blob, return_diff=True)
+    with pytest.raises(CaffeCompatError, match="diff has shape"):
+        caffe.io.array_to_blobproto(mean, diff[0])
+
+
+def test_blobprotovector_string_round_trip():
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.float32(2.5) * np.ones((1, 2, 1, 2)), np.float32(7.0)]
+    data = caffe.io.arraylist_to_blobprotovector_str(arrays)
+    assert isinstance(data, bytes)
+    back = caffe.io.blobprotovector_str_to_arraylist(data)
+    assert [a.shape for a in back] == [(2, 3), (1, 2, 1, 2), ()]
+    for got, want in zip(back, arrays):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(CaffeCompatError, match="not a serialised BlobProtoVector"):
+        caffe.io.blobprotovector_str_to_arraylist(b"\xff\xff\xff")

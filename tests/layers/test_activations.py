@@ -77,6 +77,23 @@ def test_dropout_train_is_inverted_and_test_is_identity():
     assert torch.equal(test(x)[0], x)
 
 
+def test_dropout_follows_the_torch_mode_initialised_from_the_phase():
+    x = torch.randn(30, 40, generator=torch.Generator().manual_seed(2))
+    text = 'type: "Dropout" dropout_param { dropout_ratio: 0.25 }'
+    train = make_layer(text, [x.shape], phase="train")
+    assert train.training and train.mode_phase == "train"
+    assert torch.equal(train.eval()(x)[0], x) and train.phase == "train"  # Caffe's TEST: identity
+    test = make_layer(text, [x.shape], phase="test")
+    assert not test.training and torch.equal(test(x)[0], x)
+    test.train().generator = torch.Generator().manual_seed(4)  # Caffe's TRAIN: inverted dropout
+    (y,) = test(x)
+    mask = test.last_mask
+    assert 0 < int(mask.sum()) < mask.numel()
+    assert torch.equal(y, torch.where(mask, x * (1.0 / 0.75), torch.zeros_like(x)))
+    test.phase = "test"  # assigning the phase re-initialises the mode from it
+    assert not test.training and torch.equal(test(x)[0], x)
+
+
 def test_relu_default_slope_and_gradient_at_zero():
     relu = make_layer('type: "ReLU"', [(5,)])
     x = torch.tensor([-2.0, -0.0, 0.0, 0.5, 3.0], requires_grad=True)

@@ -116,6 +116,33 @@ def test_test_phase_mirror_flips_some_images_like_caffe(in_data_dir):
     assert all(f or k for f, k in zip(flipped, kept)) and any(flipped)
 
 
+def test_data_layer_transform_follows_eval_and_train(in_data_dir):
+    """The crop follows the layer's mode like Dropout/BatchNorm: a TRAIN-phase net after eval() gives Caffe's
+    TEST centre crop bit for bit (the fixture), a TEST-phase net after train() random crops."""
+    expected = np.load("raw_meanfile_crop12_scale0.5.npz")
+    param = read_net("raw_meanfile_crop12_scale0.5.prototxt")
+    del param.layer[0].include[:]  # the fixture layer is TEST-only; keep it in a TRAIN net
+    net = CaffeNet(param, phase="train")
+    assert net.training and net.layer("data").transformer.phase == "TRAIN"
+    net.eval()
+    for it in range(2):
+        assert np.array_equal(net.forward()["data"].numpy(), expected[f"data_iter{it}"])
+    net.train()
+    random_crops = net.forward()["data"].numpy()
+    images = np.load("source_images.npz")["images_chw_bgr_uint8"].astype(np.float32)
+    mean = np.load("source_images.npz")["mean"].astype(np.float32)
+    offsets = []
+    for k, record in enumerate([2, 3, 4, 5]):  # the cursor after batches 0-3 and 4, 5, 0, 1
+        centred = images[record] - mean
+        found = [(y, x) for y in range(5) for x in range(9)
+                 if np.array_equal(centred[:, y:y + 12, x:x + 12] * np.float32(0.5), random_crops[k])]
+        assert found, f"sample {k} is no crop of record {record}"
+        offsets += found
+    assert any(offset != (2, 4) for offset in offsets)  # not all centre crops ((16-12)//2, (20-12)//2)
+    test_net = CaffeNet(read_net("raw_meanfile_crop12_scale0.5.prototxt"), phase="test").train().eval()
+    assert np.array_equal(test_net.forward()["data"].numpy(), expected["data_iter0"])
+
+
 def test_data_layer_errors(in_data_dir, tmp_path):
     with pytest.raises(FormatError, match="LEVELDB"):
         _layer('name: "d" type: "Data" top: "data" data_param { source: "lmdb_raw" batch_size: 2 }')
@@ -277,3 +304,18 @@ def test_hdf5_data_missing_dataset_and_unreadable_file_name_the_file(tmp_path, m
     (tmp_path / "files.txt").write_text("broken.h5\n")
     with pytest.raises(DataError, match="cannot read broken.h5"):
         _layer(HDF5_TEXT)
+
+
+@pytest.mark.parametrize("sizes", ["new_height: 8", "new_width: 12", "new_height: 8 new_width: 0"])
+def test_image_data_new_height_and_width_must_come_together(tmp_path, monkeypatch, sizes):
+    _toy_images(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    text = ('name: "imgs" type: "ImageData" top: "data" top: "label" '
+            f'image_data_param {{ source: "list.txt" root_folder: "./" {sizes} batch_size: 2 }}')
+    with pytest.raises(FormatError, match=r"layer 'imgs' \(ImageData\): new_height \(\d+\) and new_width \(\d+\) "
+                                          r"must be set together"):
+        _layer(text)
+    both = _layer(text.replace(sizes, "new_height: 8 new_width: 12"))
+    assert both.output_shapes() == [(2, 3, 8, 12), (2,)]
+    neither = _layer(text.replace(sizes, ""))
+    assert neither.output_shapes() == [(2, 3, 10, 14), (2,)]

@@ -160,6 +160,40 @@ def test_batchnorm_explicit_use_global_stats_overrides_phase():
     assert [tuple(b.shape) for b in port.caffe_blobs()] == [(3,), (3,), (1,)]
 
 
+def test_batchnorm_follows_the_torch_mode_unless_use_global_stats_is_explicit():
+    rng = np.random.RandomState(3)
+    x = torch.from_numpy(rng.randn(4, 3, 2, 5))
+    lam, eps = float(np.float32(0.9)), float(np.float32(0.001))
+    text = 'type: "BatchNorm" batch_norm_param { moving_average_fraction: 0.9 eps: 0.001 }'
+    blobs = np.array([1.0, -2.0, 3.0]), np.array([8.0, 2.0, 4.0]), 2.0
+    # A TEST port switched to train(): batch statistics and Caffe's moving-average update.
+    port = make_layer(text, [x.shape], phase="test").double()
+    assert port.use_global_stats
+    with torch.no_grad():
+        port.mean.copy_(torch.from_numpy(blobs[0])), port.variance.copy_(torch.from_numpy(blobs[1]))
+        port.scale_factor.fill_(blobs[2])
+    port.train()
+    assert not port.use_global_stats and port.phase == "test"
+    (y,) = port(x)
+    y_ref, mean_blob, var_blob, factor = _bn_reference(x.numpy(), *blobs, lam, eps)
+    np.testing.assert_allclose(y.numpy(), y_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(port.mean.numpy(), mean_blob, rtol=1e-12)
+    np.testing.assert_allclose(port.variance.numpy(), var_blob, rtol=1e-12)
+    np.testing.assert_allclose(port.scale_factor.numpy(), [factor], rtol=1e-12)
+    # ... and back to eval(): the stored global statistics, blobs untouched.
+    port.eval()
+    (y,) = port(x)
+    mean, var = (mean_blob / factor).reshape(1, -1, 1, 1), (var_blob / factor).reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(y.numpy(), (x.numpy() - mean) / np.sqrt(var + eps), rtol=1e-12)
+    np.testing.assert_allclose(port.scale_factor.numpy(), [factor], rtol=1e-12)
+    # An explicit use_global_stats keeps its value in both modes (as in Caffe).
+    for value in ("true", "false"):
+        for phase in ("train", "test"):
+            fixed = make_layer(f'type: "BatchNorm" batch_norm_param {{ use_global_stats: {value} }}', [(2, 3)], phase)
+            assert fixed.train().use_global_stats == (value == "true")
+            assert fixed.eval().use_global_stats == (value == "true")
+
+
 def test_scale_blob_shapes_fillers_and_order():
     one = make_layer('type: "Scale" scale_param { axis: 1 num_axes: -1 bias_term: true '
                      'bias_filler { type: "constant" value: 0.5 } }', [(2, 3, 4)])
