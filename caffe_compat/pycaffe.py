@@ -43,6 +43,16 @@ tensors, as on any CaffeNet: pycaffe's ``params[l][i].data[...] = array`` and ``
 
 Not reproduced: ``backward(start=..., end=...)`` and ``forward(start=...)`` past an in-place chain start
 (``start`` works for layers that read blobs already computed); ``Layer`` is pycaffe's Python-layer base
+
+def reshape_argument(name: str, shape: tuple) -> tuple[int, ...]:
+    """pycaffe's ``blob.reshape(n, c, h, w)`` or ``blob.reshape((n, c, h, w))`` as a tuple of ints."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ShapeMismatchError(f"blob '{name}': negative dimension in {shape}")
+    return shape
+
 class for porting code, but a Python layer still needs a registered native port to run (see
 :mod:`caffe_compat.layers.registry`).
 """
@@ -203,11 +213,7 @@ class Blob:
 
     def reshape(self, *shape) -> None:
         """New shape (zeros).  On a net input, the net's shapes are re-inferred (see the module docstring)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise ShapeMismatchError(f"blob '{self.name}': negative dimension in {shape}")
+        shape = reshape_argument(self.name, shape)
         self._realloc(shape)
         owner = self._owner()
         if owner is not None:
@@ -742,11 +748,7 @@ class _SolverBlob(Blob):
 
     def reshape(self, *shape) -> None:
         """An Input blob: new zero-filled input array of that shape (the next forward runs with it)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise ShapeMismatchError(f"blob '{self.name}': negative dimension in {shape}")
+        shape = reshape_argument(self.name, shape)
         if not self._is_input:
             raise CaffeCompatError(f"blob '{self.name}' is not an input of the solver's net; only input blobs "
                                    f"({self._net.input_names}) can be reshaped")
