@@ -43,16 +43,6 @@ tensors, as on any CaffeNet: pycaffe's ``params[l][i].data[...] = array`` and ``
 
 Not reproduced: ``backward(start=..., end=...)`` and ``forward(start=...)`` past an in-place chain start
 (``start`` works for layers that read blobs already computed); ``Layer`` is pycaffe's Python-layer base
-def reshape_argument(name: str, shape: tuple) -> tuple[int, ...]:
-    """pycaffe's ``blob.reshape(n, c, h, w)`` or ``blob.reshape((n, c, h, w))`` as a tuple of ints."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ShapeMismatchError(f"blob '{name}': negative dimension in {shape}")
-    return shape
-
-
 class for porting code, but a Python layer still needs a registered native port to run (see
 :mod:`caffe_compat.layers.registry`).
 """
@@ -117,6 +107,16 @@ def current_device() -> torch.device:
                       RuntimeWarning, stacklevel=3)
         return torch.device("cpu")
     return torch.device("cuda", _MODE["device"])
+
+
+def reshape_argument(name: str, shape: tuple) -> tuple[int, ...]:
+    """pycaffe's ``blob.reshape(n, c, h, w)`` or ``blob.reshape((n, c, h, w))`` as a tuple of ints."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ShapeMismatchError(f"blob '{name}': negative dimension in {shape}")
+    return shape
 
 
 class _Synced:
