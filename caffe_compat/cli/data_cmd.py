@@ -6,7 +6,7 @@ from __future__ import annotations
 def register(sub) -> None:
     p = sub.add_parser("make-toy-data", help="write a small real data set (sklearn digits) in a native layout")
     p.add_argument("kind", choices=["cub", "sop", "vehicleid"])
-    p.add_argument("out")
+    p.add_argument("out", help="new folder (must not exist, or be empty); written complete or not at all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", type=int, default=64, help="image side in pixels")
     p.set_defaults(func=run_toy)
@@ -16,11 +16,17 @@ def register(sub) -> None:
     p.add_argument("root", help="folder the list's paths are relative to")
     p.add_argument("out", help="new LMDB folder")
     p.add_argument("--resize", nargs=2, type=int, metavar=("H", "W"))
-    p.add_argument("--gray", action="store_true")
+    p.add_argument("--gray", action="store_true",
+                   help="decode as grey (raw records; with --encoded and no --resize Caffe stores the file's "
+                        "own bytes, colour included)")
     p.add_argument("--encoded", action="store_true", help="store encoded image files (JPEG/PNG bytes)")
-    p.add_argument("--encode-type", default="", help="re-encode as this type (png, jpg) when --encoded")
+    p.add_argument("--encode-type", default="",
+                   help="encode as this type (png, jpg); implies --encoded, like Caffe's --encode_type")
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first missing/unreadable image (Caffe skips it with a log line)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_lmdb)
 
     p = sub.add_parser("compute-mean", help="Caffe's compute_image_mean: LMDB -> mean .binaryproto")
@@ -38,12 +44,33 @@ def run_toy(args) -> int:
 
 
 def run_lmdb(args) -> int:
+    """Caffe's convert_imageset; unreadable images are skipped with a warning naming ``list:line``
+    (as Caffe skips them), and the summary line counts them."""
+    import sys
+
     from caffe_compat.data.imageset import convert_imageset
 
+    progress = not args.quiet
+
+    def warn(message: str) -> None:
+        line = f"caffe-compat make-lmdb: warning: {message}"
+        if progress:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
+    skipped: list[str] = []
     count = convert_imageset(args.list_file, args.root, args.out, resize=tuple(args.resize) if args.resize else None,
                              gray=args.gray, encoded=args.encoded, encode_type=args.encode_type,
-                             shuffle=args.shuffle, seed=args.seed)
-    print(f"wrote {count} records to {args.out}")
+                             shuffle=args.shuffle, seed=args.seed, progress=progress, strict=args.strict,
+                             on_skip=warn, skipped=skipped)
+    summary = f"wrote {count} records to {args.out}"
+    if skipped:
+        shown = ", ".join(skipped[:10]) + (f", ... ({len(skipped) - 10} more)" if len(skipped) > 10 else "")
+        summary += f"; skipped {len(skipped)} unreadable image(s), as Caffe's convert_imageset does: {shown}"
+    print(summary)
     return 0
 
 

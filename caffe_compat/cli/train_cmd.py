@@ -1,10 +1,15 @@
 """``caffe-compat train SOLVER.prototxt``: Caffe's ``caffe train`` on PyTorch (CPU or CUDA).
 
 Reads the net relative to the working directory, then to the solver's folder; ``--weights`` copies a
-caffemodel in first (fine-tuning), ``--snapshot`` resumes from a ``.solverstate``.  Data come from the
-net's data layers (Data/LMDB, ImageData, HDF5Data, DummyData, the authors' LabelShufflingLayer port); a
-net that reads its batches only from Input layers is refused (exit status 2): feed those through the
-Python API (``caffe_compat.solver.train.train(solver, data=...)``).
+caffemodel in first (fine-tuning), ``--snapshot`` (or ``--resume``) resumes from a ``.solverstate``: with the
+``<prefix>_iter_N.trainstate`` written beside it (data-layer positions, RNG states, loss window), the run
+continues as the uninterrupted one would (same losses with ``--deterministic --seed S``); without it (a
+Caffe snapshot) only Caffe's state is restored and the data layers and RNGs restart, as in Caffe (a
+warning says so).
+
+Data come from the net's data layers (Data/LMDB, ImageData, HDF5Data, DummyData, the authors'
+LabelShufflingLayer port); a net that reads its batches only from Input layers is refused (exit status
+2): feed those through the Python API (``caffe_compat.solver.train.train(solver, data=...)``).
 
 Data parallel: ``torchrun --nproc_per_node N -m caffe_compat.cli train SOLVER.prototxt`` (or the
 ``caffe-compat`` script under ``torchrun --no-python``) splits every global batch of the net's data
@@ -22,7 +27,9 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train a Caffe net from its solver prototxt")
     p.add_argument("solver")
     p.add_argument("--weights", help="caffemodel(s) to start from (comma-separated, like caffe train)")
-    p.add_argument("--snapshot", help="a .solverstate to resume from")
+    p.add_argument("--snapshot", "--resume", dest="snapshot", metavar="SOLVERSTATE",
+                   help="a .solverstate to resume from (with the .trainstate beside it, when train wrote one, the "
+                        "run continues exactly as if uninterrupted in --deterministic mode)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the solver's solver_mode when available)")
     p.add_argument("--iters", type=int, help="iterations to run (default: up to max_iter)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward/backward")

@@ -1,37 +1,68 @@
 """Caffe's ``convert_imageset`` and ``compute_image_mean`` tools.
 
-``convert_imageset(list_file, root, out)`` reads lines ``relative/path label``, and writes one Datum per
-line into a new LMDB under the key ``%08d_<path>`` (Caffe's key), in list order (``shuffle`` permutes the
-lines with a seeded RNG first):
+``convert_imageset(list_file, root, out)`` reads lines ``relative/path label`` and writes one Datum per
+readable image into a new LMDB (built in a temporary folder, renamed into place when complete), in list
+order (``shuffle`` permutes the lines with a seeded RNG first), as Caffe's ``tools/convert_imageset.cpp``
+with ``ReadImageToDatum`` does:
 
-* raw (default): the image decoded by OpenCV (BGR, optionally resized with ``cv2.resize`` bilinear, or
-  grey), stored as C×H×W bytes;
-* ``encoded``: the file's own bytes when no resize/re-encoding is asked for (Caffe's ReadFileToDatum),
-  else the decoded, resized image re-encoded with OpenCV in ``encode_type`` (default: the file's own
-  extension).
+* every image is decoded first (``ReadImageToCVMat``: OpenCV, BGR or grey, ``cv::resize`` bilinear when
+  both resize sides are set), in every mode, ``encoded`` included;
+* **an image that is missing or cannot be decoded is skipped** (Caffe logs "Could not open or find file"
+  and goes on): here a warning ``list:line: skipped <path>: <reason>`` goes to ``on_skip`` (default:
+  :func:`warnings.warn`); the key numbers keep their gaps, like Caffe's.  ``strict=True`` makes it a
+  :class:`DataError` naming ``list:line`` instead.  If no image at all is readable, nothing is written
+  (DataError; Caffe would leave an empty database);
+* key ``%08d_<path>``: the number is the line's 0-based index in the list file (Caffe's ``line_id``;
+  a blank line, which Caffe reads as an empty path and skips, keeps its number), or the position in the
+  shuffled order with ``shuffle``;
+* raw (default): the decoded image stored as C×H×W bytes;
+* encoded: the file's own bytes when no resize is asked and ``encode_type`` matches the file's extension
+  (Caffe's ``matchExt``: case-insensitive, ``jpg`` also matches ``.jpeg``; no ``encode_type`` means the
+  file's own extension) -- Caffe's ``ReadFileToDatum``; otherwise the decoded (resized) image
+  re-encoded with ``cv::imencode("." + encode_type)``.  Caffe quirks kept: ``encode_type`` alone
+  implies ``encoded`` (Caffe passes it to ``ReadImageToDatum`` whatever ``--encoded`` says), and
+  ``gray`` does not change stored file bytes (the condition ``(channels == 3) == is_color`` always holds
+  after a grey decode), so a colour JPEG stored with ``gray`` + ``encoded`` and no resize stays colour:
+  decode it with ``force_gray``.  An encoder OpenCV lacks (``encode_type: xyz``) is a DataError before
+  anything is read (Caffe crashes with a cv::Exception).
+
+OpenCV's own log lines ("imread_(...): can't open/read file", PNG chunk errors) are silenced while the
+images are read, and what the JPEG/PNG libraries print on stderr themselves (e.g. "Premature end of JPEG
+file") is captured and reported through ``on_skip`` with the ``list:line`` it belongs to (an image that
+still decodes is kept, as Caffe keeps it).
 
 ``compute_image_mean(db)`` sums every Datum's pixels in float32, record by record, then divides by the
 count in float32, exactly as Caffe's tool, and returns a 1×C×H×W array (written with legacy 4-D dims).
+Encoded records are decoded natively (``DecodeDatumNative``, ``IMREAD_UNCHANGED``) by the shared
+decoder of :mod:`caffe_compat.io.datum_lmdb`.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
+import threading
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from caffe_compat.errors import DataError
 
 
-def read_list_file(list_file: str | os.PathLike) -> list[tuple[str, int]]:
-    """Caffe's list format: ``path label`` per line; the label is the last space-separated field."""
+def read_list_entries(list_file: str | os.PathLike) -> list[tuple[int, str, int]]:
+    """``(line number, path, label)`` of every non-blank line of a Caffe list file (numbers from 1)."""
     entries = []
     path = Path(list_file)
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         raise DataError(f"{path}: no such list file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read the list file ({exc})") from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -39,55 +70,189 @@ def read_list_file(list_file: str | os.PathLike) -> list[tuple[str, int]]:
         if not name:
             raise DataError(f"{path}:{number}: expected 'relative/path label', got {line!r}")
         try:
-            entries.append((name, int(label)))
+            entries.append((number, name, int(label)))
         except ValueError:
             raise DataError(f"{path}:{number}: label {label!r} is not an integer") from None
     return entries
 
 
-def _datum_for(image_path: Path, label: int, resize, gray: bool, encoded: bool, encode_type: str):
+def read_list_file(list_file: str | os.PathLike) -> list[tuple[str, int]]:
+    """Caffe's list format: ``path label`` per line; the label is the last space-separated field."""
+    return [(name, label) for _, name, label in read_list_entries(list_file)]
+
+
+def match_ext(filename: str, encoding: str) -> bool:
+    """Caffe's ``matchExt``: the file's extension equals ``encoding`` (case-insensitive); ``jpg`` also
+    matches ``jpeg``; a name without a dot is its own extension."""
+    dot = filename.rfind(".")
+    ext = (filename[dot + 1:] if dot >= 0 else filename).lower()
+    encoding = encoding.lower()
+    return ext == encoding or (encoding == "jpg" and ext == "jpeg")
+
+
+_STDERR_LOCK = threading.Lock()
+
+
+@contextmanager
+def _quiet_opencv():
+    """Silence OpenCV's logger and capture what the codec libraries write to stderr (fd 2) themselves.
+
+    Yields a function returning (and clearing) the captured text."""
     import cv2
 
-    from caffe_compat.data.image import load_image_bgr
+    log = getattr(getattr(cv2, "utils", None), "logging", None)
+    old_level = log.getLogLevel() if log is not None else None
+    if log is not None:
+        log.setLogLevel(log.LOG_LEVEL_SILENT)
+    with _STDERR_LOCK, tempfile.TemporaryFile() as sink:
+        try:
+            saved = os.dup(2)
+        except OSError:  # no fd 2 (detached process): nothing to capture
+            saved = None
+
+        def captured() -> str:
+            if saved is None:
+                return ""
+            sink.flush()
+            sink.seek(0)
+            text = sink.read().decode("utf-8", "replace").strip()
+            sink.seek(0)
+            sink.truncate()
+            return text
+
+        @contextmanager
+        def capturing():
+            if saved is None:
+                yield
+                return
+            sys.stderr.flush()
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+
+        try:
+            yield capturing, captured
+        finally:
+            if saved is not None:
+                os.close(saved)
+            if log is not None:
+                log.setLogLevel(old_level)
+
+
+class _Skip(Exception):
+    """An image Caffe's convert_imageset would skip (missing or undecodable)."""
+
+
+def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, encode_type: str | None, capturing,
+               captured, where: str, report: Callable[[str], None]):
+    """The Datum of one list line, as ``ReadImageToDatum`` builds it (see the module docstring).
+
+    ``encode_type`` None: raw; "" : encoded with the file's extension."""
+    import cv2
+
     from caffe_compat.io import make_datum
 
-    suffix = image_path.suffix.lower().lstrip(".")
-    if encoded and not resize and (not encode_type or encode_type.lower() == suffix) and not gray:
+    try:
+        raw = image_path.read_bytes()
+    except FileNotFoundError:
+        raise _Skip("file not found") from None
+    except OSError as exc:
+        raise _Skip(exc.strerror or str(exc)) from None
+    flag = cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR
+    with capturing():
         try:
-            return make_datum(image_path.read_bytes(), label, encoded=True)
-        except FileNotFoundError:
-            raise DataError(f"{image_path}: could not open or find the image (file not found)") from None
+            image = cv2.imdecode(np.frombuffer(raw, dtype=np.uint8), flag) if raw else None
+        except cv2.error:
+            image = None
+    noise = captured()
+    if image is None:
+        raise _Skip("OpenCV could not decode it" + (f" ({noise})" if noise else ""))
+    if noise:
+        report(f"{where}: {image_path}: {noise} (decoded anyway; kept, as Caffe keeps it)")
     h, w = resize or (0, 0)
-    image = load_image_bgr(image_path, color=not gray, new_height=h, new_width=w)
-    if encoded:
-        ok, buf = cv2.imencode("." + (encode_type or suffix or "png"), image)
-        if not ok:
-            raise DataError(f"{image_path}: OpenCV could not encode it as {encode_type or suffix}")
-        return make_datum(buf.tobytes(), label, encoded=True)
-    return make_datum(np.ascontiguousarray(image.transpose(2, 0, 1)), label)
+    if h > 0 and w > 0:
+        image = cv2.resize(image, (int(w), int(h)))
+    if image.ndim == 2:
+        image = image[:, :, None]
+    if encode_type is None:
+        return make_datum(np.ascontiguousarray(image.transpose(2, 0, 1)), label)
+    encoding = encode_type or (name[name.rfind(".") + 1:] if "." in name else name).lower()
+    if not (h or w) and match_ext(name, encoding):
+        return make_datum(raw, label, encoded=True)  # ReadFileToDatum: the file's own bytes
+    try:
+        ok, buf = cv2.imencode("." + encoding, image)
+    except cv2.error:
+        ok = False
+    if not ok:
+        raise DataError(f"{where}: OpenCV cannot encode {image_path} as '.{encoding}' (no such encoder); "
+                        f"set --encode-type to jpg or png")
+    return make_datum(buf.tobytes(), label, encoded=True)
 
 
 def convert_imageset(list_file, root, out, resize=None, gray: bool = False, encoded: bool = False,
-                     encode_type: str = "", shuffle: bool = False, seed: int = 0, progress: bool = True) -> int:
-    """Write an LMDB of Datums from a list file (see the module docstring); returns the record count."""
+                     encode_type: str = "", shuffle: bool = False, seed: int = 0, progress: bool = True,
+                     strict: bool = False, on_skip: Callable[[str], None] | None = None,
+                     skipped: list | None = None) -> int:
+    """Write an LMDB of Datums from a list file (see the module docstring); returns the record count.
+
+    ``on_skip(message)`` receives each skip (and codec) warning, default :func:`warnings.warn`;
+    ``skipped``, when given, is extended with the ``list:line`` of every skipped image."""
+    import cv2
+
     from caffe_compat.io import write_lmdb
 
-    entries = read_list_file(list_file)
-    if shuffle:
-        order = np.random.RandomState(seed).permutation(len(entries))
-        entries = [entries[i] for i in order]
+    report = on_skip or (lambda message: warnings.warn(message, UserWarning, stacklevel=4))
+    encode_type = (encode_type or "").strip().lstrip(".").lower()
+    if encode_type and not cv2.haveImageWriter("." + encode_type):
+        raise DataError(f"encode type '{encode_type}': OpenCV has no encoder for '.{encode_type}' "
+                        f"(use jpg, png, bmp, ...)")
+    if resize is not None and (len(resize) != 2 or min(resize) < 0):
+        raise DataError(f"resize must be two sizes H W >= 0, got {resize}")
+    target = Path(out)
+    if target.exists():
+        raise DataError(f"{target}: already exists (Caffe's convert_imageset refuses too); remove it first")
     root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: the image root folder does not exist")
+    entries = read_list_entries(list_file)
+    keyed = [(number - 1, number, name, label) for number, name, label in entries]
+    if shuffle:
+        order = np.random.RandomState(seed).permutation(len(keyed))
+        keyed = [(k, keyed[i][1], keyed[i][2], keyed[i][3]) for k, i in enumerate(order)]
+    mode = encode_type if (encoded or encode_type) else None
+    skips: list[str] = []
 
     def records():
-        iterator = enumerate(entries)
-        if progress:
-            from tqdm import tqdm
+        with _quiet_opencv() as (capturing, captured):
+            iterator = keyed
+            if progress:
+                from tqdm import tqdm
 
-            iterator = tqdm(iterator, total=len(entries), desc="convert_imageset", unit="img")
-        for line_id, (name, label) in iterator:
-            yield f"{line_id:08d}_{name}", _datum_for(root / name, label, resize, gray, encoded, encode_type)
+                iterator = tqdm(keyed, total=len(keyed), desc="convert_imageset", unit="img")
+            count = 0
+            for key_id, number, name, label in iterator:
+                where = f"{list_file}:{number}"
+                try:
+                    datum = _datum_for(root / name, name, label, resize, gray, mode, capturing, captured, where,
+                                       report)
+                except _Skip as exc:
+                    if strict:
+                        raise DataError(f"{where}: could not read image {root / name} ({exc})") from None
+                    skips.append(where)
+                    report(f"{where}: skipped {root / name}: {exc} (Caffe's convert_imageset skips it too)")
+                    continue
+                count += 1
+                yield f"{key_id:08d}_{name}", datum
+            if not count:
+                raise DataError(f"{list_file}: none of its {len(keyed)} images could be read; nothing written")
 
-    return write_lmdb(out, records())
+    try:
+        return write_lmdb(target, records())
+    finally:
+        if skipped is not None:
+            skipped.extend(skips)
 
 
 def compute_image_mean(db) -> np.ndarray:

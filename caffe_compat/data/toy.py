@@ -39,10 +39,19 @@ vehicleid  ``image/<7-digit name>.jpg``, ``train_test_split/train_list.txt``,
 
 The output is a pure function of ``(kind, seed, size, num_classes, images_per_class)``: byte-equal
 files on every run (OpenCV's encoders are deterministic).
+
+``out_dir`` must not exist or be an empty folder: a non-empty one is refused (DataError; the CLI exits
+2), so trees of two kinds or seeds are never mixed.  The tree is written into a temporary sibling folder
+(``.<name>.*.tmp``) that is renamed to ``out_dir`` once complete; on any error it is removed, so
+``out_dir`` never holds a partial tree.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
@@ -158,15 +167,48 @@ def make_toy_data(
         counts = rng.randint(2, 7, size=num_classes).astype(np.int64)
     if counts.min() < 1:
         raise DataError(f"images_per_class must be >= 1, got {images_per_class}")
+    root = Path(out_dir)
+    _check_target(root)
     scans, targets = _load_digits()
     members = _class_members(num_classes, counts, targets, seed)
-    root = Path(out_dir)
-    if root.exists() and not root.is_dir():
-        raise DataError(f"{root}: exists and is not a directory")
-    root.mkdir(parents=True, exist_ok=True)
     writer = {"cub": _write_cub, "sop": _write_sop, "vehicleid": _write_vehicleid}[kind]
-    writer(root, members, scans, size)
+    with _fresh_directory(root) as tmp:
+        writer(tmp, members, scans, size)
     return root
+
+
+def _check_target(root: Path) -> None:
+    """The target must not exist, or be an empty folder (a tree is never mixed into existing files)."""
+    if root.is_symlink() or (root.exists() and not root.is_dir()):
+        raise DataError(f"{root}: exists and is not a directory")
+    if root.is_dir() and any(root.iterdir()):
+        raise DataError(f"{root}: the folder exists and is not empty; make-toy-data writes a fresh tree only "
+                        f"(remove it or choose another folder)")
+
+
+@contextmanager
+def _fresh_directory(root: Path):
+    """Yield a temporary sibling folder of ``root``; on success it is renamed to ``root`` (which must still
+    be absent or empty), else removed: ``root`` never holds a partial tree."""
+    from caffe_compat.errors import WriteError
+    from caffe_compat.io.atomic import current_umask
+
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
+    except OSError as exc:
+        raise WriteError(f"{root}: cannot write ({exc.strerror or exc})") from None
+    try:
+        yield tmp
+        _check_target(root)  # nobody filled it meanwhile
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp's 0o700 -> what a plain mkdir gives
+        try:
+            os.replace(tmp, root)  # POSIX rename(2) replaces an empty folder
+        except OSError as exc:
+            raise WriteError(f"{root}: cannot write (renaming {tmp.name} into place: {exc.strerror or exc})") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _write_cub(root: Path, members: list[np.ndarray], scans: np.ndarray, size: int) -> None:

@@ -111,6 +111,13 @@ class DummyData(_SourceLayer):
         seed = int(torch.randint(0, 2 ** 62, (1,), generator=seed_source).item())
         self._generator = torch.Generator().manual_seed(seed)
 
+    # resume (caffe_compat.solver.train saves this beside each snapshot; arrays and numbers only)
+    def stream_state(self) -> dict:
+        return {"generator": self._generator.get_state()}
+
+    def load_stream_state(self, state: dict) -> None:
+        self._generator.set_state(torch.as_tensor(state["generator"], dtype=torch.uint8))
+
     def forward(self):
         tops = []
         for shape, filler in zip(self.shapes, self.fillers):
@@ -161,6 +168,13 @@ class MemoryData(_SourceLayer):
         self._data = data.to(torch.float32).contiguous()
         self._labels = labels.reshape(-1).to(torch.float32).contiguous()
         self.position = 0
+
+    # resume: the cursor only (the arrays are the caller's, set again before resuming)
+    def stream_state(self) -> dict:
+        return {"position": int(self.position)}
+
+    def load_stream_state(self, state: dict) -> None:
+        self.position = int(state["position"])
 
     def forward(self):
         if self._data is None:
@@ -238,6 +252,15 @@ class _RecordLayer(_SourceLayer):
 
     def _advance(self) -> None:
         self.position = (self.position + 1) % self.num_records
+
+    # resume (caffe_compat.solver.train saves this beside each snapshot; arrays and numbers only)
+    def stream_state(self) -> dict:
+        """The next record and the RandomState of crops, mirrors and shuffles."""
+        return {"position": int(self.position), "rng": self._generator.get_state(legacy=False)}
+
+    def load_stream_state(self, state: dict) -> None:
+        self.position = int(state["position"])
+        self._generator.set_state(state["rng"])
 
     def forward(self):
         images, labels, shape = [], [], None
@@ -394,6 +417,17 @@ class ImageData(_RecordLayer):
             if self.shuffle:
                 self._generator.shuffle(self.order)
 
+    def stream_state(self) -> dict:
+        return {**super().stream_state(), "order": self.order.copy()}
+
+    def load_stream_state(self, state: dict) -> None:
+        order = np.asarray(state["order"], dtype=self.order.dtype)
+        if order.shape != self.order.shape:
+            raise DataError(f"layer '{self.layer_name}' (ImageData): saved state of {order.size} lines, the list "
+                            f"has {self.num_records}")
+        super().load_stream_state(state)
+        self.order = order.copy()
+
     def _record(self, index):
         try:
             image = self.transformer.transform_chw(self._image(index), self._generator, phase=self.mode_phase)
@@ -475,6 +509,19 @@ class HDF5Data(_SourceLayer):
 
     def output_shapes(self):
         return [(self.batch_size, *a.shape[1:]) for a in self.arrays]
+
+    # resume (caffe_compat.solver.train saves this beside each snapshot; arrays and numbers only)
+    def stream_state(self) -> dict:
+        return {"file_order": self.file_order.copy(), "file_index": int(self.file_index), "rows": self.rows.copy(),
+                "position": int(self.position), "rng": self._generator.get_state(legacy=False)}
+
+    def load_stream_state(self, state: dict) -> None:
+        self.file_order = np.asarray(state["file_order"], dtype=np.int64)
+        self.file_index = int(state["file_index"])
+        self._load(self.files[self.file_order[self.file_index]])  # may draw: the RandomState is set after
+        self.rows = np.asarray(state["rows"], dtype=self.rows.dtype)
+        self.position = int(state["position"])
+        self._generator.set_state(state["rng"])
 
     def forward(self):
         picked = [[] for _ in self.arrays]

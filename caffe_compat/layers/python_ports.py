@@ -15,19 +15,29 @@ unless the prototxt sets ``loss_weight`` (madkn's nets set ``loss_weight: 1`` on
 Batches come from :class:`~caffe_compat.data.samplers.LabelShufflingStream` (runs of at most
 ``max_number_object_per_label`` images per label, labels in a reshuffled order, default no cap), and
 ``top[i] = (values_i - subtract[i]) * scales[i]`` in float64, rounded to float32 (``scales`` required,
-one per top; ``subtract`` default 0).  Keys: ``source`` (LMDB, relative to the working directory),
-``batch_size``, ``scales``, ``subtract``, ``max_number_object_per_label``, ``mean_file``; ours:
-``seed`` (else seeded from the net's generator at ``fill``) and, for a list-file ``source`` (lines
-``path label``), ``root_folder``/``new_height``/``new_width``/``is_color`` as in ImageData.
+one per top; ``subtract`` default 0).  The published layer (madkn/HistogramLoss
+``label_shuffling_layer.py``, the one the FAPPY authors' prototxts name) reads exactly five keys:
+``source`` (LMDB, relative to the working directory), ``scales``, ``subtract``, ``batch_size``,
+``max_number_object_per_label``; these keep its meaning here.
 
-Ambiguities, decided and documented here:
+``mean_file`` is **ignored by default, as in the published layer**: its ``setup`` never reads the key,
+although the FAPPY authors' cub200 and vehicleID prototxts pass one (``imagenet_mean.binaryproto``,
+``VGG_mean.binaryproto``), so the authors' nets trained on mean-free pixels (``(x - 0) * 1``).  A
+``UserWarning`` says so when the key is present.
 
-* ``mean_file``: the published layer never reads it (it is ignored there), yet the FAPPY authors'
-  prototxts pass one.  Here it **is** applied, like Caffe's mean file without crop: the binaryproto
-  (``1 x C x H x W``) is subtracted element-wise before ``subtract``/``scales``, so the records must have
-  the mean's exact size (else a DataError).  Omit ``mean_file`` for the published layer's behaviour.
+Our keys (deviations from the published layer, each opt-in):
+
+* ``apply_mean_file: true``: subtract ``mean_file`` after all, like Caffe's mean file without crop: the
+  binaryproto (``1 x C x H x W``) is subtracted element-wise before ``subtract``/``scales``, so the records
+  must have the mean's exact size (else a DataError).  Without ``mean_file`` it is a FormatError;
+* ``seed`` (else seeded from the net's generator at ``fill``);
+* a list-file ``source`` (lines ``path label``) with ``root_folder``/``new_height``/``new_width``/
+  ``is_color`` as in ImageData (the published layer reads LMDB only).
+
+Other ambiguities, decided and documented here:
+
 * Encoded (JPEG/PNG) records: the published layer only handles raw Datums (``datum_to_array``);
-  here they are decoded with OpenCV in their native channels (see :mod:`caffe_compat.data.lmdb_source`).
+  here they are decoded with OpenCV in their native channels (see :mod:`caffe_compat.io.datum_lmdb`).
 * Label order: the layer shuffles Python 2's ``dict.keys()``; the stream shuffles the labels in
   ascending order (what Python 2 gives for small integer labels), with ``RandomState(seed)``.
 * The run structure (a label's first visit in LMDB key order, reshuffle on leaving it) is the
@@ -121,7 +131,14 @@ class _ImageListSource:
 
 @register_layer("Python:label_shuffling_layer.LabelShufflingLayer")
 class LabelShufflingLayer(CaffeLayer):
-    """The authors' label-shuffling data layer over an LMDB or a list file (see the module docstring)."""
+    """The authors' label-shuffling data layer over an LMDB or a list file.
+
+    Faithful to the published ``label_shuffling_layer.py``: keys ``source``, ``batch_size``, ``scales``,
+    ``subtract``, ``max_number_object_per_label``; ``mean_file`` is **ignored** (with a warning), as the
+    published layer ignores it.  Deviation, opt-in only: ``apply_mean_file: true`` subtracts ``mean_file``
+    (whole, no crop) before ``subtract``/``scales``.  Ours too: ``seed``, a list-file ``source`` with
+    ``root_folder``/``new_height``/``new_width``/``is_color``.  Details in the module docstring.
+    """
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
@@ -153,7 +170,7 @@ class LabelShufflingLayer(CaffeLayer):
             self.source = self._open_source(params)
             self.labels = self.source.labels()
             first, _ = self.source.image(0)
-            self.mean = self._read_mean(params, first.shape)
+            self.mean = self._read_mean(params, first.shape, name)
         except CaffeCompatError as exc:
             raise type(exc)(f"layer '{name}' (LabelShufflingLayer): {exc}") from None
         self.image_shape = tuple(first.shape)
@@ -173,11 +190,23 @@ class LabelShufflingLayer(CaffeLayer):
         raise DataError(f"source '{source}' is neither an LMDB directory nor a list file (relative to {Path.cwd()})")
 
     @staticmethod
-    def _read_mean(params: dict, shape: tuple[int, ...]) -> np.ndarray | None:
+    def _read_mean(params: dict, shape: tuple[int, ...], layer: str = "") -> np.ndarray | None:
+        """The mean to subtract: None unless ``apply_mean_file: true`` (see the class docstring)."""
+        import warnings
+
         from caffe_compat.io import read_blob
 
-        if "mean_file" not in params:
+        apply = params.get("apply_mean_file", False)
+        if not isinstance(apply, bool):
+            raise FormatError(f"apply_mean_file must be true or false, got {apply!r}")
+        if not apply:
+            if "mean_file" in params:
+                warnings.warn(f"layer '{layer}' (LabelShufflingLayer): mean_file '{params['mean_file']}' is "
+                              f"ignored, as the published label_shuffling_layer.py ignores it (it never reads "
+                              f"the key); set 'apply_mean_file: true' to subtract it (a deviation)", stacklevel=4)
             return None
+        if "mean_file" not in params:
+            raise FormatError("apply_mean_file: true needs a mean_file")
         path = Path(str(params["mean_file"]))
         if not path.is_file():
             raise DataError(f"mean_file '{path}' not found (relative to {Path.cwd()})")
@@ -197,6 +226,13 @@ class LabelShufflingLayer(CaffeLayer):
     def fill(self, generator=None):
         if self.seed is None:
             self._start(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
+
+    # resume (caffe_compat.solver.train saves this beside each snapshot; arrays and numbers only)
+    def stream_state(self) -> dict:
+        return {"stream": self._stream.state_dict()}
+
+    def load_stream_state(self, state: dict) -> None:
+        self._stream.load_state_dict(state["stream"])
 
     @property
     def device(self) -> torch.device:

@@ -122,6 +122,13 @@ class Solver:
         self.grad_scaler = None
         self.gradient_hook = None  # called after the backward passes, before the update (e.g. DDP averaging)
         self.iteration_hooks: list = []  # called with the solver after every iteration (progress, logs)
+        # called as hook(solver, caffemodel_path, solverstate_path) after a snapshot's two files are written
+        # (train() writes its .trainstate there); a hook's error propagates like a failed write
+        self.snapshot_hooks: list = []
+        # (losses, smoothed_loss, window_start): the next step() continues this average_loss window instead
+        # of starting a new one (train(resume=...) sets it from the .trainstate); used once
+        self.resumed_loss_window: tuple[list[float], float, int] | None = None
+        self._window_start = 0
         self.forward_fn = None  # e.g. torch.compile(self.net); default: self.net
         self.memory_format = torch.contiguous_format  # 4-D inputs are converted to it (channels_last)
         self.last_loss = float("nan")
@@ -330,7 +337,12 @@ class Solver:
     def step(self, iters: int = 1) -> float:
         """Run ``iters`` iterations (Caffe's ``Solver::Step``); returns the last smoothed loss."""
         start_iter, stop_iter = self.iter, self.iter + int(iters)
-        self._losses, self.smoothed_loss = [], 0.0
+        if self.resumed_loss_window is not None:
+            losses, smoothed, start_iter = self.resumed_loss_window
+            self._losses, self.smoothed_loss, self.resumed_loss_window = list(losses), float(smoothed), None
+        else:
+            self._losses, self.smoothed_loss = [], 0.0
+        self._window_start = start_iter
         iter_size = int(self.param.iter_size)
         while self.iter < stop_iter:
             self.optimizer.zero_grad(set_to_none=True)
@@ -362,6 +374,10 @@ class Solver:
             for hook in self.iteration_hooks:
                 hook(self)
         return self.smoothed_loss
+
+    def loss_window(self) -> tuple[list[float], float, int]:
+        """The current average_loss window: (losses, smoothed_loss, iteration the window started at)."""
+        return list(self._losses), float(self.smoothed_loss), int(self._window_start)
 
     def _log_outputs(self) -> None:
         log.info("Iteration %d, loss = %s", self.iter, _g6(self.smoothed_loss))
@@ -466,6 +482,8 @@ class Solver:
             state.history.append(array_to_blob(blob.detach().to("cpu", torch.float32).numpy()))
         log.info("Snapshotting solver state to binary proto file %s", state_path)
         write_solverstate(state, state_path)
+        for hook in self.snapshot_hooks:
+            hook(self, model_path, state_path)
         return model_path, state_path
 
     def _add_diffs(self, net_param: caffe_pb2.NetParameter) -> None:

@@ -53,11 +53,50 @@ means the rank's own GPU) and, with the helpers of :mod:`caffe_compat.solver.dis
 
 A process group that ``train`` initialised stays initialised after a successful run (evaluate, train
 again); ``torch.distributed.destroy_process_group()`` ends it (``caffe-compat train`` does).
+
+Resuming (``resume=<prefix>_iter_N.solverstate``, ``caffe-compat train --resume``)
+-------------------------------------------------------------------------------
+Caffe's ``.solverstate`` holds the iteration, ``current_step`` and the update history; the weights come
+from its ``.caffemodel``.  That is all Caffe itself restores: its data layers start their databases from
+the first record again and its RNG is reseeded, so a resumed Caffe run does not repeat the uninterrupted
+one.  ``train`` writes, beside every snapshot it takes (after the ``.caffemodel`` and the ``.solverstate``,
+atomically: temporary file + rename), ``<prefix>_iter_N.trainstate`` with the rest of the continuation,
+and ``train(resume=...)`` restores it after Caffe's Restore, so that in deterministic mode (same seed,
+same data, same devices) the resumed run gives the **same losses and weights as the uninterrupted run**:
+
+* the global RNGs: torch CPU (and CUDA, when initialised), ``numpy.random`` and ``random`` — Dropout
+  masks, miners, user transforms draw from them;
+* every layer of the TRAIN and TEST nets that has ``stream_state()``/``load_stream_state()`` (Data,
+  ImageData, HDF5Data, MemoryData's cursor, DummyData, the LabelShufflingLayer port: cursor, RandomState,
+  shuffled order) and the state of each layer's own ``generator`` (a ``torch.Generator``, e.g. Dropout's);
+* for ``data`` (and each ``test_data``) iterable: how many batches of the current pass were taken, the
+  global RNG states just before the pass's ``iter()`` (a DataLoader draws its seeds there), and — when
+  the iterable, or its ``batch_sampler``/``sampler``, has ``state_dict()``/``load_state_dict()`` (the
+  samplers of :mod:`caffe_compat.data.samplers`, torchdata's StatefulDataLoader) — that state.  On
+  resume a sampler whose state has an ``epoch``/``batch`` position continues at the next batch directly;
+  another stateful iterable gets its ``load_state_dict``; a plain iterable (a list, a DataLoader over a
+  fixed sampler) is replayed from the start of the pass, the taken batches dropped.  Pass the same
+  (deterministic) ``data`` as the interrupted run; with DataLoader workers, per-worker random transforms
+  are exact only with ``num_workers=0`` (the batches go to other workers after a resume);
+* the average_loss window (the CSV's ``smoothed_loss`` continues as in the uninterrupted run, where
+  Caffe's own resume starts a new window) and the fp16 GradScaler's state.
+
+File format: UTF-8 JSON, ``{"format": "caffe-compat trainstate", "version": 1, "iter": N, "rng": ...,
+"nets": {"train": {layer: state}, "test0": ...}, "data": {"train": ..., "test0": ...}, "loss_window": ...,
+"grad_scaler": ...}``; arrays (RNG states, orders) are ``{"__ndarray__": base64, "dtype", "shape"}``
+(``__tensor__`` for torch tensors), tuples ``{"__tuple__": [...]}`` — no pickle, nothing executed on
+load.  Resuming from a ``.solverstate`` without its ``.trainstate`` (a real Caffe snapshot, or one taken
+by ``Solver.snapshot()`` outside ``train``) restores what Caffe restores and logs a warning that the data
+stream and the RNGs restart; a ``.trainstate`` of another iteration is ignored with a warning.  Under
+torchrun rank 0 writes the file and every rank reads it (the ranks' data layers are seeded alike; their
+RNG streams are rank 0's after the resume).
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import json
 import logging
 import os
 import random
@@ -69,11 +108,12 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
+from caffe_compat.io.atomic import write_text_atomic
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.solver import distributed as ddp
 from caffe_compat.solver.solver import Solver
 
-__all__ = ["TrainSummary", "set_deterministic", "train"]
+__all__ = ["TrainSummary", "load_train_state", "set_deterministic", "train", "train_state_path"]
 
 log = logging.getLogger("caffe_compat.solver.train")
 
@@ -116,22 +156,309 @@ def set_deterministic(seed: int) -> None:
     torch.backends.cudnn.deterministic = True
 
 
-def _batches(data, names: list[str]):
-    """Endless dict batches from an iterable (restarted when exhausted)."""
-    while True:
-        empty = True
-        for batch in data:
-            empty = False
-            if isinstance(batch, dict):
-                yield batch
+# -------------------------------------------------------------------------------------------- resumable state
+#
+# The .trainstate file (module docstring): JSON with tagged arrays, tensors, tuples and bytes.
+
+TRAINSTATE_FORMAT = "caffe-compat trainstate"
+TRAINSTATE_VERSION = 1
+
+
+def _encode(obj):
+    """``obj`` as JSON values: dicts, lists, numbers, strings; arrays/tensors/tuples/bytes tagged."""
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v) for k, v in obj.items()}
+        return {"__items__": [[_encode(k), _encode(v)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v) for v in obj]
+    if torch.is_tensor(obj):
+        array = obj.detach().cpu().numpy()
+        return {"__tensor__": base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii"),
+                "dtype": array.dtype.str, "shape": list(array.shape)}
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise CaffeCompatError("train state: object arrays cannot be saved")
+        return {"__ndarray__": base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode("ascii"),
+                "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, (bytes, bytearray)):
+        return {"__bytes__": base64.b64encode(bytes(obj)).decode("ascii")}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise CaffeCompatError(f"train state: cannot save a {type(obj).__name__} (state_dict() values must be "
+                           f"numbers, strings, lists, dicts, tuples, arrays or tensors)")
+
+
+def _decode(obj):
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__items__" in obj:
+        return {_decode(k): _decode(v) for k, v in obj["__items__"]}
+    if "__tuple__" in obj:
+        return tuple(_decode(v) for v in obj["__tuple__"])
+    if "__bytes__" in obj:
+        return base64.b64decode(obj["__bytes__"])
+    for tag in ("__ndarray__", "__tensor__"):
+        if tag in obj:
+            dtype = np.dtype(obj["dtype"])
+            if dtype.hasobject:
+                raise FormatError("train state: object arrays are not read")
+            array = np.frombuffer(base64.b64decode(obj[tag]), dtype=dtype).reshape(obj["shape"]).copy()
+            return torch.from_numpy(array) if tag == "__tensor__" else array
+    return {k: _decode(v) for k, v in obj.items()}
+
+
+def train_state_path(solverstate) -> str:
+    """``<prefix>_iter_N.trainstate`` beside ``<prefix>_iter_N.solverstate``."""
+    stem, ext = os.path.splitext(str(solverstate))
+    return (stem if ext == ".solverstate" else str(solverstate)) + ".trainstate"
+
+
+def _rng_states() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(legacy=False),
+             "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_states(state: dict) -> None:
+    torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8))
+    np.random.set_state(state["numpy"])
+    python = state["python"]
+    random.setstate((python[0], tuple(int(v) for v in python[1]), python[2]))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([torch.as_tensor(c, dtype=torch.uint8) for c in cuda])
+        else:
+            log.warning("the train state holds %d CUDA RNG states, this machine has %d devices: CUDA RNGs not "
+                        "restored", len(cuda), torch.cuda.device_count())
+
+
+def _stateful(obj):
+    return obj is not None and not isinstance(obj, torch.nn.Module) and callable(getattr(obj, "state_dict", None)) \
+        and callable(getattr(obj, "load_state_dict", None))
+
+
+class _Feed:
+    """Endless dict batches from an iterable (restarted when exhausted), resumable (module docstring)."""
+
+    def __init__(self, data, names: list[str]):
+        self.data, self.names = data, list(names)
+        if _stateful(data):
+            self.kind, self.stateful = "data", data
+        else:
+            self.kind, self.stateful = None, None
+            for attr in ("batch_sampler", "sampler"):
+                candidate = getattr(data, attr, None)
+                if _stateful(candidate):
+                    self.kind, self.stateful = "sampler", candidate
+                    break
+        self.iterator = None
+        self.consumed = 0  # batches taken from the current pass
+        self.from_iterator = 0  # batches the current iterator gave (an empty fresh pass is an error)
+        self.pass_state = None  # the sampler's state_dict() just before the pass's iter()
+        self.pass_rng = None  # the global RNG states just before the pass's iter()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        while True:
+            if self.iterator is None:
+                self.pass_state = self.stateful.state_dict() if self.kind == "sampler" else None
+                self.pass_rng = _rng_states()
+                self.consumed = self.from_iterator = 0
+                self.iterator = iter(self.data)
+            try:
+                batch = next(self.iterator)
+            except StopIteration:
+                if self.from_iterator == 0 and self.consumed == 0:
+                    raise CaffeCompatError("train: the data source yielded no batch") from None
+                self.iterator = None
+                continue
+            self.consumed += 1
+            self.from_iterator += 1
+            return self._as_dict(batch)
+
+    def _as_dict(self, batch) -> dict:
+        if isinstance(batch, dict):
+            return batch
+        batch = list(batch)
+        if len(batch) != len(self.names):
+            raise CaffeCompatError(f"train: a batch of {len(batch)} items for the net inputs {self.names}; "
+                                   f"yield dicts or one item per input")
+        return dict(zip(self.names, batch))
+
+    def state_dict(self) -> dict:
+        state = {"kind": self.kind, "consumed": self.consumed, "pass_state": _savable(self.pass_state),
+                 "pass_rng": self.pass_rng, "started": self.iterator is not None}
+        if self.kind == "data":
+            state["data_state"] = _savable(self.data.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict, what: str) -> None:
+        """Continue where the saved feed was; moves the global RNGs (the caller restores them afterwards)."""
+        if not state.get("started"):
+            return  # nothing was drawn yet: the first next() starts a pass, as in the uninterrupted run
+        consumed, skip = int(state["consumed"]), 0
+        pass_state = state.get("pass_state")
+        if self.kind == "data" and state.get("data_state") is not None:
+            self.data.load_state_dict(state["data_state"])
+        elif self.kind == "sampler" and isinstance(pass_state, dict):
+            position = dict(pass_state)
+            if "batch" in position:  # a GlobalBatchSampler: go straight to the next batch
+                position["batch"] = int(position["batch"]) + consumed
             else:
-                batch = list(batch)
-                if len(batch) != len(names):
-                    raise CaffeCompatError(f"train: a batch of {len(batch)} items for the net inputs {names}; "
-                                           f"yield dicts or one item per input")
-                yield dict(zip(names, batch))
-        if empty:
-            raise CaffeCompatError("train: the data source yielded no batch")
+                skip = consumed
+            self.stateful.load_state_dict(position)
+        else:
+            if state.get("kind") not in (None, self.kind):
+                log.warning("resume: %s data was a %s source, now it has no state_dict(): replaying %d batches "
+                            "of its current pass", what, state.get("kind"), consumed)
+            skip = consumed
+        if skip:
+            log.info("resume: replaying %d batches of the %s data's current pass", skip, what)
+        if state.get("pass_rng") is not None:
+            _set_rng_states(state["pass_rng"])
+        self.iterator = iter(self.data)
+        self.from_iterator = 0
+        for i in range(skip):
+            try:
+                next(self.iterator)
+            except StopIteration:
+                log.warning("resume: the %s data's pass ended after %d of the %d batches taken before the "
+                            "snapshot: it is not the data of the interrupted run; starting a new pass", what, i,
+                            skip)
+                self.iterator = None
+                return
+        self.consumed, self.pass_state, self.pass_rng = consumed, pass_state, state.get("pass_rng")
+
+
+def _savable(state):
+    """``state`` when the .trainstate can hold it, else None with a warning (a resume then replays the pass)."""
+    try:
+        _encode(state)
+    except CaffeCompatError as exc:
+        log.warning("the data's state_dict() cannot be saved (%s): a resume will replay the current pass", exc)
+        return None
+    return state
+
+
+def _batches(data, names: list[str]) -> _Feed:
+    """Endless dict batches from an iterable (restarted when exhausted)."""
+    return _Feed(data, names)
+
+
+def _unwrap(module):
+    while "inner" in getattr(module, "_modules", {}):  # distributed.ShardTops
+        module = module._modules["inner"]
+    return module
+
+
+def _net_states(net) -> dict:
+    states = {}
+    for key, module in net.layers.items():
+        module, entry = _unwrap(module), {}
+        if callable(getattr(module, "stream_state", None)):
+            entry["stream"] = module.stream_state()
+        generator = getattr(module, "generator", None)
+        if isinstance(generator, torch.Generator):
+            entry["generator"] = generator.get_state()
+        if entry:
+            states[key] = entry
+    return states
+
+
+def _load_net_states(net, states: dict, what: str) -> None:
+    for key, entry in states.items():
+        if key not in net.layers:
+            log.warning("resume: the train state has layer '%s' of the %s net, which this net lacks", key, what)
+            continue
+        module = _unwrap(net.layers[key])
+        if "stream" in entry:
+            if not callable(getattr(module, "load_stream_state", None)):
+                log.warning("resume: layer '%s' of the %s net cannot take its saved data state", key, what)
+            else:
+                module.load_stream_state(entry["stream"])
+        generator = getattr(module, "generator", None)
+        if "generator" in entry and isinstance(generator, torch.Generator):
+            generator.set_state(torch.as_tensor(entry["generator"], dtype=torch.uint8))
+
+
+def _train_state(solver: Solver, feeds: dict) -> dict:
+    losses, smoothed, start = solver.loss_window()
+    return {"format": TRAINSTATE_FORMAT, "version": TRAINSTATE_VERSION, "iter": int(solver.iter),
+            "rng": _rng_states(),
+            "nets": {"train": _net_states(solver.net),
+                     **{f"test{i}": _net_states(net) for i, net in enumerate(solver.test_nets)}},
+            "data": {name: feed.state_dict() for name, feed in feeds.items()},
+            "loss_window": {"losses": losses, "smoothed_loss": smoothed, "start": start},
+            "grad_scaler": solver.grad_scaler.state_dict() if solver.grad_scaler is not None else None}
+
+
+def _write_train_state(solver: Solver, feeds: dict, state_path) -> str:
+    path = train_state_path(state_path)
+    log.info("Snapshotting the data streams and RNG states to %s", path)
+    write_text_atomic(path, json.dumps(_encode(_train_state(solver, feeds)), separators=(",", ":")))
+    return path
+
+
+def load_train_state(solver: Solver, resume, feeds: dict | None = None) -> bool:
+    """Restore the ``.trainstate`` beside the solverstate ``resume`` into ``solver`` (after
+    ``solver.restore(resume)``) and the ``feeds`` (``{"train": _Feed, "test0": ...}``).  Returns False (with
+    a warning) when there is none or it belongs to another iteration: the data and RNGs then restart."""
+    feeds = feeds or {}
+    path = train_state_path(resume)
+    if not os.path.exists(path):
+        log.warning("resume: %s has no %s beside it (a Caffe snapshot?): only Caffe's state is restored — the "
+                    "data stream starts again from its beginning and the RNGs are not restored (as in Caffe), so "
+                    "the run will not repeat an uninterrupted one", resume, os.path.basename(path))
+        return False
+    try:
+        with open(path, encoding="utf-8") as fh:
+            state = _decode(json.load(fh))
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: not a readable train state ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != TRAINSTATE_FORMAT:
+        raise FormatError(f"{path}: not a caffe-compat train state")
+    if int(state.get("version", 0)) > TRAINSTATE_VERSION:
+        raise FormatError(f"{path}: train state version {state.get('version')} is newer than this caffe-compat's "
+                          f"({TRAINSTATE_VERSION})")
+    if int(state["iter"]) != solver.iter:
+        log.warning("resume: %s is of iteration %s, the solverstate of iteration %d: ignored (the data stream and "
+                    "RNGs restart)", path, state["iter"], solver.iter)
+        return False
+    nets = state.get("nets", {})
+    _load_net_states(solver.net, nets.get("train", {}), "train")
+    for i, net in enumerate(solver.test_nets):
+        _load_net_states(net, nets.get(f"test{i}", {}), f"test #{i}")
+    window = state.get("loss_window")
+    if window is not None:
+        solver.resumed_loss_window = ([float(v) for v in window["losses"]], float(window["smoothed_loss"]),
+                                      int(window["start"]))
+    if state.get("grad_scaler") is not None and solver.grad_scaler is not None:
+        solver.grad_scaler.load_state_dict(state["grad_scaler"])
+    saved = state.get("data", {})
+    for name, feed in feeds.items():
+        if name in saved:
+            feed.load_state_dict(saved[name], name)
+        else:
+            log.warning("resume: the snapshotted run had no %s data iterable: this one starts from its beginning",
+                        name)
+    for name in saved:
+        if name not in feeds and saved[name].get("started"):
+            log.warning("resume: the snapshotted run read %s data from an iterable that is not given now", name)
+    _set_rng_states(state["rng"])  # last: restarting the iterables above drew from them
+    log.info("resume: data streams and RNG states restored from %s", path)
+    return True
 
 
 class _Recorder:
@@ -302,7 +629,10 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
     """Train ``solver`` (a :class:`Solver` or a solver prototxt path) — see the module docstring.
 
     ``iters``: iterations to run (default: up to ``max_iter``).  ``weights``/``resume``: a caffemodel to
-    start from / a ``.solverstate`` to continue.  ``test_data``: one iterable per TEST net.
+    start from / a ``.solverstate`` to continue; with the ``.trainstate`` that ``train`` writes beside each
+    snapshot, the continuation repeats the uninterrupted run (data streams, RNGs, loss window); without
+    it (a Caffe snapshot) the data streams and RNGs restart with a warning, as Caffe's own resume does
+    (module docstring, "Resuming").  ``test_data``: one iterable per TEST net.
     ``distributed``/``shard_data``: data-parallel training (module docstring); ``distributed=False``
     trains alone even under torchrun.
     """
@@ -374,10 +704,11 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
         ddp.shard_data_layers(solver.net)
         if any(step.type == "BatchNorm" for step in solver.net.steps):
             log.warning("BatchNorm layers normalise each rank's share with its own statistics (no SyncBatchNorm)")
+    feeds: dict[str, _Feed] = {}
     if data is not None:
-        solver.data_source = _batches(data, solver.net.input_names)
+        solver.data_source = feeds["train"] = _batches(data, solver.net.input_names)
     for i, source in enumerate(test_data or []):
-        solver.test_data_sources[i] = _batches(source, solver.test_nets[i].input_names)
+        solver.test_data_sources[i] = feeds[f"test{i}"] = _batches(source, solver.test_nets[i].input_names)
     if amp is not None:
         solver.autocast_dtype = AMP_DTYPES[amp]
         if amp == "fp16":
@@ -388,6 +719,12 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
             net.to(memory_format=torch.channels_last)
     if compile:
         solver.forward_fn = torch.compile(solver.net)
+    if resume is not None:
+        load_train_state(solver, resume, feeds)
+
+    def write_train_state(s, model_path, state_path):  # a snapshot hook: the .trainstate after the solverstate
+        _write_train_state(s, feeds, state_path)
+
     total = int(solver.param.max_iter) - solver.iter if iters is None else int(iters)
     recorder = _Recorder(max(total, 0), progress and main, csv_log if main else None, tensorboard if main else None)
     hook = recorder
@@ -408,6 +745,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
         solver.gradient_hook = gradient_hook
         solver.snapshot = run.snapshot_hook(Solver.snapshot.__get__(solver))
     solver.iteration_hooks.append(hook)
+    solver.snapshot_hooks.append(write_train_state)
     snapshots: list[str] = []
     start_iter, start = solver.iter, time.perf_counter()
     diverged = None
@@ -425,6 +763,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     finally:
         recorder.close()
         solver.iteration_hooks.remove(hook)
+        solver.snapshot_hooks.remove(write_train_state)
         if run is not None:
             del solver.snapshot  # the class's method again
             solver.gradient_hook = saved_gradient_hook

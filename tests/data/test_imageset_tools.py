@@ -89,3 +89,131 @@ def test_cli_make_toy_data_cub(tmp_path):
     train = read_cub200(tmp_path / "CUB_200_2011", "train")
     test = read_cub200(tmp_path / "CUB_200_2011", "test")
     assert train and test and not ({r.label for r in train} & {r.label for r in test})
+
+
+def _mixed_list(tmp_path):
+    """Five list lines: a0.png, a missing file (line 2), a1.png, a corrupt PNG (line 4), a2.png."""
+    rng = np.random.RandomState(8)
+    root = tmp_path / "img"
+    root.mkdir()
+    pixels = {}
+    for name in ("a0.png", "a1.png", "a2.png"):
+        pixels[name] = rng.randint(0, 256, size=(5, 6, 3)).astype(np.uint8)
+        cv2.imwrite(str(root / name), pixels[name])
+    (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"x" * 40)
+    (tmp_path / "list.txt").write_text("a0.png 0\nghost.png 1\na1.png 2\nbroken.png 3\na2.png 4\n")
+    return tmp_path, pixels
+
+
+@pytest.mark.parametrize("encoded", [True, False])
+def test_make_lmdb_skips_unreadable_images_like_caffe(tmp_path, capfd, encoded):
+    tmp, pixels = _mixed_list(tmp_path)
+    argv = ["make-lmdb", str(tmp / "list.txt"), str(tmp / "img"), str(tmp / "db"), "--quiet"]
+    assert main(argv + (["--encoded"] if encoded else [])) == 0
+    out, err = capfd.readouterr()
+    assert f"{tmp / 'list.txt'}:2: skipped {tmp / 'img' / 'ghost.png'}: file not found" in err
+    assert f"{tmp / 'list.txt'}:4: skipped {tmp / 'img' / 'broken.png'}: OpenCV could not decode it" in err
+    assert "[ WARN" not in err and "[ERROR" not in err and "imread_" not in err  # OpenCV's own log is silenced
+    assert "Traceback" not in err
+    assert "wrote 3 records" in out and "skipped 2 unreadable image(s)" in out
+    assert f"{tmp / 'list.txt'}:2, {tmp / 'list.txt'}:4" in out
+    records = list(iter_lmdb(tmp / "db", decode=False))
+    # Caffe's key is the list line's index: the skipped lines leave gaps
+    assert [k for k, _, _ in records] == ["00000000_a0.png", "00000002_a1.png", "00000004_a2.png"]
+    assert [label for _, _, label in records] == [0, 2, 4]
+    for (key, datum, _), name in zip(records, ("a0.png", "a1.png", "a2.png")):
+        assert datum.encoded == encoded
+        if encoded:
+            assert datum.data == (tmp / "img" / name).read_bytes()
+    for (_, image, _), name in zip(iter_lmdb(tmp / "db"), ("a0.png", "a1.png", "a2.png")):
+        np.testing.assert_array_equal(image, pixels[name].transpose(2, 0, 1))
+
+
+def test_make_lmdb_strict_stops_at_the_first_unreadable_line(tmp_path, capsys):
+    tmp, _ = _mixed_list(tmp_path)
+    assert main(["make-lmdb", str(tmp / "list.txt"), str(tmp / "img"), str(tmp / "db"), "--quiet", "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert f"list.txt:2: could not read image {tmp / 'img' / 'ghost.png'} (file not found)" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp.iterdir()) == ["img", "list.txt"]  # no half-written database, no temp folder
+
+
+def test_make_lmdb_library_warns_by_default(tmp_path):
+    tmp, _ = _mixed_list(tmp_path)
+    skipped = []
+    with pytest.warns(UserWarning) as record:
+        n = convert_imageset(tmp / "list.txt", tmp / "img", tmp / "db", progress=False, skipped=skipped)
+    assert [str(w.message).split(": skipped")[0] for w in record] == [f"{tmp / 'list.txt'}:2", f"{tmp / 'list.txt'}:4"]
+    assert "ghost.png: file not found" in str(record[0].message)
+    assert n == 3 and skipped == [f"{tmp / 'list.txt'}:2", f"{tmp / 'list.txt'}:4"]
+
+
+def test_make_lmdb_bad_encode_type_exits_2_before_writing(images, capsys):
+    tmp, _ = images
+    assert main(["make-lmdb", str(tmp / "list.txt"), str(tmp / "img"), str(tmp / "db"), "--encoded",
+                 "--encode-type", "xyz", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "encode type 'xyz': OpenCV has no encoder for '.xyz'" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp.iterdir()) == ["img", "list.txt"]
+
+
+def test_make_lmdb_unencodable_file_extension_names_list_line(tmp_path, capsys):
+    root = tmp_path / "img"
+    root.mkdir()
+    cv2.imwrite(str(root / "a.png"), np.zeros((4, 4, 3), np.uint8))
+    (root / "a.png").rename(root / "a.weird")  # a PNG under an extension OpenCV has no encoder for
+    (tmp_path / "list.txt").write_text("a.weird 0\n")
+    # --encoded with a resize re-encodes in the file's own extension (Caffe's guess): no encoder for it
+    assert main(["make-lmdb", str(tmp_path / "list.txt"), str(root), str(tmp_path / "db"), "--encoded",
+                 "--resize", "2", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "list.txt:1: OpenCV cannot encode" in err and "'.weird'" in err and "Traceback" not in err
+    assert not (tmp_path / "db").exists()
+
+
+def test_make_lmdb_nothing_readable_writes_nothing(tmp_path, capsys):
+    (tmp_path / "img").mkdir()
+    (tmp_path / "list.txt").write_text("x.png 0\ny.png 1\n")
+    assert main(["make-lmdb", str(tmp_path / "list.txt"), str(tmp_path / "img"), str(tmp_path / "db"),
+                 "--quiet"]) == 2
+    assert "none of its 2 images could be read; nothing written" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["img", "list.txt"]
+
+
+def test_encode_type_matches_like_caffes_matchext_and_implies_encoded(tmp_path):
+    root = tmp_path / "img"
+    root.mkdir()
+    image = np.random.RandomState(2).randint(0, 256, size=(8, 8, 3)).astype(np.uint8)
+    cv2.imwrite(str(root / "p.JPEG"), image)
+    cv2.imwrite(str(root / "q.png"), image)
+    (tmp_path / "list.txt").write_text("p.JPEG 0\nq.png 1\n")
+    convert_imageset(tmp_path / "list.txt", root, tmp_path / "db", encode_type="jpg", progress=False)
+    (_, p, _), (_, q, _) = iter_lmdb(tmp_path / "db", decode=False)
+    assert p.encoded and p.data == (root / "p.JPEG").read_bytes()  # 'jpg' matches '.JPEG': file bytes
+    assert q.encoded and q.data[:2] == b"\xff\xd8"  # the PNG re-encoded as JPEG
+    ok, expected = cv2.imencode(".jpg", image)
+    assert q.data == expected.tobytes()
+
+
+def test_corrupt_jpeg_that_decodes_is_kept_and_libjpeg_message_names_list_line(tmp_path, capfd):
+    root = tmp_path / "img"
+    root.mkdir()
+    image = np.random.RandomState(5).randint(0, 256, size=(32, 32, 3)).astype(np.uint8)
+    ok, data = cv2.imencode(".jpg", image)
+    damaged = bytearray(data.tobytes())
+    damaged[len(damaged) // 2] ^= 0xFF  # libjpeg prints "Corrupt JPEG data: ..." itself and decodes anyway
+    (root / "t.jpg").write_bytes(bytes(damaged))
+    (tmp_path / "list.txt").write_text("t.jpg 7\n")
+    capfd.readouterr()
+    messages = []
+    assert convert_imageset(tmp_path / "list.txt", root, tmp_path / "db", progress=False,
+                            on_skip=messages.append) == 1
+    out, err = capfd.readouterr()
+    assert "Corrupt JPEG data" not in err  # libjpeg's own stderr line is captured ...
+    assert len(messages) == 1
+    assert messages[0].startswith(f"{tmp_path / 'list.txt'}:1: {root / 't.jpg'}: Corrupt JPEG data")
+    assert messages[0].endswith("(decoded anyway; kept, as Caffe keeps it)")  # ... and reported with its line
+    (key, decoded, label), = iter_lmdb(tmp_path / "db")
+    expected = cv2.imdecode(np.frombuffer(bytes(damaged), np.uint8), cv2.IMREAD_COLOR)
+    assert key == "00000000_t.jpg" and label == 7
+    np.testing.assert_array_equal(decoded, expected.transpose(2, 0, 1))

@@ -84,3 +84,56 @@ def test_sop_sizes_and_counts_follow_the_seed(tmp_path):
     records = read_sop(root, "train") + read_sop(root, "test")
     counts = np.bincount(labels_of(records))[1:]
     assert len(counts) == 60 and counts.min() >= 2 and counts.max() <= 6 and len(set(counts)) > 1
+
+
+def test_non_empty_target_is_refused_and_left_untouched(tmp_path, capsys):
+    from caffe_compat.cli import main
+
+    target = tmp_path / "CUB_200_2011"
+    target.mkdir()
+    (target / "images.txt").write_text("1 mine.jpg\n")
+    assert main(["make-toy-data", "sop", str(target), "--size", "16"]) == 2
+    err = capsys.readouterr().err
+    assert f"{target}: the folder exists and is not empty" in err and "Traceback" not in err
+    assert [p.name for p in target.iterdir()] == ["images.txt"]
+    assert (target / "images.txt").read_text() == "1 mine.jpg\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["CUB_200_2011"]  # no temporary sibling left
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataError, match="exists and is not a directory"):
+        make_toy_data("cub", tmp_path / "file")
+
+
+def test_empty_target_folder_is_filled_and_permissions_are_plain(tmp_path):
+    target = tmp_path / "sop"
+    target.mkdir()
+    root = make_toy_data("sop", target, seed=1, size=16)
+    assert root == target
+    assert (target / "Ebay_train.txt").read_text().startswith("image_id class_id super_class_id path\n")
+    assert len(read_sop(target, "train")) + len(read_sop(target, "test")) == len(list(target.rglob("*.JPG")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sop"]
+    assert target.stat().st_mode & 0o777 == 0o777 & ~_umask()
+
+
+def _umask():
+    from caffe_compat.io.atomic import current_umask
+
+    return current_umask()
+
+
+def test_failure_midway_leaves_no_partial_tree(tmp_path, monkeypatch):
+    import caffe_compat.data.toy as toy
+
+    calls = []
+    real_write = toy._write
+
+    def failing_write(path, image):
+        calls.append(path)
+        if len(calls) == 5:
+            raise DataError(f"{path}: OpenCV could not write the image")
+        real_write(path, image)
+
+    monkeypatch.setattr(toy, "_write", failing_write)
+    with pytest.raises(DataError, match="could not write the image"):
+        make_toy_data("cub", tmp_path / "cub", size=16)
+    assert len(calls) == 5 and calls[0].is_relative_to(tmp_path) and not calls[0].is_relative_to(tmp_path / "cub")
+    assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary sibling exists

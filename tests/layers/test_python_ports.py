@@ -62,10 +62,39 @@ def test_param_str_values_and_errors():
         parse_param_str("source lmdb", "x")
 
 
-def test_label_shuffling_batches_follow_the_stream_and_subtract_the_mean(in_data_dir):
-    layer = _shuffling(r" mean_file: mean.binaryproto \n source: lmdb_raw \n batch_size: 5 \n scales : [0.5, 2.] "
-                       r"\n subtract: [1, 3] \n max_number_object_per_label : 2 \n seed: 11")
-    assert layer.output_shapes() == [(5, 3, 16, 20), (5, 1, 1, 1)]
+def test_label_shuffling_ignores_mean_file_like_the_published_layer(in_data_dir):
+    # the published layer never reads mean_file: top = (pixels - subtract) * scales, no mean
+    with pytest.warns(UserWarning, match=r"layer 'data' \(LabelShufflingLayer\): mean_file 'mean.binaryproto' is "
+                                         r"ignored.*apply_mean_file: true"):
+        layer = _shuffling(r" mean_file: mean.binaryproto \n source: lmdb_raw \n batch_size: 5 \n scales : [0.5, 2.] "
+                           r"\n subtract: [1, 3] \n max_number_object_per_label : 2 \n seed: 11")
+    assert layer.mean is None and layer.output_shapes() == [(5, 3, 16, 20), (5, 1, 1, 1)]
+    source = np.load("source_images.npz")
+    images, labels = source["images_chw_bgr_uint8"].astype(np.float64), source["labels"]
+    stream = LabelShufflingStream(labels, 2, 11)
+    for _ in range(4):
+        picked = stream.take(5)
+        data, label = layer()
+        assert data.dtype == torch.float32 and label.shape == (5, 1, 1, 1)
+        expected = ((images[picked] - 1) * 0.5).astype(np.float32)
+        assert np.array_equal(data.numpy(), expected)
+        assert np.array_equal(label.numpy().reshape(-1), ((labels[picked] - 3.0) * 2.0).astype(np.float32))
+
+
+def test_label_shuffling_authors_param_str_needs_no_mean_file_on_disk(in_data_dir):
+    # the authors' cub200 param_str names imagenet_mean.binaryproto; the published layer never opens it
+    text = AUTHORS_CUB.replace("./db/cub200_train_lmdb", "lmdb_raw").replace("128", "4").replace("\n", r"\n")
+    with pytest.warns(UserWarning, match="imagenet_mean.binaryproto' is ignored"):
+        layer = _shuffling(text + r"\n seed: 2")
+    data, label = layer()
+    images = np.load("source_images.npz")["images_chw_bgr_uint8"].astype(np.float32)
+    picked = LabelShufflingStream(np.load("source_images.npz")["labels"], 10, 2).take(4)
+    assert np.array_equal(data.numpy(), images[picked])  # scales [1, 1.]: the raw pixels
+
+
+def test_label_shuffling_apply_mean_file_opt_in_subtracts_it(in_data_dir):
+    layer = _shuffling(r" mean_file: mean.binaryproto \n apply_mean_file: true \n source: lmdb_raw \n batch_size: 5 "
+                       r"\n scales : [0.5, 2.] \n subtract: [1, 3] \n max_number_object_per_label : 2 \n seed: 11")
     source = np.load("source_images.npz")
     images, labels = source["images_chw_bgr_uint8"].astype(np.float64), source["labels"]
     mean = read_blob("mean.binaryproto")[0].astype(np.float64)
@@ -73,10 +102,15 @@ def test_label_shuffling_batches_follow_the_stream_and_subtract_the_mean(in_data
     for _ in range(4):
         picked = stream.take(5)
         data, label = layer()
-        assert data.dtype == torch.float32 and label.shape == (5, 1, 1, 1)
         expected = ((images[picked] - mean - 1) * 0.5).astype(np.float32)
         assert np.array_equal(data.numpy(), expected)
         assert np.array_equal(label.numpy().reshape(-1), ((labels[picked] - 3.0) * 2.0).astype(np.float32))
+    with pytest.raises(FormatError, match=r"layer 'data' \(LabelShufflingLayer\): apply_mean_file: true needs a "
+                                          r"mean_file"):
+        _shuffling(r"source: lmdb_raw \n batch_size: 2 \n scales: [1, 1] \n apply_mean_file: true")
+    with pytest.raises(FormatError, match="apply_mean_file must be true or false, got 'sometimes'"):
+        _shuffling(r"source: lmdb_raw \n mean_file: mean.binaryproto \n batch_size: 2 \n scales: [1, 1] "
+                   r"\n apply_mean_file: sometimes")
 
 
 def test_label_shuffling_runs_respect_the_cap(in_data_dir):
@@ -146,7 +180,11 @@ def test_label_shuffling_mean_of_another_size(in_data_dir, tmp_path):
     write_blob(np.zeros((1, 3, 8, 8), np.float32), tmp_path / "small_mean.binaryproto")
     with pytest.raises(DataError, match=r"mean_file .* has shape \(3, 8, 8\), the records \(3, 16, 20\)"):
         _shuffling(rf"source: lmdb_raw \n mean_file: {tmp_path / 'small_mean.binaryproto'} \n batch_size: 2 "
-                   r"\n scales: [1, 1]")
+                   r"\n scales: [1, 1] \n apply_mean_file: true")
+    with pytest.warns(UserWarning, match="is ignored"):  # without the opt-in the mismatch does not matter
+        layer = _shuffling(rf"source: lmdb_raw \n mean_file: {tmp_path / 'small_mean.binaryproto'} \n batch_size: 2 "
+                           r"\n scales: [1, 1]")
+    assert layer()[0].shape == (2, 3, 16, 20)
 
 
 def test_unregistered_python_layer_names_itself_and_the_way_out():

@@ -332,7 +332,7 @@ def test_train_two_gloo_ranks_equals_one_process(tmp_path):
     for name in ("float64", "float32"):
         for size in (8, 128):
             files = sorted(p.name for p in (tmp_path / f"snap_single_{name}_{size}").iterdir())
-            assert files == ["snap_iter_2.caffemodel", "snap_iter_2.solverstate"]
+            assert files == ["snap_iter_2.caffemodel", "snap_iter_2.solverstate", "snap_iter_2.trainstate"]
             assert sorted(p.name for p in (tmp_path / f"snap_rank0_{name}_{size}").iterdir()) == files
             assert not (tmp_path / f"snap_rank1_{name}_{size}").exists()
             assert not (tmp_path / f"log_rank1_{name}_{size}.csv").exists()
@@ -444,7 +444,7 @@ def test_cli_train_under_torchrun(tmp_path, capsys):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("trained 2 iterations") == 1  # rank 0 alone prints the summary
-    files = ["snap_iter_2.caffemodel", "snap_iter_2.solverstate"]
+    files = ["snap_iter_2.caffemodel", "snap_iter_2.solverstate", "snap_iter_2.trainstate"]
     assert sorted(p.name for p in (tmp_path / "single").iterdir()) == files
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == files  # written once, by rank 0
     single = dict(read_weights(tmp_path / "single" / files[0]))

@@ -12,10 +12,18 @@ Epochs follow ``DistributedSampler``: ``set_epoch(e)`` selects epoch ``e``; addi
 itself; ``len()`` counts the batches of the epoch the next ``iter()`` yields.
 Random numbers come from ``numpy.random.RandomState`` (a stream numpy keeps stable across versions).
 Use a sampler as ``DataLoader(dataset, batch_sampler=sampler)``.
+
+Resuming (``caffe_compat.solver.train.train(..., resume=...)`` saves it beside each snapshot):
+``state_dict()`` is ``{"epoch": e, "batch": b, "seed": s}``, meaning *the next* ``iter()`` *yields epoch*
+``e`` *from its global batch* ``b`` *on*; ``load_state_dict(state)`` sets it (``batch`` applies to that one
+``iter()``, the following epochs start at their first batch).  The batches of an epoch depend on
+``(seed, epoch)`` alone, so this is the whole state; the consumer adds the batches it has taken from
+the current ``iter()`` to ``batch`` (a DataLoader's workers fetch ahead of what was consumed).
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterator
 
 import numpy as np
@@ -75,6 +83,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
             raise DataError(f"batch_size {batch_size} is not divisible by num_replicas {self.num_replicas}")
         self.local_batch_size = self.batch_size // self.num_replicas
         self.epoch = 0
+        self._start_batch = 0  # the first global batch the next iter() yields (load_state_dict)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next ``iter()`` yields (``DistributedSampler`` convention)."""
@@ -93,11 +102,28 @@ class GlobalBatchSampler(Sampler[list[int]]):
         start = self.rank * self.local_batch_size
         return batch[start : start + self.local_batch_size]
 
+    def global_batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        """The global batches of ``epoch`` from batch number ``start`` on (resuming mid-epoch)."""
+        if start <= 0:
+            return self.global_batches(epoch)
+        return itertools.islice(self.global_batches(epoch), start, None)
+
+    def state_dict(self) -> dict:
+        """What the next ``iter()`` yields: epoch ``epoch`` from its global batch ``batch`` (module docstring)."""
+        return {"epoch": int(self.epoch), "batch": int(getattr(self, "_start_batch", 0)), "seed": int(self.seed)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter()`` yield epoch ``state["epoch"]`` from its global batch ``state["batch"]``."""
+        epoch, batch = int(state["epoch"]), int(state.get("batch", 0))
+        if epoch < 0 or batch < 0:
+            raise DataError(f"sampler state: epoch and batch must be >= 0, got {epoch}, {batch}")
+        self.epoch, self._start_batch = epoch, batch
+
     def __iter__(self) -> Iterator[list[int]]:
-        epoch = self.epoch
-        self.epoch = epoch + 1
-        return (self.local_part(batch).tolist() for batch in self.global_batches(epoch))
+        epoch, start = self.epoch, getattr(self, "_start_batch", 0)
+        self.epoch, self._start_batch = epoch + 1, 0
+        return (self.local_part(batch).tolist() for batch in self.global_batches_from(epoch, start))
 
     def __len__(self) -> int:
-        """Batches of the epoch the next ``iter()`` yields."""
-        return self.num_batches(self.epoch)
+        """Batches of the epoch the next ``iter()`` yields (from its start batch on)."""
+        return max(self.num_batches(self.epoch) - getattr(self, "_start_batch", 0), 0)

@@ -70,6 +70,27 @@ class LabelShufflingStream:
             n -= count
         return np.concatenate(runs) if runs else np.empty(0, np.int64)
 
+    def state_dict(self) -> dict:
+        """The whole state (arrays and numbers only): RandomState, every label's (reshuffled) image list
+        concatenated in label order, the label order and both cursors."""
+        return {"rng": self.rng.get_state(legacy=False),
+                "image_lists": np.concatenate(self.image_lists) if self.image_lists else np.empty(0, np.int64),
+                "label_order": self.label_order.copy(), "label_index": int(self.label_index),
+                "image_index": int(self.image_index)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` of a stream over the same labels."""
+        images = np.asarray(state["image_lists"], dtype=np.int64)
+        sizes = [len(group) for group in self.image_lists]
+        order = np.asarray(state["label_order"], dtype=self.label_order.dtype)
+        if images.shape != (sum(sizes),) or order.shape != self.label_order.shape:
+            raise DataError(f"label-shuffling state of {images.size} images / {order.size} labels does not fit a "
+                            f"stream of {sum(sizes)} images / {self.label_order.size} labels")
+        self.image_lists = [part.copy() for part in np.split(images, np.cumsum(sizes)[:-1])] if sizes else []
+        self.label_order = order.copy()
+        self.label_index, self.image_index = int(state["label_index"]), int(state["image_index"])
+        self.rng.set_state(state["rng"])
+
 
 class LabelShufflingSampler(GlobalBatchSampler):
     """Batches of the authors' ``LabelShufflingLayer`` (see the module docstring)."""
@@ -110,8 +131,11 @@ class LabelShufflingSampler(GlobalBatchSampler):
         return stream
 
     def global_batches(self, epoch: int) -> Iterator[np.ndarray]:
-        start = epoch * self.batches_per_epoch
-        stream = self.stream_at(start)
-        for _ in range(self.batches_per_epoch):
+        return self.global_batches_from(epoch, 0)
+
+    def global_batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        begin = epoch * self.batches_per_epoch
+        stream = self.stream_at(begin + max(int(start), 0))
+        for _ in range(max(int(start), 0), self.batches_per_epoch):
             yield stream.take(self.batch_size)
-        self._resume = (start + self.batches_per_epoch, copy.deepcopy(stream))
+        self._resume = (begin + self.batches_per_epoch, copy.deepcopy(stream))
