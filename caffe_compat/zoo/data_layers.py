@@ -2,10 +2,11 @@
 
 * :class:`LabelShufflingData`: the FAPPY authors' Python layer ``label_shuffling_layer.LabelShufflingLayer``
   (CUB-200-2011 and VehicleID).  Its settings travel in ``python_param.param_str``, a YAML mapping the
-  layer reads with ``yaml.load``: ``source`` (LMDB), ``mean_file`` (binaryproto, subtracted whole: no
-  crop, so the LMDB images must already have the mean file's size), ``batch_size``, ``scales`` (one
-  multiplier per top) and ``max_number_object_per_label`` (consecutive images per label, 10 for CUB,
-  16 for VehicleID).  Our sampler port is :class:`caffe_compat.data.LabelShufflingSampler`.
+  layer reads with ``yaml.load``: ``source`` (LMDB), ``batch_size``, ``scales`` (one multiplier per
+  top) and ``max_number_object_per_label`` (consecutive images per label, 10 for CUB, 16 for
+  VehicleID).  The authors' prototxts also name a ``mean_file``, which the published layer never reads
+  (our port ignores it too, with a warning; ``apply_mean_file: true`` subtracts it, a deviation).  Our
+  sampler port is :class:`caffe_compat.data.LabelShufflingSampler`.
 * :class:`LmdbData`: Caffe's ``Data`` layer on an LMDB with a ``transform_param`` (Stanford Online
   Products: mirror, crop 227, mean file).
 * :class:`InputData`: ``Input`` layers (deploy nets; nets fed from a Python sampler): ``data`` of the
