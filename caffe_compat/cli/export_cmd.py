@@ -5,6 +5,12 @@ Calls :func:`caffe_compat.export.export_onnx`; ``--verify`` then runs :func:`ver
 ONNX Runtime vs PyTorch on a random batch) and prints max abs/rel error.  With ``--verify`` the model is
 written to a temporary file and moved into place only when it passes.
 
+Preprocessing: ``--preprocessing`` (keys ``channel_order``, ``resize``, ``crop_size``, ``mean_value`` or
+``mean_file`` (a .binaryproto, stored in the model), ``scale``); without it, what the net's TEST-phase data
+layer applies (its ``transform_param``), else "resize to the input size, no crop, no mean", recorded as
+assumed in the metadata and announced on stderr (``caffe-compat export: warning: ...``).  Data layers are
+never opened, so a training prototxt exports without its training data.
+
 Exit status: 0 written (and verified), 1 verification above tolerance (nothing written), 2 bad input
 (unknown blob: the message lists the available ones; unreadable files; unexportable layer), nothing written.
 """
@@ -27,7 +33,8 @@ def register(sub) -> None:
     p.add_argument("--batch", default="dynamic", help="'dynamic' (default) or a fixed batch size")
     p.add_argument("--preprocessing", metavar="JSON",
                    help='preprocessing to store, JSON text or a .json file, e.g. \'{"resize": 256, "crop_size": 224, '
-                        '"mean_value": [104, 117, 123]}\' (default: resize to the input size)')
+                        '"mean_value": [104, 117, 123]}\' or {..., "mean_file": "mean.binaryproto"} (default: the '
+                        "TEST-phase data layer's transform_param, else resize to the input size, with a warning)")
     p.add_argument("--verify", action="store_true", help="check the model and compare ONNX Runtime with PyTorch")
     p.add_argument("--tolerance", type=float, help="verification bound on max_rel (default 1e-4, fp16 1e-2)")
     p.set_defaults(func=run)
@@ -59,13 +66,15 @@ def run(args) -> int:
 
     from caffe_compat.cli.output import print_table
     from caffe_compat.export import export_onnx, verify_onnx
+    from caffe_compat.export.notices import cli_warnings
 
     target = Path(args.path)
     path = target.with_name(f".{target.name}.verify{os.getpid()}.onnx") if args.verify else target
     try:
-        export_onnx(args.prototxt, weights=args.weights, checkpoint=args.checkpoint, output_blob=args.blob, path=path,
-                    normalize=args.normalize, opset=args.opset, fp16=args.fp16, batch=args.batch,
-                    preprocessing=_preprocessing(args.preprocessing))
+        with cli_warnings("export"):
+            export_onnx(args.prototxt, weights=args.weights, checkpoint=args.checkpoint, output_blob=args.blob,
+                        path=path, normalize=args.normalize, opset=args.opset, fp16=args.fp16, batch=args.batch,
+                        preprocessing=_preprocessing(args.preprocessing))
         if args.verify:
             report = verify_onnx(path, prototxt=args.prototxt, weights=args.weights, checkpoint=args.checkpoint,
                                  tolerance=args.tolerance)

@@ -1,8 +1,14 @@
 """``caffe-compat reproduce {cub200,sop,vehicleid,digits}``: the paper's setup end to end.
 
 Train from our prototxt → snapshot → export ONNX → evaluate with ONNX Runtime → paper-style table,
-curves and run.json under ``--out`` (default ``runs/<dataset>``).  Re-running the same command resumes.
-``digits`` needs no data: it generates the toy data set and is the README's main command.
+curves and run.json under ``--out`` (default ``runs/<dataset>``).  Re-running the same command resumes:
+finished runs are reused, interrupted ones continue from their last snapshot.  Every run directory records
+the settings that decide its result (settings.json); a re-run whose settings differ (another --max-iter,
+--weights, --delta-min, --batch-size, --per-label, data root, ...) is refused with exit status 2 before
+anything is trained or written: pass a new ``--out``, or ``--fresh`` to discard those runs and retrain.
+``--device``: ``auto`` (default: cuda when torch sees one), ``cpu``, ``cuda`` or ``cuda:N``; a device torch
+cannot use is refused (exit 2).  ``digits`` needs no data: it generates the toy data set and is the README's
+main command.
 """
 
 from __future__ import annotations
@@ -17,26 +23,30 @@ def register(sub) -> None:
                    help="fappy, contrastive, triplet, lifted, histogram (repeatable; default: the paper's table)")
     p.add_argument("--seeds", type=int, nargs="+", help="training seeds (default: 0 1 2 for digits, 0 otherwise)")
     p.add_argument("--delta-min", type=float, help="FAPPY's finest bin width (the authors' 1e-4 by default)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", default="auto",
+                   help="auto (default: cuda when torch has it, else cpu), cpu, cuda or cuda:N")
     p.add_argument("--max-iter", type=int, help="iterations per run (default: per data set)")
     p.add_argument("--workers", type=int, help="data-loading worker processes")
     p.add_argument("--snapshot-every", type=int, default=0, help="also snapshot every N iterations (resume points)")
     p.add_argument("--batch-size", type=int, help="override the paper's batch size (e.g. small for a CPU smoke run)")
     p.add_argument("--per-label", type=int, help="images per label run in a batch (label-shuffling sampler)")
     p.add_argument("--out", help="run directory (default runs/<dataset>)")
+    p.add_argument("--fresh", action="store_true",
+                   help="discard what the requested runs' directories hold (snapshots, metrics) and retrain them")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    import torch
-
+    from caffe_compat.evaluate.inputs import parse_device
+    from caffe_compat.export.notices import cli_warnings
     from caffe_compat.reproduce.pipeline import reproduce
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    summary = reproduce(args.dataset, data_root=args.data_root, losses=args.losses, seeds=args.seeds,
-                        weights=args.weights, delta_min=args.delta_min, device=device, max_iter=args.max_iter,
-                        out_dir=args.out, workers=args.workers, snapshot_every=args.snapshot_every,
-                        batch_size=args.batch_size, per_label=args.per_label)
+    device = str(parse_device(args.device, option="--device"))
+    with cli_warnings("reproduce"):
+        summary = reproduce(args.dataset, data_root=args.data_root, losses=args.losses, seeds=args.seeds,
+                            weights=args.weights, delta_min=args.delta_min, device=device, max_iter=args.max_iter,
+                            out_dir=args.out, workers=args.workers, snapshot_every=args.snapshot_every,
+                            batch_size=args.batch_size, per_label=args.per_label, fresh=args.fresh)
     print()
     print(summary["table"])
     out = args.out or f"runs/{args.dataset}"

@@ -45,10 +45,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from caffe_compat.evaluate.inputs import parse_device
     from caffe_compat.solver import distributed as ddp
     from caffe_compat.solver.train import train
 
-    summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=args.device,
+    device = None if args.device is None else str(parse_device(args.device, option="--device", allow_auto=False))
+    summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
                     amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
                     tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
                     distributed=args.distributed)

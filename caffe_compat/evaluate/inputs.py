@@ -5,7 +5,8 @@ Caffe blobs, from ONNX Runtime alike); they are cast to float32 and L2-normalise
 ``F.normalize`` convention (a zero row stays zero, so its cosine with everything is 0). Labels may be
 any 1-D integer array or tensor (numpy string arrays work too); they are replaced by dense codes
 ``0..C-1`` in sorted label order, so only label *equality* matters. ``device=None`` means the features'
-own device for a tensor and the CPU for a numpy array.
+own device for a tensor and the CPU for a numpy array.  :func:`parse_device` turns a user's device option
+(``auto``, ``cpu``, ``cuda``, ``cuda:N``) into a checked ``torch.device``.
 
 Bad input (wrong rank, length mismatch, NaN/Inf, fewer than two items) raises
 :class:`EvaluationInputError`, a :class:`~caffe_compat.errors.CaffeCompatError`.
@@ -30,6 +31,38 @@ def resolve_device(features, device=None) -> torch.device:
     if isinstance(features, torch.Tensor):
         return features.device
     return torch.device("cpu")
+
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+
+
+def parse_device(spec=None, *, option: str = "--device", allow_auto: bool = True) -> torch.device:
+    """A checked ``torch.device`` from a user's option value.
+
+    ``None``/``"auto"``: CUDA when ``torch.cuda.is_available()``, else the CPU; ``"cpu"``; ``"cuda"`` or
+    ``"cuda:N"``: only when this torch build sees a CUDA device (N in ``0..device_count-1``).  Anything else
+    raises :class:`~caffe_compat.errors.CaffeCompatError` naming ``option`` (the CLI's exit status 2).
+    """
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    if spec is None or (allow_auto and str(spec).strip().lower() == "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    text = str(spec).strip().lower()
+    choices = DEVICE_CHOICES if allow_auto else "cpu, cuda or cuda:N"
+    kind, _, index = text.partition(":")
+    if kind == "cpu" and not index:
+        return torch.device("cpu")
+    if kind != "cuda" or (_ and not index.isdigit()):
+        raise CaffeCompatError(f"{option} must be {choices}, got {spec!r}")
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", built without CUDA")
+        raise CaffeCompatError(f"{option} {spec}: CUDA is not available ({build}; torch.cuda.is_available() is "
+                               f"False); use {option} cpu")
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        raise CaffeCompatError(f"{option} {spec}: no such CUDA device; this machine has {count} "
+                               f"(cuda:0..cuda:{count - 1})")
+    return torch.device("cuda", int(index)) if index else torch.device("cuda")
 
 
 def as_features(features, device=None, *, name: str = "features", normalize: bool = True) -> torch.Tensor:

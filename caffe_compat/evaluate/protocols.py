@@ -13,11 +13,19 @@ vehicleid  top-1 / top-5 match rate, mean ± std over 10 random galleries,  Tabl
 Every result dict holds only str keys, ints, floats and lists, so ``json.dumps`` round-trips it
 (Recall@K keys are the strings ``"1"``, ``"2"``, ...). :func:`paper_tables` lays results out like the
 paper's Tables 1 and 2: values in percent with one decimal, ``/`` where a method has no result.
+
+``device`` (CPU or CUDA) decides where the k-NN runs; the figures do not depend on it: every count-based
+figure (Recall@K, precision@1, the CMC curves and their top-k mean and spread, NMI) is bit-identical on
+the CPU and CUDA, MAP@R (a mean of per-query average precisions reduced on the device) agrees to float64
+rounding (~1e-16).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+import numpy as np
+import torch
 
 from caffe_compat.evaluate.inputs import EvaluationInputError
 from caffe_compat.evaluate.knn import DEFAULT_BUDGET_BYTES
@@ -32,14 +40,27 @@ VEHICLEID_SPLITS = ("small", "medium", "large")
 DATASET_TITLES = {"cub200": "CUB-200-2011", "sop": "Stanford Online Products", "vehicleid": "VehicleID"}
 
 
+def _fraction(value: float, n: int) -> float:
+    """``count / n`` as the correctly rounded float64, from a device's rounding of it.
+
+    The k-NN decisions (ranks, hits) are the same on every device; only the last division / mean may round
+    differently on CUDA (e.g. by a reciprocal).  Rounding back to the integer count and dividing here makes
+    every count-based figure bit-identical across devices (and equal to the CPU's value)."""
+    return round(value * n) / n if n > 0 else value
+
+
 def _retrieval(name, features, labels, ks, device, budget_bytes) -> dict:
     scores = retrieval_metrics(features, labels, ks, device=device, budget_bytes=budget_bytes)
+    values = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels).reshape(-1)
+    codes = np.unique(values, return_inverse=True)[1].reshape(-1)
+    with_positive = int((np.bincount(codes)[codes] >= 2).sum())  # queries with another same-label item
+    n = int(len(codes))
     return {
         "protocol": name,
-        "num_images": int(len(labels)),
-        "recall_at_k": {str(k): v for k, v in scores["recall_at_k"].items()},
+        "num_images": n,
+        "recall_at_k": {str(k): _fraction(v, n) for k, v in scores["recall_at_k"].items()},
         "map_at_r": scores["map_at_r"],
-        "precision_at_1": scores["precision_at_1"],
+        "precision_at_1": _fraction(scores["precision_at_1"], with_positive),
     }
 
 
@@ -70,6 +91,8 @@ def evaluate_vehicleid(
             continue
         features, ids = splits[name]
         curves = vehicleid_cmc_curves(features, ids, repeats, seed, device=device, budget_bytes=budget_bytes)
+        queries = int(len(ids)) - int(curves.shape[1])  # per repeat: all images but one per vehicle
+        curves = torch.round(curves.cpu() * queries) / queries  # counts / queries, rounded alike on every device
         entry = {"num_images": int(len(ids)), "num_vehicles": int(curves.shape[1])}
         for k in VEHICLEID_RANKS:
             column = curves[:, min(k, curves.shape[1]) - 1]

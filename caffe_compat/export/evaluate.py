@@ -8,10 +8,13 @@
    batch zero-padded and trimmed);
 3. the features go to ``caffe_compat.evaluate.PROTOCOLS[protocol]`` (cosine on L2-normalised rows):
    ``evaluate_cub200(features, labels)``, ``evaluate_sop(features, labels)`` or
-   ``evaluate_vehicleid({split: (features, vehicle_ids)})``.
+   ``evaluate_vehicleid({split: (features, vehicle_ids)})``, with the k-NN searches on ``device``:
+   ``"auto"`` (default; CUDA when torch has it, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``
+   (:func:`caffe_compat.evaluate.inputs.parse_device`; an unusable device raises CaffeCompatError).  The
+   metrics are the same on either device (the k-NN engine's fixed-shape tiles and exact tie order).
 
 The returned dict is the protocol's, plus ``"provider"`` (the execution provider ONNX Runtime really used),
-``"onnx"`` and ``"split"``.  ``split=None`` means the test split(s); a name (or, for VehicleID, a list of
+``"knn_device"`` (where the metrics ran), ``"onnx"`` and ``"split"``.  ``split=None`` means the test split(s); a name (or, for VehicleID, a list of
 names) overrides it.
 """
 
@@ -73,10 +76,12 @@ def embed_images(session: EmbedderSession, paths, preprocessor: ImagePreprocesso
 
 
 def evaluate_onnx(onnx_path, protocol: str, root, provider: str | None = "cpu", batch_size: int = 64,
-                  progress: bool = True, split=None) -> dict:
+                  progress: bool = True, split=None, device="auto") -> dict:
     """Evaluate the embedder ``onnx_path`` on data set ``root`` (see the module docstring)."""
     from caffe_compat.evaluate import PROTOCOLS
+    from caffe_compat.evaluate.inputs import parse_device
 
+    knn_device = parse_device(device, option="device")
     if protocol not in PROTOCOLS:
         raise CaffeCompatError(f"protocol must be one of {sorted(PROTOCOLS)}, got {protocol!r}")
     onnx_path = Path(onnx_path)
@@ -95,11 +100,12 @@ def evaluate_onnx(onnx_path, protocol: str, root, provider: str | None = "cpu", 
         index = np.fromiter((row[str(r.path)] for r in records), dtype=np.int64, count=len(records))
         arrays[name] = (features[index], np.asarray([r.label for r in records], dtype=np.int64))
     if protocol == "vehicleid":
-        result = PROTOCOLS[protocol](arrays)
+        result = PROTOCOLS[protocol](arrays, device=knn_device)
     else:
         (name, (feats, labels)), = arrays.items()
-        result = PROTOCOLS[protocol](feats, labels)
+        result = PROTOCOLS[protocol](feats, labels, device=knn_device)
     result["provider"] = session.provider
+    result["knn_device"] = str(knn_device)
     result["onnx"] = str(onnx_path)
     result["split"] = list(per_split) if protocol == "vehicleid" else next(iter(per_split))
     return result

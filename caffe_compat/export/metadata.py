@@ -13,6 +13,10 @@ channel_order       ``"BGR"`` (Caffe/OpenCV) or ``"RGB"``: order of the channels
 resize              ``[new_height, new_width]`` for OpenCV's ``cv2.resize`` (INTER_LINEAR) or ``null``
 crop_size           centre crop side (Caffe TEST phase), 0 = none
 mean_value          per-channel means in ``channel_order`` (one value = all channels), ``[]`` = none
+mean_file           the ``.binaryproto`` a mean image was read from (informative), or ``null``
+mean_image          that mean image itself, ``{"shape": [C, H, W], "dtype": "float32", "base64": ...}``
+                    (little-endian float32 bytes, C order), or ``null``; subtracted before the crop at
+                    the crop offset, like Caffe's ``mean_file`` (so it has the pre-crop image size)
 scale               multiplier applied after the mean subtraction (Caffe's ``scale``)
 output_blob         the Caffe blob cut at; graph output name
 embedding_dim       D of the ``(N, D)`` output
@@ -21,26 +25,78 @@ fp16                whether weights/arithmetic are float16 (input and output sta
 batch               ``"dynamic"`` or the fixed batch size
 opset               the ONNX opset
 source              ``{"net": name, "prototxt": path, "weights": path, "checkpoint": path}``
-preprocessing_derived  ``true`` when no preprocessing was given and it was derived from the net
+preprocessing_derived  ``true`` when no preprocessing was given (read from the net or assumed)
+preprocessing_source   ``"given"``, ``"data layer '<name>' (<type>)"`` (its ``transform_param`` / the
+                    authors' ``param_str``) or ``"assumed"``
+preprocessing_assumed  list of what was assumed rather than known (empty when nothing was)
 ==================  ===============================================================================
 
 Preprocessing follows Caffe's ImageData + DataTransformer in the TEST phase: decode BGR with OpenCV,
 resize (if set), reorder channels (if RGB), centre crop, subtract the mean, multiply by ``scale``.
-With no preprocessing given the derived default is "resize to the input size, no crop, no mean, scale 1,
-BGR"; a given dict must produce exactly the net's input size or :class:`FormatError` is raised.
+A given dict may name a ``mean_file`` (a ``.binaryproto``, read with :func:`caffe_compat.io.read_blob`
+relative to the working directory, like Caffe; stored whole in ``mean_image``, so inference needs no side
+file).  Without a given dict, :func:`caffe_compat.export.onnx_export.export_onnx` reads the preprocessing
+from the net's TEST-phase data layer (:func:`preprocessing_from_data_layer`); with no such layer the
+default is "resize to the input size, no crop, no mean, scale 1, BGR", recorded as ``"assumed"`` and
+announced by a :class:`~caffe_compat.export.notices.PreprocessingAssumedWarning`.  A dict must produce
+exactly the net's input size or :class:`FormatError` is raised.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+from pathlib import Path
 
-from caffe_compat.errors import FormatError
+import numpy as np
+
+from caffe_compat.errors import CaffeCompatError, FormatError
 
 FORMAT = "caffe-compat-onnx/1"
-PREPROCESSING_KEYS = ("channel_order", "resize", "crop_size", "mean_value", "scale", "input_blob")
+PREPROCESSING_KEYS = ("channel_order", "resize", "crop_size", "mean_value", "mean_file", "scale", "input_blob")
 
-__all__ = ["FORMAT", "PREPROCESSING_KEYS", "normalize_preprocessing", "read_metadata", "write_metadata"]
+__all__ = ["FORMAT", "PREPROCESSING_KEYS", "assumed_preprocessing", "decode_mean_image", "encode_mean_image",
+           "normalize_preprocessing", "preprocessing_from_data_layer", "read_mean_file", "read_metadata",
+           "write_metadata"]
+
+
+def read_mean_file(path, where: str) -> np.ndarray:
+    """A mean ``.binaryproto`` as a float32 ``(C, H, W)`` array; FormatError naming ``where`` and the file."""
+    from caffe_compat.io import read_blob
+
+    path = Path(path)
+    if not path.is_file():
+        raise FormatError(f"{where}: mean_file '{path}' not found (read relative to the working directory "
+                          f"{Path.cwd()}, as Caffe does)")
+    try:
+        mean = np.asarray(read_blob(path), dtype=np.float32)
+    except CaffeCompatError as exc:
+        raise FormatError(f"{where}: mean_file '{path}' is not a readable BlobProto ({exc})") from None
+    if mean.ndim == 4 and mean.shape[0] == 1:
+        mean = mean[0]
+    if mean.ndim != 3:
+        raise FormatError(f"{where}: mean_file '{path}' has shape {mean.shape}; a mean image is (C, H, W) "
+                          f"or (1, C, H, W)")
+    return mean
+
+
+def encode_mean_image(mean: np.ndarray) -> dict:
+    data = np.ascontiguousarray(mean, dtype="<f4")
+    return {"shape": [int(d) for d in data.shape], "dtype": "float32",
+            "base64": base64.b64encode(data.tobytes()).decode("ascii")}
+
+
+def decode_mean_image(value) -> np.ndarray | None:
+    """The ``mean_image`` metadata entry back as a float32 ``(C, H, W)`` array (None when absent)."""
+    if value is None:
+        return None
+    try:
+        shape = tuple(int(d) for d in value["shape"])
+        data = np.frombuffer(base64.b64decode(value["base64"]), dtype="<f4")
+        return data.reshape(shape).astype(np.float32)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(f"metadata 'mean_image' is malformed ({exc})") from None
 
 
 def _resize_pair(value, where: str):
@@ -67,7 +123,7 @@ def normalize_preprocessing(preprocessing: dict | None, input_blob: str, input_s
     channels, height, width = (int(d) for d in input_shape[1:])
     if preprocessing is None:
         return {"channel_order": "BGR", "resize": [height, width], "crop_size": 0, "mean_value": [], "scale": 1.0,
-                "input_blob": input_blob, "preprocessing_derived": True}
+                "mean_file": None, "mean_image": None, "input_blob": input_blob, "preprocessing_derived": True}
     unknown = sorted(set(preprocessing) - set(PREPROCESSING_KEYS))
     if unknown:
         raise FormatError(f"{where}: unknown preprocessing keys {unknown}; known: {list(PREPROCESSING_KEYS)}")
@@ -96,8 +152,95 @@ def normalize_preprocessing(preprocessing: dict | None, input_blob: str, input_s
                           f"'{input_blob}' is {height}x{width}")
     if crop and resize and (resize[0] < crop or resize[1] < crop):
         raise FormatError(f"{where}: resize {resize} is smaller than crop_size {crop}")
+    mean_file, mean_image = preprocessing.get("mean_file"), None
+    if mean_file is not None:
+        if not isinstance(mean_file, (str, Path)) or not str(mean_file).strip():
+            raise FormatError(f"{where}: mean_file must be the path of a .binaryproto, got {mean_file!r}")
+        if means:
+            raise FormatError(f"{where}: give mean_file or mean_value, not both (Caffe refuses both)")
+        mean = read_mean_file(mean_file, f"{where}: preprocessing")
+        _check_mean_shape(mean, str(mean_file), channels, (height, width), resize, crop, where)
+        mean_file, mean_image = str(mean_file), encode_mean_image(mean)
     return {"channel_order": order, "resize": resize, "crop_size": crop, "mean_value": means, "scale": scale,
-            "input_blob": input_blob, "preprocessing_derived": False}
+            "mean_file": mean_file, "mean_image": mean_image, "input_blob": input_blob,
+            "preprocessing_derived": False}
+
+
+def _check_mean_shape(mean, name, channels, input_hw, resize, crop, where) -> None:
+    """Caffe subtracts a mean image from the uncropped image: it must have the image's size."""
+    if mean.shape[0] != channels:
+        raise FormatError(f"{where}: mean_file '{name}' has {mean.shape[0]} channels, the net takes {channels}")
+    size = tuple(mean.shape[1:])
+    if resize and size != tuple(resize):
+        raise FormatError(f"{where}: mean_file '{name}' is {size[0]}x{size[1]}, the resized images "
+                          f"{resize[0]}x{resize[1]}; the mean is subtracted before the crop, so they must agree")
+    if not resize and not crop and size != tuple(input_hw):
+        raise FormatError(f"{where}: mean_file '{name}' is {size[0]}x{size[1]}, the net's input "
+                          f"{input_hw[0]}x{input_hw[1]}")
+    if crop and (size[0] < crop or size[1] < crop):
+        raise FormatError(f"{where}: mean_file '{name}' is {size[0]}x{size[1]}, smaller than crop_size {crop}")
+
+
+def assumed_preprocessing(input_shape) -> list[str]:
+    """What the default preprocessing assumes for an input of shape ``(N, C, H, W)`` (warning text)."""
+    height, width = (int(d) for d in input_shape[2:4])
+    return [f"resize to {height}x{width} (the net's input size)", "no crop", "no mean subtraction", "scale 1",
+            "BGR channel order"]
+
+
+def _layer_mean(path, where: str) -> np.ndarray:
+    try:
+        return read_mean_file(path, where)
+    except FormatError as exc:
+        raise FormatError(f"{exc}; the exported model needs the data layer's mean: run export from the directory "
+                          f"Caffe ran in, or give the preprocessing explicitly (--preprocessing)") from None
+
+
+def preprocessing_from_data_layer(layer) -> tuple[dict | None, list[str]]:
+    """The preprocessing a TEST-phase data layer applies, as a dict for :func:`normalize_preprocessing`, and
+    the list of what had to be assumed; ``(None, [])`` when the layer says nothing about it.
+
+    * ``transform_param`` (Data, ImageData, ...): ``crop_size``, ``mean_value``, ``mean_file``, ``scale``
+      (``mirror`` is a training augmentation: off).  The resize is ImageData's ``new_height``/``new_width``,
+      else the mean file's size (Caffe needs the stored images to have it), else unknown: images are used
+      at their stored size (noted as assumed);
+    * the FAPPY authors' ``LabelShufflingLayer`` (Python): ``mean_file`` from its ``param_str`` (subtracted
+      whole, no crop) and ``scales[0]``.
+    """
+    where = f"data layer '{layer.name}' ({layer.type})"
+    if layer.type == "Python" and layer.python_param.layer == "LabelShufflingLayer":
+        from caffe_compat.layers.python_ports import parse_param_str
+
+        params = parse_param_str(layer.python_param.param_str, layer.name)
+        spec = {"channel_order": "BGR", "crop_size": 0}
+        if params.get("mean_file"):
+            mean = _layer_mean(params["mean_file"], f"{where} param_str")
+            spec.update(mean_file=str(params["mean_file"]), resize=list(mean.shape[1:]))
+        scales = params.get("scales")
+        if isinstance(scales, (list, tuple)) and scales:
+            spec["scale"] = float(scales[0])
+        notes = [] if "resize" in spec else ["resize: none (images used at their stored size, which the "
+                                             "layer's LMDB decides and export does not open)"]
+        return spec, notes
+    if not layer.HasField("transform_param"):
+        return None, []
+    t = layer.transform_param
+    spec = {"channel_order": "BGR", "crop_size": int(t.crop_size), "mean_value": [float(v) for v in t.mean_value],
+            "scale": float(t.scale)}
+    resize = None
+    if layer.type == "ImageData" and layer.image_data_param.new_height and layer.image_data_param.new_width:
+        resize = [int(layer.image_data_param.new_height), int(layer.image_data_param.new_width)]
+    if t.mean_file:
+        mean = _layer_mean(t.mean_file, f"{where} transform_param")
+        spec["mean_file"] = str(t.mean_file)
+        resize = resize or [int(d) for d in mean.shape[1:]]
+    notes = []
+    if resize is not None:
+        spec["resize"] = resize
+    else:
+        notes.append("resize: none (images used at their stored size, which the layer's data source decides "
+                     "and export does not open)")
+    return spec, notes
 
 
 def write_metadata(model, values: dict) -> None:

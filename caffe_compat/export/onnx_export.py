@@ -20,7 +20,14 @@ type (each kept layer is exported alone to find it).  The file is written atomic
 rename) and passes ``onnx.checker`` first: an error leaves nothing behind.
 
 Defaults: ``output_blob="fc_embedding"``, ``normalize=False``, ``opset=17``, ``fp16=False``,
-``batch="dynamic"``, ``preprocessing=None`` (derived from the input shape, see the metadata module).
+``batch="dynamic"``, ``preprocessing=None``: read from the TEST-phase data layer the cut reads (its
+``transform_param``: crop_size, mean_value, mean_file, scale; mirror off), else assumed ("resize to the
+input size, no crop, no mean") and recorded as such in the metadata (``preprocessing_source``,
+``preprocessing_assumed``) with a :class:`~caffe_compat.export.notices.PreprocessingAssumedWarning`.
+
+A training prototxt exports without its training data: data layers are never opened, the data layer the
+cut reads is replaced by an Input layer (:mod:`caffe_compat.export.source`), whose size comes from the
+layer's crop_size or from the preprocessing.
 """
 
 from __future__ import annotations
@@ -36,8 +43,10 @@ from torch import nn
 from caffe_compat.errors import CaffeCompatError, FormatError
 from caffe_compat.export.embedder import Embedder, cut_steps
 from caffe_compat.export.fold import fold_constants
-from caffe_compat.export.metadata import FORMAT, normalize_preprocessing, write_metadata
-from caffe_compat.export.source import load_test_net
+from caffe_compat.export.metadata import (FORMAT, assumed_preprocessing, normalize_preprocessing,
+                                          preprocessing_from_data_layer, write_metadata)
+from caffe_compat.export.notices import PreprocessingAssumedWarning
+from caffe_compat.export.source import TestPhaseNet
 
 __all__ = ["export_onnx", "build_embedder", "example_input"]
 
@@ -64,9 +73,13 @@ def _batch_size(batch) -> int | None:
 
 
 def build_embedder(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
-                   normalize: bool = False, fp16: bool = False) -> Embedder:
-    """The :class:`Embedder` an export traces (float32 reference when ``fp16`` is False)."""
-    net = load_test_net(prototxt, weights, checkpoint)
+                   normalize: bool = False, fp16: bool = False, image_size=None, test_net=None) -> Embedder:
+    """The :class:`Embedder` an export traces (float32 reference when ``fp16`` is False).  ``image_size``
+    (``(H, W)`` or ``(C, H, W)``) sizes the Input that stands for a data layer the prototxt reads."""
+    if weights is not None and checkpoint is not None:
+        raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
+    test_net = test_net or TestPhaseNet(prototxt, checkpoint)
+    net = test_net.build(weights, output_blob, image_size)
     cut_steps(net, output_blob)  # raises FormatError listing the blobs when the name is unknown
     if fp16:
         net = net.half()
@@ -126,11 +139,24 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
     if not MIN_OPSET <= int(opset) <= MAX_OPSET:
         raise CaffeCompatError(f"opset must be in {MIN_OPSET}..{MAX_OPSET} (the legacy exporter's range), got {opset}")
     fixed = _batch_size(batch)
-    embedder = build_embedder(prototxt, weights, checkpoint, output_blob, normalize, fp16)
+    if weights is not None and checkpoint is not None:
+        raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
+    test_net = TestPhaseNet(prototxt, checkpoint)
+    spec, origin, assumed = preprocessing, "given", []
+    if spec is None:
+        data_layer = test_net.data_layer(output_blob)
+        if data_layer is not None:
+            spec, assumed = preprocessing_from_data_layer(data_layer)
+            origin = f"data layer '{data_layer.name}' ({data_layer.type})"
+    embedder = build_embedder(prototxt, weights, checkpoint, output_blob, normalize, fp16,
+                              image_size=_image_size(spec), test_net=test_net)
     net, input_blob = embedder.net, embedder.input_blob
     if input_blob == output_blob:
         raise FormatError(f"output blob '{output_blob}' is the net's input")
-    prep = normalize_preprocessing(preprocessing, input_blob, embedder.input_shape)
+    prep = normalize_preprocessing(spec, input_blob, embedder.input_shape,
+                                   where="export" if origin == "given" else f"export ({origin})")
+    if spec is None:
+        origin, assumed = "assumed", assumed_preprocessing(embedder.input_shape)
     example = example_input(embedder.input_shape, fixed or 2)
     dynamic_axes = None if fixed else {input_blob: {0: "batch"}, output_blob: {0: "batch"}}
     try:
@@ -147,14 +173,40 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
     source = {"net": net.name, "prototxt": str(prototxt) if named else None,
               "weights": None if weights is None else str(weights),
               "checkpoint": None if checkpoint is None else str(checkpoint)}
-    derived = prep.pop("preprocessing_derived")
+    prep.pop("preprocessing_derived")
+    derived = origin != "given"  # read from the net's data layer, or assumed
     write_metadata(model, {
         "format": FORMAT, **prep, "input_shape": list(embedder.input_shape[1:]), "output_blob": output_blob,
         "embedding_dim": embedder.dim, "normalize": bool(normalize), "fp16": bool(fp16),
         "batch": "dynamic" if fixed is None else fixed, "opset": int(opset), "source": source,
-        "preprocessing_derived": derived,
+        "preprocessing_derived": derived, "preprocessing_source": origin, "preprocessing_assumed": assumed,
     })
     onnx.checker.check_model(model)
     path = Path(path)
     write_bytes_atomic(path, model.SerializeToString())
+    if assumed:
+        what = ("no preprocessing given and the net has no TEST-phase data layer with a transform_param"
+                if origin == "assumed" else f"the preprocessing comes from the net's {origin}, but")
+        warnings.warn(f"{test_net.where}: {what}; the metadata assumes {'; '.join(assumed)}. Pass the preprocessing the "
+                      f"model was trained with if it differs (export --preprocessing, e.g. '{{\"resize\": 256, "
+                      f"\"crop_size\": 224, \"mean_value\": [104, 117, 123]}}')",
+                      PreprocessingAssumedWarning, stacklevel=2)
     return path
+
+
+def _image_size(spec):
+    """``(H, W)`` the preprocessing ``spec`` yields (crop, else resize), or None when it does not say."""
+    if not isinstance(spec, dict):
+        return None
+    try:
+        crop = int(spec.get("crop_size") or 0)
+        if crop > 0:
+            return crop, crop
+        resize = spec.get("resize")
+        if isinstance(resize, (int, float)) and not isinstance(resize, bool) and resize > 0:
+            return int(resize), int(resize)
+        if isinstance(resize, (list, tuple)) and len(resize) == 2:
+            return int(resize[0]), int(resize[1])
+    except (TypeError, ValueError):
+        return None  # normalize_preprocessing names the bad value
+    return None

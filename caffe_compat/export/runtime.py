@@ -4,16 +4,20 @@
 onnxruntime has no CUDA provider or it cannot start, e.g. no GPU or no CUDA libraries), ``"cpu"`` uses
 ``CPUExecutionProvider`` only, ``None`` means "CUDA if it works, else CPU".  What the session really
 uses is read back from ``session.get_providers()`` and reported (:attr:`EmbedderSession.provider`),
-never assumed.  ``threads`` sets ``intra_op_num_threads`` (0 = ONNX Runtime's default: one per core).
+never assumed: when ``"cuda"`` was asked and the session runs on another provider, a
+:class:`~caffe_compat.export.notices.ProviderFallbackWarning` names the provider used and why (the CLI
+prints it on stderr).  ``threads`` sets ``intra_op_num_threads`` (0 = ONNX Runtime's default: one per core).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from caffe_compat.errors import CaffeCompatError, FormatError
+from caffe_compat.export.notices import ProviderFallbackWarning
 
 __all__ = ["PROVIDERS", "EmbedderSession", "make_session"]
 
@@ -38,13 +42,20 @@ def make_session(model, provider: str | None = "cpu", threads: int = 0):
     if want_cuda:
         ort.set_default_logger_severity(4)  # a CUDA provider that cannot load logs an error, then falls back
     try:
-        return ort.InferenceSession(source, options, providers=providers)
+        session = ort.InferenceSession(source, options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own pybind types (InvalidGraph, Fail, ...)
         raise FormatError(f"{model if isinstance(model, (str, Path)) else 'model'}: ONNX Runtime cannot load it "
                           f"({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
     finally:
         if want_cuda:
             ort.set_default_logger_severity(2)
+    used = session.get_providers()[0]
+    if provider == "cuda" and used != PROVIDERS["cuda"]:
+        why = ("the installed onnxruntime has no CUDAExecutionProvider" if not want_cuda else
+               "CUDAExecutionProvider could not start (no GPU, or CUDA/cuDNN libraries missing)")
+        warnings.warn(f"ONNX Runtime was asked for CUDAExecutionProvider but runs on {used}: {why}",
+                      ProviderFallbackWarning, stacklevel=2)
+    return session
 
 
 class EmbedderSession:

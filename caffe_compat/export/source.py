@@ -1,6 +1,6 @@
 """The TEST-phase net an export (or a verification) starts from.
 
-``load_test_net(prototxt, weights=None, checkpoint=None)``:
+``load_test_net(prototxt, weights=None, checkpoint=None, output_blob=None, image_size=None)``:
 
 * ``weights``: a caffemodel copied in by layer name (Caffe's ``CopyTrainedLayersFrom``);
 * ``checkpoint``: a caffe-compat checkpoint (``caffe_compat.checkpoint``).  Its weights are copied into the
@@ -8,15 +8,29 @@
   TRAIN net therefore fits the deploy net, whose data and loss layers it simply lacks).  Without
   ``prototxt`` the checkpoint's own net is rebuilt in the TEST phase;
 * neither: the layers keep their Caffe filler values (seed 0), useful only for tests and shape checks.
+
+**Data layers are never opened** (a training prototxt exports without its training data): when the
+TEST-phase net has layers that read a data source (Data, ImageData, HDF5Data, the authors' Python
+LabelShufflingLayer, ...; every bottomless layer but Input, DummyData, MemoryData and Parameter), the net
+is first cut at ``output_blob`` on the NetParameter (the layers that blob depends on, like
+:func:`~caffe_compat.export.embedder.cut_steps`), and the data layer the cut reads is replaced by an
+``Input`` layer of its top.  Its shape ``(1, C, H, W)``: C is 3 (1 for ``force_gray`` or an ImageData
+with ``is_color: false``); H×W is the ``transform_param.crop_size``, else ImageData's
+``new_height``×``new_width``, else ``image_size`` (what the preprocessing yields), else the mean file's
+size; when none of them tells it a :class:`~caffe_compat.errors.FormatError` names the layer and asks for
+the input size.  Loss heads and label inputs are outside the cut, so they are not built either.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from caffe_compat.errors import CaffeCompatError
+from caffe_compat.errors import CaffeCompatError, FormatError
 
-__all__ = ["load_test_net"]
+__all__ = ["SOURCE_FREE_TYPES", "TestPhaseNet", "load_test_net", "proto_cut"]
+
+#: Bottomless layer types that read no data source (kept as they are).
+SOURCE_FREE_TYPES = frozenset({"Input", "DummyData", "MemoryData", "Parameter"})
 
 
 def _existing(path, what: str) -> str:
@@ -25,26 +39,156 @@ def _existing(path, what: str) -> str:
     return str(path)
 
 
-def load_test_net(prototxt=None, weights=None, checkpoint=None):
-    """A TEST-phase :class:`~caffe_compat.net.CaffeNet` (see the module docstring)."""
-    from caffe_compat.net import CaffeNet
+def proto_cut(layers, output_blob: str) -> list:
+    """The layers (prototxt order) that ``output_blob``'s final value depends on (in-place writers kept)."""
+    needed = {output_blob}
+    kept = []
+    for layer in reversed(list(layers)):
+        written = [t for t in layer.top if t in needed]
+        if not written:
+            continue
+        kept.append(layer)
+        for top in written:
+            if top not in layer.bottom:
+                needed.discard(top)
+        needed.update(layer.bottom)
+    kept.reverse()
+    return kept
 
+
+def _channels(layer) -> int:
+    if layer.HasField("transform_param") and layer.transform_param.force_gray:
+        return 1
+    if layer.type == "ImageData" and layer.image_data_param.HasField("is_color") and not layer.image_data_param.is_color:
+        return 1
+    return 3
+
+
+def _mean_file_of(layer) -> str | None:
+    if layer.HasField("transform_param") and layer.transform_param.mean_file:
+        return layer.transform_param.mean_file
+    if layer.type == "Python" and layer.python_param.param_str:
+        from caffe_compat.layers.python_ports import parse_param_str
+
+        try:
+            value = parse_param_str(layer.python_param.param_str, layer.name).get("mean_file")
+        except CaffeCompatError:
+            return None
+        return str(value) if value else None
+    return None
+
+
+def _source_of(layer) -> str:
+    for field in ("data_param", "image_data_param", "hdf5_data_param", "window_data_param"):
+        if layer.HasField(field) and getattr(layer, field).source:
+            return getattr(layer, field).source
+    if layer.type == "Python" and "source:" in layer.python_param.param_str:
+        return layer.python_param.param_str.split("source:", 1)[1].splitlines()[0].strip()
+    return "its data source"
+
+
+def data_input_shape(layer, image_size=None, where: str = "net") -> tuple[int, int, int, int]:
+    """``(1, C, H, W)`` of the Input that stands for data layer ``layer`` (see the module docstring)."""
+    channels = _channels(layer)
+    if image_size is not None and len(image_size) == 3:
+        channels, image_size = int(image_size[0]), tuple(image_size[1:])
+    crop = layer.transform_param.crop_size if layer.HasField("transform_param") else 0
+    if crop:
+        return 1, channels, int(crop), int(crop)
+    p = layer.image_data_param
+    if layer.type == "ImageData" and p.new_height and p.new_width:
+        return 1, channels, int(p.new_height), int(p.new_width)
+    if image_size is not None:
+        return 1, channels, int(image_size[0]), int(image_size[1])
+    mean_file = _mean_file_of(layer)
+    if mean_file and Path(mean_file).is_file():
+        from caffe_compat.export.metadata import read_mean_file
+
+        mean = read_mean_file(mean_file, f"{where}: data layer '{layer.name}'")
+        return 1, int(mean.shape[0]), int(mean.shape[1]), int(mean.shape[2])
+    raise FormatError(f"{where}: data layer '{layer.name}' ({layer.type}) takes its image size from "
+                      f"{_source_of(layer)}, which export does not open; give the input size through the "
+                      f"preprocessing (crop_size or resize, e.g. --preprocessing '{{\"resize\": 256, "
+                      f"\"crop_size\": 224}}'), or export the deploy prototxt")
+
+
+class TestPhaseNet:
+    """A prototxt (or checkpoint) read and filtered for the TEST phase, not yet built."""
+
+    def __init__(self, prototxt=None, checkpoint=None):
+        from caffe_compat.io import read_net
+        from caffe_compat.net_graph import filter_net, make_state
+
+        if prototxt is None and checkpoint is None:
+            raise CaffeCompatError("a net prototxt is required (or a checkpoint that carries its net)")
+        self.stored = None
+        if checkpoint is not None:
+            from caffe_compat.checkpoint import checkpoint_prototxt, load_checkpoint
+
+            self.stored = load_checkpoint(_existing(checkpoint, "checkpoint"))
+            if prototxt is None:
+                prototxt = checkpoint_prototxt(self.stored)
+        elif isinstance(prototxt, (str, Path)) and Path(prototxt).suffix == ".prototxt":
+            _existing(prototxt, "prototxt")
+        self.prototxt = str(prototxt) if isinstance(prototxt, Path) else prototxt
+        named = isinstance(prototxt, (str, Path)) and "\n" not in str(prototxt)
+        source = read_net(self.prototxt)
+        self.where = str(prototxt) if named else f"net '{source.name}'"
+        self.param = filter_net(source, make_state(source, "test"))
+        self.sources = [layer for layer in self.param.layer
+                        if not layer.bottom and layer.type not in SOURCE_FREE_TYPES]
+
+    def cut(self, output_blob: str) -> list:
+        known = list(dict.fromkeys(t for layer in self.param.layer for t in layer.top))
+        if output_blob not in known:
+            raise FormatError(f"net '{self.param.name}': no blob named '{output_blob}'; available blobs: "
+                              f"{', '.join(known)}")
+        return proto_cut(self.param.layer, output_blob)
+
+    def data_layer(self, output_blob: str):
+        """The data-source layer the cut at ``output_blob`` reads (None when it reads an Input)."""
+        sources = {id(layer) for layer in self.sources}
+        found = [layer for layer in self.cut(output_blob) if id(layer) in sources]
+        return found[0] if found else None
+
+    def build(self, weights=None, output_blob: str | None = None, image_size=None):
+        """The TEST-phase :class:`~caffe_compat.net.CaffeNet` (deploy cut when it has data layers)."""
+        from caffe_compat.net import CaffeNet
+        from caffe_compat.proto import caffe_pb2
+
+        if weights is not None:
+            weights = _existing(weights, "caffemodel")
+        if not self.sources:
+            net = CaffeNet(self.prototxt, phase="test", weights=weights)
+        else:
+            if output_blob is None:
+                raise FormatError(f"{self.where}: its TEST-phase net reads data layers "
+                                  f"({', '.join(repr(l.name) for l in self.sources)}); name the output blob")
+            kept = self.cut(output_blob)
+            sources = {id(layer) for layer in self.sources}
+            read = {b for layer in kept if id(layer) not in sources for b in layer.bottom}
+            param = caffe_pb2.NetParameter()
+            param.CopyFrom(self.param)
+            del param.layer[:]
+            for layer in kept:
+                if id(layer) not in sources:
+                    param.layer.add().CopyFrom(layer)
+                    continue
+                tops = [t for t in layer.top if t in read]
+                if len(tops) != 1:
+                    raise FormatError(f"{self.where}: the cut at '{output_blob}' reads tops {tops} of data layer "
+                                      f"'{layer.name}' ({layer.type}); an embedder takes one image input")
+                shape = data_input_shape(layer, image_size, self.where)
+                stand_in = param.layer.add(name=layer.name, type="Input", top=tops)
+                stand_in.input_param.shape.add().dim.extend(shape)
+            net = CaffeNet(param, phase="test", weights=weights)
+        if self.stored is not None:
+            net.load_caffemodel(self.stored.to_netparameter())
+        return net.eval()
+
+
+def load_test_net(prototxt=None, weights=None, checkpoint=None, output_blob: str | None = None, image_size=None):
+    """A TEST-phase :class:`~caffe_compat.net.CaffeNet` (see the module docstring)."""
     if weights is not None and checkpoint is not None:
         raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
-    if prototxt is None and checkpoint is None:
-        raise CaffeCompatError("a net prototxt is required (or a checkpoint that carries its net)")
-    stored = None
-    if checkpoint is not None:
-        from caffe_compat.checkpoint import checkpoint_prototxt, load_checkpoint
-
-        stored = load_checkpoint(_existing(checkpoint, "checkpoint"))
-        if prototxt is None:
-            prototxt = checkpoint_prototxt(stored)
-    elif isinstance(prototxt, (str, Path)) and Path(prototxt).suffix == ".prototxt":
-        _existing(prototxt, "prototxt")
-    if weights is not None:
-        weights = _existing(weights, "caffemodel")
-    net = CaffeNet(str(prototxt) if isinstance(prototxt, Path) else prototxt, phase="test", weights=weights)
-    if stored is not None:
-        net.load_caffemodel(stored.to_netparameter())
-    return net.eval()
+    return TestPhaseNet(prototxt, checkpoint).build(weights, output_blob, image_size)

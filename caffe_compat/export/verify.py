@@ -73,7 +73,8 @@ def verify_onnx(onnx_path, prototxt=None, weights=None, checkpoint=None, inputs:
         raise CaffeCompatError(f"{onnx_path}: give the net prototxt (the model records none)")
     fp16 = bool(meta.get("fp16"))
     tolerance = float(tolerance if tolerance is not None else (FP16_TOLERANCE if fp16 else FP32_TOLERANCE))
-    reference = build_embedder(prototxt, weights, checkpoint, meta["output_blob"], bool(meta.get("normalize")))
+    reference = build_embedder(prototxt, weights, checkpoint, meta["output_blob"], bool(meta.get("normalize")),
+                               image_size=meta.get("input_shape"))
     session = EmbedderSession(onnx_path, provider)
     fixed = None if meta.get("batch") == "dynamic" else int(meta["batch"])
     result = {"onnx": str(onnx_path), "checker": "passed", "provider": session.provider, "fp16": fp16,

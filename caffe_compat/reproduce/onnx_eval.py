@@ -1,5 +1,6 @@
 """The reproduce pipeline's deployment step: export the trained embedder to ONNX, then compute the
-test-set features with ONNX Runtime and evaluate them with the data set's protocol."""
+test-set features with ONNX Runtime and evaluate them with the data set's protocol (its k-NN on the
+training device; ONNX Runtime on CUDA for a CUDA device, with a warning when it falls back to the CPU)."""
 
 from __future__ import annotations
 
@@ -19,4 +20,4 @@ def evaluate_onnx_embedder(setup, onnx_path: Path, root: Path, device: str = "cp
     from caffe_compat.export import evaluate_onnx
 
     return evaluate_onnx(onnx_path, setup.protocol, root, provider="cuda" if device.startswith("cuda") else "cpu",
-                         batch_size=batch_size, progress=progress)
+                         batch_size=batch_size, progress=progress, device=device)

@@ -1,11 +1,21 @@
 """``caffe-compat reproduce``: train from our prototxt → snapshot → export ONNX → evaluate with ONNX
 Runtime → the paper-style table, curves and ``run.json``.
 
-One run per (loss, seed) under ``OUT/<loss>/seed<k>/`` (train_log.csv, snapshots, embedder.onnx,
-metrics.json).  A finished run (metrics.json present) is reused, an interrupted one resumes from its
-last snapshot, so re-running the same command continues where it stopped.  The summary files sit in
-``OUT/``: ``results.md`` (Table 1/2 layout, mean over seeds, with the Recall@1 / top-1 spread),
-``results.json``, ``run.json`` (configuration, git revision, library versions, figures, wall times),
+One run per (loss, seed) under ``OUT/<loss>/seed<k>/`` (settings.json, progress.json, train_log.csv,
+snapshots, embedder.onnx, metrics.json).  Re-running the same command continues where it stopped: a
+finished run (metrics.json) is reused, an interrupted one resumes from its last snapshot -- but only when
+the run directory's settings.json records exactly the settings asked for now
+(:func:`caffe_compat.reproduce.training.run_settings`: loss, seed, max_iter, initial weights (sha256),
+delta_min, batch size, per-label count, preprocessing, nets, training list, data root; not the device,
+workers or snapshot interval).  Any difference is refused before anything is trained or written
+(:class:`~caffe_compat.reproduce.training.RunSettingsMismatch`, exit status 2 in the CLI): use a new
+``--out``, or ``fresh=True`` (``--fresh``), which discards what the requested runs' directories hold and
+retrains them.  So a lower ``--max-iter`` never evaluates weights of a later iteration.
+
+The summary files sit in ``OUT/``: ``results.md`` (Table 1/2 layout, mean over seeds, with the Recall@1 /
+top-1 spread), ``results.json``, ``run.json`` (configuration, git revision and whether the working tree
+was dirty, library versions, figures, each run's original training time (all its segments), whether it
+was resumed from a snapshot or reused from an earlier invocation, this invocation's wall time),
 ``training_loss.png`` and ``recall_at_k.png`` (or ``cmc.png`` for VehicleID).
 """
 
@@ -23,19 +33,37 @@ import numpy as np
 from caffe_compat.errors import CaffeCompatError
 from caffe_compat.io.atomic import write_text_atomic
 from caffe_compat.reproduce.setups import SETUPS
-from caffe_compat.reproduce.training import REPO_PROTOTXT, train_run
+from caffe_compat.reproduce.training import (check_run_dir, clear_run_dir, prototxt_root, read_settings,
+                                             run_settings, train_run)
 
 #: Toy data used by the embedded default (`reproduce digits`).
 DIGITS_CLASSES, DIGITS_IMAGES_PER_CLASS = 40, 40
 
 
-def _git_revision() -> str | None:
+def _git(args: list[str], cwd: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_PROTOTXT.parent, capture_output=True, text=True,
-                             timeout=10)
-        return out.stdout.strip() or None
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state() -> dict:
+    """``{"revision", "dirty"}`` of the checkout caffe_compat is imported from (both None when it is not
+    a git work tree, e.g. an installed wheel); ``dirty``: ``git status --porcelain`` lists anything."""
+    import caffe_compat
+
+    source = Path(caffe_compat.__file__).resolve().parents[1]
+    top = _git(["rev-parse", "--show-toplevel"], source)
+    if top is None or Path(top).resolve() != source:
+        return {"revision": None, "dirty": None}
+    revision = _git(["rev-parse", "HEAD"], source)
+    status = _git(["status", "--porcelain"], source)
+    return {"revision": revision or None, "dirty": None if status is None else bool(status)}
+
+
+def _git_revision() -> str | None:
+    return git_state()["revision"]
 
 
 def _versions() -> dict:
@@ -77,7 +105,7 @@ def evaluate_run(setup, caffemodel: str, run_dir: Path, root: Path, device: str,
     """Export the deploy net with the trained weights to ONNX and evaluate it with ONNX Runtime."""
     from caffe_compat.reproduce.onnx_eval import evaluate_onnx_embedder, export_embedder
 
-    onnx_path = export_embedder(REPO_PROTOTXT / setup.prototxt_dir / "deploy.prototxt", caffemodel,
+    onnx_path = export_embedder(prototxt_root() / setup.prototxt_dir / "deploy.prototxt", caffemodel,
                                 setup.embedding_blob, run_dir / "embedder.onnx", preprocessing(setup))
     metrics = evaluate_onnx_embedder(setup, onnx_path, root, device=device, batch_size=batch_size, progress=progress)
     metrics["onnx"] = str(onnx_path)
@@ -117,8 +145,10 @@ def _plots(setup, out_dir: Path, per_loss: dict) -> list[str]:
     for loss, runs in per_loss.items():
         curves = []
         for run in runs:
-            data = np.genfromtxt(run["train"]["log"], delimiter=",", names=True)
-            curves.append(np.atleast_1d(data["loss"]))
+            data = np.atleast_1d(np.genfromtxt(run["train"]["log"], delimiter=",", names=True))
+            _, last = np.unique(data["iter"][::-1], return_index=True)  # last row of each iteration
+            rows = np.sort(len(data) - 1 - last)
+            curves.append(np.atleast_1d(data["loss"][rows]))
         length = min(len(c) for c in curves)
         mean = np.mean([c[:length] for c in curves], axis=0)
         window = max(1, min(10, length // 10))
@@ -165,12 +195,17 @@ def _table(setup, per_loss: dict) -> str:
 def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=None, delta_min=None,
               device: str = "cpu", max_iter: int | None = None, out_dir=None, workers: int | None = None,
               snapshot_every: int = 0, batch_size: int | None = None, per_label: int | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, fresh: bool = False) -> dict:
     """Run every (loss, seed) of ``dataset`` and write the summary files; return run.json's content
     plus ``"table"`` (the markdown table).  ``batch_size`` / ``per_label`` override the paper's batch
-    (e.g. a small batch for a CPU smoke run of the full-size nets)."""
+    (e.g. a small batch for a CPU smoke run of the full-size nets).  ``device``: ``"auto"``, ``"cpu"``,
+    ``"cuda"`` or ``"cuda:N"`` (checked; training and the k-NN of the evaluation run there).  ``fresh``:
+    discard the requested runs' directories and retrain them (see the module docstring)."""
+    from caffe_compat.evaluate.inputs import parse_device
+
     if dataset not in SETUPS:
         raise CaffeCompatError(f"unknown data set {dataset!r}; choose one of {sorted(SETUPS)}")
+    device = str(parse_device(device, option="device"))
     setup = SETUPS[dataset]
     if batch_size is not None or per_label is not None:
         batch_size = int(batch_size or setup.batch_size)
@@ -180,42 +215,72 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
                                    f"{per_label} and {batch_size} (a batch is made of label runs)")
         setup = replace(setup, batch_size=batch_size, per_label=per_label)
     losses = list(losses or setup.losses)
-    unknown = [l for l in losses if not (REPO_PROTOTXT / setup.prototxt_dir / f"train_{l}.prototxt").exists()]
+    nets = prototxt_root() / setup.prototxt_dir
+    unknown = [l for l in losses if not (nets / f"train_{l}.prototxt").exists()]
     if unknown:
         raise CaffeCompatError(f"reproduce {dataset}: no prototxt for loss(es) {unknown}; "
                                f"available: {', '.join(setup.losses)}")
     seeds = list(seeds if seeds is not None else ((0, 1, 2) if setup.toy_kind else (0,)))
     max_iter = int(max_iter or setup.max_iter)
+    if max_iter < 1:
+        raise CaffeCompatError(f"reproduce {dataset}: --max-iter must be >= 1, got {max_iter}")
+    if weights is not None and not Path(weights).is_file():
+        raise CaffeCompatError(f"reproduce {dataset}: --weights {weights}: no such file")
     out_dir = Path(out_dir or Path("runs") / dataset)
-    out_dir.mkdir(parents=True, exist_ok=True)
     workers = (0 if setup.toy_kind else 2) if workers is None else int(workers)
     started = time.perf_counter()
+    if setup.toy_kind is None:
+        root = data_root_for(setup, data_root, out_dir)  # checks the data root before anything is written
+        data_id = str(root.resolve())
+    else:
+        data_id = (str(Path(data_root).resolve()) if data_root is not None else
+                   f"generated: make_toy_data({setup.toy_kind!r}, seed=0, size={setup.crop}, "
+                   f"num_classes={DIGITS_CLASSES}, images_per_class={DIGITS_IMAGES_PER_CLASS})")
+    # Every run's settings, checked against its directory before anything is trained or written.
+    planned = []
+    for loss in losses:
+        for seed in seeds:
+            run_dir = out_dir / loss / f"seed{seed}"
+            planned.append((loss, seed, run_dir))
+    out_dir.mkdir(parents=True, exist_ok=True)
     if weights is None and setup.toy_kind is None and progress:
         print(f"reproduce {dataset}: no --weights, so training starts from the prototxt's fillers (Caffe's "
               f"default filler is constant 0); the paper starts from the ImageNet caffemodel named in models/",
               flush=True)
-    root = data_root_for(setup, data_root, out_dir)
+    if setup.toy_kind is not None:
+        root = data_root_for(setup, data_root, out_dir)
     train_records = setup.read(root, setup.train_split)
+    settings = {}
+    for loss, seed, run_dir in planned:
+        settings[run_dir] = run_settings(setup, loss, seed, max_iter, weights, delta_min, train_records,
+                                         extra={"data_root": data_id})
+        if not fresh:
+            check_run_dir(run_dir, settings[run_dir])
     per_loss: dict[str, list[dict]] = {}
-    for loss in losses:
-        for seed in seeds:
-            run_dir = out_dir / loss / f"seed{seed}"
-            done = run_dir / "metrics.json"
-            if done.exists():
-                run = json.loads(done.read_text())
-                if run.get("max_iter") == max_iter:
-                    per_loss.setdefault(loss, []).append(run)
-                    continue
-            train = train_run(setup, loss, seed, train_records, run_dir, device=device, max_iter=max_iter,
-                              weights=weights, delta_min=delta_min, workers=workers,
-                              snapshot_every=snapshot_every, progress=progress)
-            metrics = evaluate_run(setup, train["caffemodel"], run_dir, root, device, progress=progress)
-            run = {"loss": loss, "seed": seed, "max_iter": max_iter, "train": train, "metrics": metrics}
-            write_text_atomic(done, json.dumps(run, indent=2) + "\n")
+    for loss, seed, run_dir in planned:
+        done = run_dir / "metrics.json"
+        if fresh:
+            clear_run_dir(run_dir)
+        elif done.exists() and read_settings(run_dir) == settings[run_dir]:
+            run = json.loads(done.read_text())
+            run["reused"] = True
             per_loss.setdefault(loss, []).append(run)
-            if progress:
-                print(f"{dataset} {loss} seed {seed}: {'top-1' if setup.protocol == 'vehicleid' else 'R@1'} "
-                      f"{100 * _headline(setup, metrics):.1f}% ({train['seconds']:.0f} s training)", flush=True)
+            continue
+        train = train_run(setup, loss, seed, train_records, run_dir, device=device, max_iter=max_iter,
+                          weights=weights, delta_min=delta_min, workers=workers,
+                          snapshot_every=snapshot_every, progress=progress, settings=settings[run_dir])
+        if train["iterations"] != max_iter:
+            raise CaffeCompatError(f"{run_dir}: training ended at iteration {train['iterations']}, not {max_iter}")
+        metrics = evaluate_run(setup, train["caffemodel"], run_dir, root, device, progress=progress)
+        run = {"loss": loss, "seed": seed, "max_iter": max_iter, "settings": settings[run_dir], "train": train,
+               "metrics": metrics}
+        write_text_atomic(done, json.dumps(run, indent=2) + "\n")
+        run["reused"] = False
+        per_loss.setdefault(loss, []).append(run)
+        if progress:
+            resumed = "" if train["resumed_from"] is None else f", resumed from iteration {train['resumed_from']}"
+            print(f"{dataset} {loss} seed {seed}: {'top-1' if setup.protocol == 'vehicleid' else 'R@1'} "
+                  f"{100 * _headline(setup, metrics):.1f}% ({train['seconds']:.0f} s training{resumed})", flush=True)
     table = _table(setup, per_loss)
     heading = f"# {dataset}: {max_iter} iterations per run\n\n"
     if dataset == "digits":
@@ -228,12 +293,19 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
     figures = {loss: {"mean": float(np.mean([_headline(setup, r["metrics"]) for r in runs])),
                       "std": float(np.std([_headline(setup, r["metrics"]) for r in runs])),
                       "per_seed": [_headline(setup, r["metrics"]) for r in runs]} for loss, runs in per_loss.items()}
+    git = git_state()
     summary = {
         "dataset": dataset, "data_root": str(root), "losses": losses, "seeds": seeds, "max_iter": max_iter,
-        "device": device, "weights": weights, "delta_min": delta_min, "git_revision": _git_revision(),
+        "device": device, "weights": weights, "delta_min": delta_min, "fresh": bool(fresh),
+        "git_revision": git["revision"], "git_dirty": git["dirty"],
         "versions": _versions(), "headline_metric": "top_1_small" if setup.protocol == "vehicleid" else "recall_at_1",
         "figures": figures, "plots": plots, "wall_seconds": time.perf_counter() - started,
         "training_seconds": {loss: [r["train"]["seconds"] for r in runs] for loss, runs in per_loss.items()},
+        "runs": [{"loss": r["loss"], "seed": r["seed"], "iterations": r["train"]["iterations"],
+                  "training_seconds": r["train"]["seconds"], "resumed_from": r["train"].get("resumed_from"),
+                  "reused": r["reused"], "devices": sorted({seg.get("device", "?") for seg in
+                                                            r["train"].get("segments", [])})}
+                 for runs in per_loss.values() for r in runs],
         "setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in setup.__dict__.items()
                   if isinstance(v, (str, int, float, tuple, list))},
     }

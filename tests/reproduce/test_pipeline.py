@@ -71,9 +71,13 @@ def test_rerun_reuses_finished_runs(digits_run, capsys):
     assert again["figures"] == summary["figures"]
 
 
-def test_interrupted_run_resumes_from_its_snapshot(tmp_path):
-    """A run killed after its iteration-4 snapshot continues to the same weights as an uninterrupted one."""
+def test_interrupted_run_resumes_from_its_snapshot(tmp_path, monkeypatch):
+    """A run interrupted during iteration 5, after its iteration-4 snapshot, continues to the same weights
+    as an uninterrupted one; the log holds each iteration once and the time of both segments counts."""
+    import csv
+
     from caffe_compat.io import read_net
+    from caffe_compat.reproduce import training
     from caffe_compat.reproduce.pipeline import data_root_for
     from caffe_compat.reproduce.training import train_run
 
@@ -81,9 +85,28 @@ def test_interrupted_run_resumes_from_its_snapshot(tmp_path):
     root = data_root_for(setup, None, tmp_path)
     records = setup.read(root, "train")
     whole = train_run(setup, "contrastive", 3, records, tmp_path / "whole", max_iter=6, progress=False)
-    train_run(setup, "contrastive", 3, records, tmp_path / "parts", max_iter=4, snapshot_every=4, progress=False)
+    assert whole["resumed_from"] is None and len(whole["segments"]) == 1
+
+    real_batches = training.batches
+
+    def interrupted(*args, **kwargs):
+        for count, batch in enumerate(real_batches(*args, **kwargs)):
+            if count == 4:  # the 5th batch: iteration 4 was snapshotted, iteration 5 never finishes
+                raise RuntimeError("interrupted")
+            yield batch
+
+    monkeypatch.setattr(training, "batches", interrupted)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        train_run(setup, "contrastive", 3, records, tmp_path / "parts", max_iter=6, snapshot_every=4, progress=False)
+    monkeypatch.setattr(training, "batches", real_batches)
     resumed = train_run(setup, "contrastive", 3, records, tmp_path / "parts", max_iter=6, progress=False)
-    assert resumed["iterations"] == 6
+    assert resumed["iterations"] == 6 and resumed["resumed_from"] == 4
+    first, second = resumed["segments"]
+    assert (first["from_iter"], first["to_iter"], first["finished"]) == (0, 4, False)
+    assert (second["from_iter"], second["to_iter"], second["finished"]) == (4, 6, True)
+    assert resumed["seconds"] == pytest.approx(first["seconds"] + second["seconds"])
+    with open(resumed["log"], newline="") as f:
+        assert [int(row["iter"]) for row in csv.DictReader(f)] == [0, 1, 2, 3, 4, 5]
     a, b = read_net(whole["caffemodel"]), read_net(resumed["caffemodel"])
     for la, lb in zip(a.layer, b.layer):
         for ba, bb in zip(la.blobs, lb.blobs):
