@@ -83,14 +83,13 @@ def save_checkpoint(net, path: str | os.PathLike) -> None:
         "phase": cnet.phase,
         "state_dict": {k: v.detach().to("cpu") for k, v in cnet.state_dict().items()},
     }
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    from caffe_compat.io.atomic import atomic_path, write_error
+
+    with atomic_path(path) as tmp:
+        try:
+            torch.save(payload, tmp)
+        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
+            raise write_error(Path(path), exc) from None
 
 
 def load_checkpoint(path: str | os.PathLike, device=None):

@@ -1,6 +1,11 @@
 """Model cards of published Caffe models (``models/*.json``) and checks of files against them.
 
-A card names the files, their sha256 where known, the expected learnable blob names and shapes,
+The cards are package data: ``caffe_compat/model_cards`` (in a checkout a link to the top-level
+``models/``; a wheel copies the files), else the checkout's ``models/``.  :data:`CARDS_DIR` is where they
+were found; a missing or empty cards folder is an error (:func:`load_cards`), never "no cards".
+
+A card names the files, their digests where known (sha256, sha1, md5: :func:`verify_caffemodel` checks
+every one the card lists), the expected learnable blob names and shapes,
 input/output blobs, and where users obtain the files (nothing is downloaded at run time, except
 :func:`fetch_nsfw`, which asks the Python package index for the open_nsfw source package).
 
@@ -21,24 +26,59 @@ from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 
-CARDS_DIR = Path(__file__).resolve().parents[1] / "models"
+#: The package's own copy of the cards (package data; a link to ``models/`` in a checkout).
+PACKAGED_CARDS = Path(__file__).resolve().parent / "model_cards"
+#: The top-level ``models/`` of a source checkout (absent from an installed package).
+CHECKOUT_CARDS = Path(__file__).resolve().parents[1] / "models"
+#: Digests a card may list for a file, in the order they are reported.
+DIGESTS = ("sha256", "sha1", "md5")
+
+
+def _has_cards(directory: Path) -> bool:
+    return directory.is_dir() and any(directory.glob("*.json"))
+
+
+#: Where the cards are: the package data, else the checkout's models/ (read at call time, so tests can
+#: point it elsewhere).
+CARDS_DIR = PACKAGED_CARDS if _has_cards(PACKAGED_CARDS) else CHECKOUT_CARDS
+
+
+def file_digests(path: str | os.PathLike, algorithms=("sha256",), chunk: int = 1 << 20) -> dict[str, str]:
+    """``{algorithm: hex digest}`` of a file, every algorithm in one pass over it."""
+    digests = {name: hashlib.new(name, usedforsecurity=False) for name in algorithms}  # integrity, not security
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            for digest in digests.values():
+                digest.update(block)
+    return {name: digest.hexdigest() for name, digest in digests.items()}
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_digests(path, ("sha256",), chunk)["sha256"]
 
 
-def load_cards(directory: str | os.PathLike = CARDS_DIR) -> dict[str, dict]:
+def load_cards(directory: str | os.PathLike | None = None) -> dict[str, dict]:
+    """Every card of ``directory`` (default :data:`CARDS_DIR`) by name; a missing folder, one without
+    cards, an unreadable card or two cards of one name raise."""
+    directory = Path(CARDS_DIR if directory is None else directory)
+    if not directory.is_dir():
+        raise CaffeCompatError(f"the model cards are missing: {directory} is not a folder (the package data "
+                               f"caffe_compat/model_cards or a checkout's models/); reinstall caffe-compat")
+    paths = sorted(directory.glob("*.json"))
+    if not paths:
+        raise CaffeCompatError(f"the model cards are missing: {directory} holds no *.json card; "
+                               f"reinstall caffe-compat")
     cards = {}
-    for path in sorted(Path(directory).glob("*.json")):
+    for path in paths:
         try:
-            card = json.loads(path.read_text())
+            card = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise FormatError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
+        if not isinstance(card, dict) or not isinstance(card.get("name"), str) \
+                or not isinstance(card.get("files", {}), dict):
+            raise FormatError(f"{path}: a model card is a JSON object with a string 'name' and a 'files' object")
+        if card["name"] in cards:
+            raise FormatError(f"{path}: a second card named '{card['name']}'")
         cards[card["name"]] = card
     return cards
 
@@ -53,7 +93,9 @@ def find_card(filename: str, cards: dict[str, dict] | None = None) -> dict | Non
 
 
 def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict:
-    """Check a caffemodel against its card: sha256 (when the card has one) and expected blob shapes."""
+    """Check a caffemodel against its card: its size and every digest the card lists for the file
+    (``bytes``; sha256, sha1, md5) and the expected blob shapes.  ``result["digests"]``: the digests
+    computed (also ``result[name]``); ``result["problems"]``: the mismatches; ``result["ok"]``: none."""
     from caffe_compat.io import blob_shape, legacy_shape_equals, read_net
 
     path = Path(path)
@@ -61,15 +103,19 @@ def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict
         raise CaffeCompatError(f"{path}: no such file")
     card = card or find_card(path.name)
     if card is None:
-        raise CaffeCompatError(f"{path.name}: no model card lists this file name (cards in {CARDS_DIR})")
-    entry = card["files"][path.name] if path.name in card["files"] else {}
-    result = {"card": card["name"], "file": str(path), "problems": []}
-    expected_sha = entry.get("sha256")
-    if expected_sha:
-        actual = sha256_file(path)
-        result["sha256"] = actual
-        if actual != expected_sha:
-            result["problems"].append(f"sha256 {actual} differs from the card's {expected_sha}")
+        raise CaffeCompatError(f"{path.name}: no model card lists this file name (cards in {CARDS_DIR}); "
+                               f"name one with --card")
+    entry = card.get("files", {}).get(path.name) or {}
+    result = {"card": card["name"], "file": str(path), "problems": [], "digests": {}}
+    if entry.get("bytes") is not None and path.stat().st_size != int(entry["bytes"]):
+        result["problems"].append(f"size {path.stat().st_size} bytes differs from the card's {int(entry['bytes'])}")
+    expected = {name: str(entry[name]).lower() for name in DIGESTS if entry.get(name)}
+    if expected:
+        actual = file_digests(path, tuple(expected))
+        for name, want in expected.items():
+            result["digests"][name] = result[name] = actual[name]
+            if actual[name] != want:
+                result["problems"].append(f"{name} {actual[name]} differs from the card's {want}")
     net = read_net(path)
     layers = {layer.name: layer for layer in net.layer}
     for name, shapes in card.get("expected_blobs", {}).items():

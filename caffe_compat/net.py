@@ -70,6 +70,7 @@ from torch import nn
 
 from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
 from caffe_compat.io import read_net, write_net
+from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.io.weights import StoredBlob, read_weights
 from caffe_compat.layers import layer_class
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
@@ -459,7 +460,7 @@ class CaffeNet(nn.Module):
                 blob = layer.blobs.add()
                 if tensor.dim():  # Caffe writes no shape at all for a 0-axis blob
                     blob.shape.dim.extend(int(d) for d in tensor.shape)
-                blob.data.extend(tensor.detach().to("cpu", torch.float32).reshape(-1).numpy())
+                set_packed_floats(blob, tensor.detach().to("cpu", torch.float32).reshape(-1).numpy())
         return out
 
     def save_caffemodel(self, path: str | os.PathLike) -> None:

@@ -165,6 +165,21 @@ def test_legacy_v1_files_load_like_caffe(prototxt, weights):
     assert net.input_names == ["data"]
 
 
+def test_legacy_v1_twin_matches_every_caffe_blob_and_gradient_of_googlenet_small():
+    """The V1 prototxt + V1 caffemodel hold the same net and weights as googlenet_small: every blob,
+    every parameter diff and the input diff match Caffe's googlenet_small fixture."""
+    net = load_net(str(fixture_path("nets/googlenet_small_v1/deploy_v1.prototxt")),
+                   str(fixture_path("nets/googlenet_small_v1/weights_v1.caffemodel")))
+    blobs_ref = np.load(fixture_path("nets/googlenet_small/blobs.npz"))
+    grads_ref = np.load(fixture_path("nets/googlenet_small/grads.npz"))
+    blobs, _, diffs = _forward_backward(net, blobs_ref, grads_ref)
+    forward = _forward_errors(blobs, blobs_ref)
+    assert len(forward) > 100 and max(forward.values()) < FORWARD_RTOL
+    params = _param_errors(net, grads_ref)
+    assert len(params) == sum(len(v) for v in net.params.values()) and max(params.values()) < BACKWARD_RTOL
+    assert _rel(diffs["data"].numpy(), grads_ref["diff:data"]) < BACKWARD_RTOL
+
+
 # ---------------------------------------------------------------------------- plumbing on small nets
 
 RULES_NET = """

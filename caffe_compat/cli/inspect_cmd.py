@@ -1,6 +1,7 @@
 """``caffe-compat inspect NET.prototxt [--weights W.caffemodel] [--json]``.
 
-Exit status: 0 consistent, 1 when the weights check finds missing or mismatched blobs, 2 when a file is
+Exit status: 0 consistent, 1 when the weights check finds missing or mismatched blobs or cannot check some
+(shapes unknown without ``--input-shape``), 2 when a file is
 unreadable or the net is invalid (a layer type neither Caffe 1.0 nor a registered port knows, shapes or
 parameters Caffe would refuse), with one line naming the file or layer on stderr.
 """
@@ -53,16 +54,21 @@ def run(args) -> int:
                  " ".join(_shape(s) for s in r["top_shapes"]), " ".join(_shape(s) for s in r["param_shapes"]),
                  f"{r['params']:,}"] for r in report["layers"]]
         print_table(rows, ["layer", "type", "bottoms -> tops", "output", "learnable blobs", "params"])
-        print(f"\n{len(report['layers'])} layers, {report['total_params']:,} parameters, "
-              f"{report['total_macs']:,} multiply-adds")
+        unresolved = report["unresolved_layers"]
+        bound = "at least " if unresolved else ""
+        print(f"\n{len(report['layers'])} layers, {bound}{report['total_params']:,} parameters, "
+              f"{bound}{report['total_macs']:,} multiply-adds")
+        if unresolved:
+            print(f"{len(unresolved)} layers have unknown shapes (not in the totals; give --input-shape BLOB=N,C,H,W "
+                  f"for the data layer's tops): {', '.join(unresolved[:5])}{', ...' if len(unresolved) > 5 else ''}")
         check = report.get("weights_check")
         if check:
             print(f"weights: {check['matched_blobs']} blobs match", end="")
-            for kind in ("missing", "mismatched", "extra"):
+            for kind in ("missing", "mismatched", "unchecked", "extra"):
                 if check[kind]:
                     print(f"; {len(check[kind])} {kind}", end="")
             print()
-            for kind in ("missing", "mismatched", "extra"):
+            for kind in ("missing", "mismatched", "unchecked", "extra"):
                 for item in check[kind]:
                     print(f"  {kind}: layer '{item['layer']}': {item['reason']}")
     check = report.get("weights_check")

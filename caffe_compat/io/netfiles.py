@@ -7,7 +7,8 @@ from pathlib import Path
 
 from caffe_compat.errors import ParseError
 from caffe_compat.io.dialects import normalize_binary_dialect, to_binary_dialect
-from caffe_compat.io.protofiles import looks_binary, parse_binary, parse_text, read_bytes, write_message
+from caffe_compat.io.protofiles import (decode_prototxt, looks_binary, parse_binary, parse_text, read_bytes,
+                                        write_message)
 from caffe_compat.io.upgrade import upgrade_net, upgrade_solver
 from caffe_compat.proto import caffe_pb2
 
@@ -24,20 +25,16 @@ def _source_and_data(path_or_text) -> tuple[str, bytes | str]:
     return "<text>", str(path_or_text)
 
 
+#: A string ending so names a file (missing or not), never prototxt text such as ``layer {...}``.
+_FILE_SUFFIXES = _BINARY_SUFFIXES | {".prototxt", ".pbtxt", ".txt"}
+
+
 def _is_path(s: str) -> bool:
-    return "\n" not in s and "{" not in s and (os.path.exists(s) or len(s) < 4096 and not s.strip().startswith(("name:", "layer", "input")))
-
-
-def decode_prototxt(data: bytes, source: str) -> str:
-    """``data`` as UTF-8 text, or ParseError naming ``source``, the byte offset and line of the first
-    invalid byte.  (Content sniffing reads only the first 64 KiB, so a larger prototxt can reach here
-    with an invalid byte further on.)"""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ParseError(f"{source}: invalid UTF-8 byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
-                         f"(line {line}); a prototxt must be UTF-8 text") from None
+    if "\n" in s or "{" in s:
+        return False
+    if os.path.exists(s) or Path(s.strip()).suffix.lower() in _FILE_SUFFIXES:
+        return True
+    return len(s) < 4096 and not s.strip().startswith(("name:", "layer", "input"))
 
 
 def read_net(path_or_text, upgrade: bool = True) -> caffe_pb2.NetParameter:
@@ -74,7 +71,7 @@ def read_solver(path_or_text, upgrade: bool = True) -> caffe_pb2.SolverParameter
     """A SolverParameter from a solver prototxt; ``solver_type`` is upgraded to ``type``."""
     source, data = _source_and_data(path_or_text)
     solver = caffe_pb2.SolverParameter()
-    parse_text(data if isinstance(data, str) else data.decode("utf-8", errors="replace"), solver, source)
+    parse_text(data if isinstance(data, str) else decode_prototxt(data, source), solver, source)
     if upgrade:
         upgrade_solver(solver, source)
     return solver

@@ -28,14 +28,29 @@ _CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1f]")
 _POSITION = re.compile(r"^(\d+):(\d+) : ?")
 
 
-def describe_text_error(exc: text_format.ParseError, source: str) -> str:
-    """Turn protobuf's text ParseError into ``source:line:col: message`` in Caffe's terms."""
+_LINE_EXCERPT = re.compile(r"^'.*?': ")
+_LAST_FIELD = re.compile(r"(\w+)\s*:\s*$")
+
+
+def describe_text_error(exc: text_format.ParseError, source: str, document: str | None = None) -> str:
+    """Turn protobuf's text ParseError into ``source:line:col: message`` in Caffe's terms.  With the
+    parsed ``document``, a bad value (``num_output: four``) also names its field."""
     text = str(exc)
     line, col = exc.GetLine(), exc.GetColumn()
     match = _POSITION.match(text)
     if match:
         line, col = int(match.group(1)), int(match.group(2))
         text = text[match.end():]
+    excerpt = _LINE_EXCERPT.match(text)
+    if excerpt:  # newer protobuf quotes the whole line first: the position already says where
+        text = text[excerpt.end():]
+    if document is not None and line and col and (excerpt or text.startswith(("Couldn't parse", "Value out of range",
+                                                                               "Expected", "Invalid"))):
+        lines = document.split("\n")
+        if line <= len(lines):
+            field = _LAST_FIELD.search(lines[line - 1][:col - 1])
+            if field:
+                text = f"field '{field.group(1)}': {text}"
     unknown = _UNKNOWN_FIELD.search(text)
     enum = _UNKNOWN_ENUM.search(text)
     twice = _SET_TWICE.search(text)
@@ -61,7 +76,7 @@ def parse_text(text: str, message, source: str = "<text>"):
     try:
         text_format.Parse(text, message)  # like Caffe's TextFormat::Parse: a singular field only once
     except text_format.ParseError as exc:
-        raise ParseError(describe_text_error(exc, source)) from None
+        raise ParseError(describe_text_error(exc, source, text)) from None
     return message
 
 
@@ -78,17 +93,13 @@ def parse_binary(data: bytes, message, source: str = "<bytes>"):
 
 
 def looks_binary(data: bytes) -> bool:
-    """True unless ``data`` is plausible prototxt (UTF-8 without control bytes other than whitespace)."""
+    """True unless ``data`` is plausible prototxt: no control bytes other than whitespace in its first
+    64 KiB.  Bytes that are not UTF-8 (a Latin-1 comment in an old prototxt) do not make it binary; the
+    text reader decides what they mean (:func:`caffe_compat.io.netfiles.decode_prototxt`)."""
     if not data:
         return False
     head = data[:65536]
-    if _CONTROL_BYTES.search(head):
-        return True
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc.start < len(head) - 3 or len(data) == len(head)
-    return False
+    return bool(_CONTROL_BYTES.search(head))  # every binary Caffe message has a tag or length byte < 0x20
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -117,7 +128,65 @@ def read_message(path_or_text, message, binary: bool | None = None):
         binary = looks_binary(data)
     if binary:
         return parse_binary(data, message, source)
-    return parse_text(data.decode("utf-8"), message, source)
+    return parse_text(decode_prototxt(data, source), message, source)
+
+
+def decode_prototxt(data: bytes, source: str) -> str:
+    """``data`` as UTF-8 text.  Bytes that are not UTF-8 are accepted in comments only (old prototxts
+    carry Latin-1 comments, which Caffe's C++ parser skips unread): each such comment is dropped.  Anywhere
+    else ParseError names ``source``, the byte offset and line of the first invalid byte."""
+    if _is_utf8(data):
+        return data.decode("utf-8")
+    lines = data.split(b"\n")
+    for k, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            code, hash_at, _ = _code_part(line)
+            if hash_at is None or not _is_utf8(code):
+                offset = sum(len(x) + 1 for x in lines[:k]) + _first_bad(line)
+                raise ParseError(f"{source}: invalid UTF-8 byte 0x{data[offset]:02x} at byte offset {offset} "
+                                 f"(line {k + 1}); a prototxt must be UTF-8 text (other bytes are allowed in "
+                                 "# comments only)") from None
+            lines[k] = code
+    return b"\n".join(lines).decode("utf-8")
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _first_bad(line: bytes) -> int:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start
+    return 0
+
+
+def _code_part(line: bytes) -> tuple[bytes, int | None, bytes]:
+    """``(code, index of the comment's '#', comment)`` of one prototxt line: the first ``#`` outside a
+    quoted string starts the comment (``"`` or ``'`` quotes, backslash escapes)."""
+    quote = None
+    escaped = False
+    for i, byte in enumerate(line):
+        ch = chr(byte)
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[:i], i, line[i:]
+    return line, None, b""
 
 
 def message_to_text(message) -> str:

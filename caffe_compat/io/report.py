@@ -9,6 +9,9 @@ A layer whose type neither Caffe 1.0 nor this project knows (a typo such as ``Co
 :class:`~caffe_compat.errors.UnknownLayerError` naming the layer and the type, as Caffe refuses the net
 ("Unknown layer type").  Caffe 1.0 types without a port here (``LSTM``, ``SPP``, ``WindowData``, ...) and
 ``Python`` layers are accepted: their output shapes are unknown (``?``) unless given as input shapes.
+Layers downstream of an unknown shape are listed in ``unresolved_layers`` (their parameters and
+multiply-adds are not in the totals), and the weights check lists their caffemodel blobs as
+``unchecked``: the net is then not reported consistent (exit 1 from the CLI), since nothing proved it.
 """
 
 from __future__ import annotations
@@ -53,17 +56,29 @@ def inspect_net(net, weights=None, input_shapes=None) -> dict:
                      "macs": entry.macs})
     report = {"name": net.name, "layers": rows,
               "total_params": int(sum(r["params"] for r in rows)),
-              "total_macs": int(sum(r["macs"] for r in rows))}
+              "total_macs": int(sum(r["macs"] for r in rows)),
+              "unresolved_layers": [e.name for e in table if unresolved(e)]}
     if weights is not None:
         report["weights_check"] = check_weights(table, weights)
     return report
 
 
+def unresolved(entry) -> bool:
+    """True when a layer's output shapes (hence its learnable blob shapes, parameters and multiply-adds)
+    could not be inferred because a bottom's shape depends on data (e.g. a Python data layer's top)."""
+    return bool(entry.bottoms) and any(s is None for s in entry.top_shapes)
+
+
 def check_weights(table, weights) -> dict:
     """Compare the net's learnable blob shapes with a caffemodel's, by layer name."""
     stored = {layer.name: layer for layer in weights.layer if len(layer.blobs)}
-    missing, mismatched, matched = [], [], 0
+    missing, mismatched, unchecked, matched = [], [], [], 0
     for entry in table:
+        if unresolved(entry) and not entry.param_shapes:
+            if entry.name in stored:
+                unchecked.append({"layer": entry.name, "reason": f"{len(stored[entry.name].blobs)} blobs in the "
+                                  "caffemodel, not checked: the layer's input shape is unknown (give --input-shape)"})
+            continue
         if not entry.param_shapes:
             continue
         source = stored.get(entry.name)
@@ -87,4 +102,4 @@ def check_weights(table, weights) -> dict:
     extra = [{"layer": name, "reason": "in the caffemodel, not in the net (ignored, as Caffe does)"}
              for name in stored if name not in net_layers]
     return {"matched_blobs": matched, "missing": missing, "extra": extra, "mismatched": mismatched,
-            "consistent": not missing and not mismatched}
+            "unchecked": unchecked, "consistent": not missing and not mismatched and not unchecked}

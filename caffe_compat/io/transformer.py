@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
-from caffe_compat.io.blobs import blob_shape
+from caffe_compat.io.blobs import blob_shape, set_packed_floats
 from caffe_compat.proto import caffe_pb2
 
 __all__ = ["Transformer", "array_to_blobproto", "arraylist_to_blobprotovector_str", "blobproto_to_array",
@@ -159,12 +159,12 @@ def array_to_blobproto(arr, diff=None):
     array = np.asarray(arr)
     blob = caffe_pb2.BlobProto()
     blob.shape.dim.extend(int(d) for d in array.shape)
-    blob.data.extend(array.astype(np.float32).ravel())
+    set_packed_floats(blob, array)
     if diff is not None:
         diff = np.asarray(diff)
         if diff.shape != array.shape:
             raise CaffeCompatError(f"array_to_blobproto: diff has shape {diff.shape}, the array {array.shape}")
-        blob.diff.extend(diff.astype(np.float32).ravel())
+        set_packed_floats(blob, diff, "diff")
     return blob
 
 

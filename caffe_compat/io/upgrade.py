@@ -12,8 +12,9 @@ Applied in Caffe's order by :func:`upgrade_net`:
    become ``ParamSpec.name``/``share_mode``.  Blobs are kept as stored (legacy 4-D dims included).
 4. **Input**: net-level ``input`` + ``input_dim``/``input_shape`` become one ``Input`` layer named
    ``input`` placed first.
-5. **BatchNorm**: a BatchNorm layer with exactly three ``param`` specs loses them (its blobs are not
-   learnable; Caffe sets their lr to 0 itself).
+5. **BatchNorm**: a BatchNorm layer with exactly three ``param`` specs keeps them, names included (so
+   statistics shared by name stay shared), with ``lr_mult`` and ``decay_mult`` set to 0 (the statistics
+   are not learnable; Caffe's BatchNorm refuses a nonzero lr_mult).
 
 Solver files: the deprecated ``solver_type`` enum becomes the string ``type``.
 """
@@ -272,7 +273,9 @@ def upgrade_input(net: caffe_pb2.NetParameter, source: str = "net") -> None:
 def upgrade_batch_norm(net: caffe_pb2.NetParameter) -> None:
     for layer in net.layer:
         if layer.type == "BatchNorm" and len(layer.param) == 3:
-            layer.ClearField("param")
+            for spec in layer.param:  # names (sharing) and share_mode kept, as Caffe's upgrade keeps them
+                spec.lr_mult = 0.0
+                spec.decay_mult = 0.0
 
 
 # ---------------------------------------------------------------- entry points

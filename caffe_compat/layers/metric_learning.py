@@ -40,9 +40,33 @@ torch's global generator: seed it with ``torch.manual_seed``; the paper's margin
 (every pair).  The miners work in front of any pair loss, so every layer with a miner takes all three.
 For ``TripletLoss``, ``all`` / ``semihard`` / ``hard`` choose the triplet set (the module's
 ``triplets``) and ``<miner>+semihard`` / ``<miner>+hard`` combine a miner with a set (e.g.
-``easy_positive+semihard``).  Unknown values raise a FormatError listing the valid ones.  Binomial
-deviance's ``normalization="anchor"`` (unified-view Eq. (12)) has no proto field: module only.
+``easy_positive+semihard``).  Unknown values raise a FormatError listing the valid ones.
 ``CosineSimilarityBatch`` and ``FAPPYLoss`` take no ``metric_loss_param`` field.
+
+**MarginLoss's β**: without ``num_classes`` the layer learns *one shared* β (a single-element blob);
+Wu et al. learn one β per class: set ``num_classes`` (labels must be integers in [0, num_classes)).
+
+**Module-only options.**  ``metric_loss_param`` (proto message ``MetricLossParameter``) has no field
+for these keywords of the loss modules; a layer always uses their defaults (in parentheses).  To change
+one, use the module from ``caffe_compat.losses`` directly:
+
+* ``ContrastiveLoss``: ``power`` (2), ``normalize`` (False);
+* ``TripletLoss``: ``squared`` (True), ``normalize`` (True), ``reduction`` ("mean");
+* ``BinomialDevianceLoss``: ``normalization`` ("pairs"; "anchor" is unified-view Eq. (12));
+* ``MultiSimilarityLoss``: ``skip_incomplete_anchors`` (False), hence the ``MultiSimilarityLoss.official()``
+  preset (α=2, β=40, base 0.5, VTHM ε=0.1, incomplete anchors skipped) — the layer gets α, β, base and
+  ``mining: "vthm"`` with ``lambda`` but not the skip;
+* ``MarginLoss``: ``learn_beta`` (True), ``cutoff`` (0.5), ``nonzero_loss_cutoff`` (1.4);
+* ``FastAPLoss``: ``analytic_gradient`` (False; the value and gradient are the same either way);
+* ``SmoothAPLoss``: ``include_query`` (False; True is the authors' code and PML);
+* the miners' options: ``EasyPositiveMiner(normalize)`` (True), ``DistanceWeightedMiner(cutoff,
+  nonzero_loss_cutoff, generator)`` (0.5, 1.4, torch's global generator), ``VTHMMiner``'s margin only
+  through ``lambda``;
+* ``caffe_compat.losses.CosineSimilarityBatch(faithful=False)`` (the corrected ``pair_label``) and
+  ``FAPPYLoss(mode="paper")`` (Algorithm 1 as printed): the layers are always the authors' C++ behaviour.
+
+``HistogramLoss``, ``FastAPLoss`` and ``SmoothAPLoss`` take no ``mining`` (their modules have no
+``miner=``: histogram / list-wise losses over every pair).
 """
 
 from __future__ import annotations
@@ -240,9 +264,13 @@ BATCH_LOSSES: dict[str, BatchLossSpec] = {
         "(``vthm=False``); ``distance_weighted`` is RAW+DW."),
     "MarginLoss": BatchLossSpec(
         "MarginLoss",
-        {"margin": ("margin", "α (default 0.2)"), "beta": ("beta", "initial value of the learnable β (default 1.2)"),
-         "num_classes": ("num_classes", "one learnable β per class (labels in [0, num_classes))")},
+        {"margin": ("margin", "α (default 0.2)"),
+         "beta": ("beta", "initial value of the learnable β (default 1.2)"),
+         "num_classes": ("num_classes", "one learnable β per class, as Wu et al. (labels in [0, num_classes)); "
+                                        "unset: ONE shared β for all classes")},
         _margin_mining(), "distance_weighted",
+        "**β is one shared learnable scalar unless ``num_classes`` is set** (Wu et al. learn β per class: "
+        "set ``num_classes``).  "
         "``mining: \"distance_weighted\"`` (default) is Wu et al.'s sampling (global torch generator); "
         "``none`` uses every pair (``distance_weighted=False``); ``easy_positive`` is EPS + margin."),
     "FastAPLoss": BatchLossSpec(

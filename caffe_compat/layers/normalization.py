@@ -290,7 +290,14 @@ class LRN(CaffeLayer):
     * WITHIN_CHANNEL, as Caffe composes it (square → AVE pool n×n, stride 1, pad (n-1)/2 → Power →
       product): ``y = x / (1 + α · mean_{n×n} x²)^β`` where the mean always divides by n² (the
       zero-padded window never leaves [-pad, H+pad)).  **k is ignored** (Caffe's Power layer uses
-      shift 1)."""
+      shift 1).
+
+    Backward is the exact gradient.  Caffe's ACROSS_CHANNELS Backward instead reads its *top data*: when a
+    later layer rewrites that top in place (e.g. an in-place PReLU after the LRN), Caffe differentiates
+    with the rewritten values (a stale top).  That Caffe quirk is not reproduced; the layer-zoo fixture
+    shows it (``tests/test_net.py::test_layer_zoo_lrn_backward_quirk`` rebuilds Caffe's numbers from ours).
+    Nets that keep the LRN top intact (GoogLeNet, VGG_CNN_M_1024: a pooling or convolution reads it) are
+    not affected."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)

@@ -33,6 +33,11 @@ Our keys (deviations from the published layer, each opt-in):
 * ``seed`` (else seeded from the net's generator at ``fill``);
 * a list-file ``source`` (lines ``path label``) with ``root_folder``/``new_height``/``new_width``/
   ``is_color`` as in ImageData (the published layer reads LMDB only).
+* ``dataset: cub200|sop|vehicleid``: ``source`` is then the data set's root in its native layout
+  (CUB_200_2011, Stanford_Online_Products, VehicleID_V1.0), read by :mod:`caffe_compat.data`
+  (labels as the data set's files write them), ``split`` (default ``train``; CUB/SOP ``train``/``test``,
+  VehicleID ``train``/``small``/``medium``/``large``), images decoded like a list-file source
+  (``new_height``/``new_width``/``is_color``).
 
 Other ambiguities, decided and documented here:
 
@@ -105,15 +110,33 @@ def _required(params: dict, key: str, layer: str):
 
 
 class _ImageListSource:
-    """A ``path label`` list file read like Caffe's ImageData (OpenCV, optional resize)."""
+    """``(path, label)`` lines (a ``path label`` list file, or a native data set's records) read like
+    Caffe's ImageData (OpenCV, optional resize)."""
 
-    def __init__(self, path: Path, root_folder: str, new_height: int, new_width: int, is_color: bool):
+    def __init__(self, lines: list, where: str, root_folder: str, new_height: int, new_width: int, is_color: bool):
+        self.lines = lines
+        if not self.lines:
+            raise DataError(f"{where}: lists no images")
+        self.root_folder, self.new_height, self.new_width, self.is_color = root_folder, new_height, new_width, is_color
+
+    @classmethod
+    def from_list_file(cls, path: Path, **image_options) -> "_ImageListSource":
         from caffe_compat.data.imageset import read_list_file
 
-        self.lines = read_list_file(path)
-        if not self.lines:
-            raise DataError(f"{path}: lists no images")
-        self.root_folder, self.new_height, self.new_width, self.is_color = root_folder, new_height, new_width, is_color
+        return cls(read_list_file(path), str(path), **image_options)
+
+    @classmethod
+    def from_dataset(cls, dataset: str, root: Path, split: str, **image_options) -> "_ImageListSource":
+        from caffe_compat.data.cub200 import read_cub200
+        from caffe_compat.data.sop import read_sop
+        from caffe_compat.data.vehicleid import read_vehicleid
+
+        readers = {"cub200": read_cub200, "sop": read_sop, "vehicleid": read_vehicleid}
+        if dataset not in readers:
+            raise FormatError(f"param_str 'dataset' must be one of {sorted(readers)}, got {dataset!r}")
+        records = readers[dataset](root, split)
+        lines = [(str(r.path), int(r.label)) for r in records]
+        return cls(lines, f"{dataset} {split} split of {root}", root_folder="", **image_options)
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -137,7 +160,8 @@ class LabelShufflingLayer(CaffeLayer):
     ``subtract``, ``max_number_object_per_label``; ``mean_file`` is **ignored** (with a warning), as the
     published layer ignores it.  Deviation, opt-in only: ``apply_mean_file: true`` subtracts ``mean_file``
     (whole, no crop) before ``subtract``/``scales``.  Ours too: ``seed``, a list-file ``source`` with
-    ``root_folder``/``new_height``/``new_width``/``is_color``.  Details in the module docstring.
+    ``root_folder``/``new_height``/``new_width``/``is_color``, a native data set (``dataset``, ``split``,
+    ``source`` = its root).  Details in the module docstring.
     """
 
     def __init__(self, param, bottom_shapes, phase="test"):
@@ -182,11 +206,16 @@ class LabelShufflingLayer(CaffeLayer):
         from caffe_compat.data.lmdb_source import DatumSource
 
         source = Path(str(_required(params, "source", "LabelShufflingLayer")))
+        image_options = dict(new_height=int(params.get("new_height", 0)), new_width=int(params.get("new_width", 0)),
+                             is_color=bool(params.get("is_color", True)))
+        if "dataset" in params:
+            return _ImageListSource.from_dataset(str(params["dataset"]), source, str(params.get("split", "train")),
+                                                 **image_options)
         if source.is_dir():
             return DatumSource(source)
         if source.is_file():
-            return _ImageListSource(source, str(params.get("root_folder", "")), int(params.get("new_height", 0)),
-                                    int(params.get("new_width", 0)), bool(params.get("is_color", True)))
+            return _ImageListSource.from_list_file(source, root_folder=str(params.get("root_folder", "")),
+                                                   **image_options)
         raise DataError(f"source '{source}' is neither an LMDB directory nor a list file (relative to {Path.cwd()})")
 
     @staticmethod

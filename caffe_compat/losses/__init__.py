@@ -6,7 +6,7 @@ Batch geometry (cosines, distances, label masks, Caffe's pair order) lives in :m
 
 from caffe_compat.losses.binomial_deviance import BinomialDevianceLoss
 from caffe_compat.losses.contrastive import ContrastiveLoss
-from caffe_compat.losses.cosine_similarity_batch import cosine_similarity_batch
+from caffe_compat.losses.cosine_similarity_batch import CosineSimilarityBatch, cosine_similarity_batch
 from caffe_compat.losses.fappy import FAPPYLoss, fappy_caffe, fappy_paper
 from caffe_compat.losses.fastap import FastAPLoss
 from caffe_compat.losses.histogram import HistogramLoss
@@ -19,7 +19,8 @@ from caffe_compat.losses.smooth_ap import SmoothAPLoss
 from caffe_compat.losses.triplet import TripletLoss
 
 __all__ = [
-    "BinomialDevianceLoss", "ContrastiveLoss", "DistanceWeightedMiner", "EasyPositiveMiner", "FAPPYLoss",
-    "FastAPLoss", "HistogramLoss", "LiftedStructLoss", "MarginLoss", "MultiSimilarityLoss", "RAWLoss",
-    "SmoothAPLoss", "TripletLoss", "VTHMMiner", "cosine_similarity_batch", "fappy_caffe", "fappy_paper",
+    "BinomialDevianceLoss", "ContrastiveLoss", "CosineSimilarityBatch", "DistanceWeightedMiner",
+    "EasyPositiveMiner", "FAPPYLoss", "FastAPLoss", "HistogramLoss", "LiftedStructLoss", "MarginLoss",
+    "MultiSimilarityLoss", "RAWLoss", "SmoothAPLoss", "TripletLoss", "VTHMMiner", "cosine_similarity_batch",
+    "fappy_caffe", "fappy_paper",
 ]

@@ -45,6 +45,22 @@ NORMALIZATIONS = ("pairs", "anchor")
 
 
 class BinomialDevianceLoss(torch.nn.Module):
+    """Binomial deviance loss (Yi et al. 2014) on the pairs of the batch.
+
+    Space: cosine similarity ``s`` of L2-normalised embeddings.  Pair costs
+    ``c⁺ = log(1 + exp(−α(s − γ)))`` (positive) and ``c⁻ = log(1 + exp(β(s − γ)))`` (negative), β = α·C.
+
+    Args:
+        alpha: α, positive-pair scale (default 2).
+        gamma: γ, similarity threshold (default 0.5).
+        neg_cost: Yi's negative cost C (default 25, so β = 50).
+        beta: β directly (default None: α·C); when given, ``neg_cost`` is ignored.
+        miner: optional pair miner (e.g. VTHM: "Binomial+VTHM"); mined counts weigh the costs.
+        normalization: ``"pairs"`` (default, Yi et al.): mean cost of the positive pairs + mean cost of
+            the negative pairs, batch-wide; ``"anchor"`` (unified view, Eq. 12): per-anchor means of each,
+            *summed* over the anchors (no 1/B).
+    """
+
     def __init__(
         self,
         alpha: float = 2.0,

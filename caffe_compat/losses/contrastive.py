@@ -30,6 +30,26 @@ from caffe_compat.losses.pairwise import euclidean_matrix, squared_euclidean_mat
 
 
 class ContrastiveLoss(torch.nn.Module):
+    """Contrastive loss over every pair of the batch (Hadsell et al.; Caffe's ``ContrastiveLoss``).
+
+    Space: Euclidean distance ``d_ij = ‖x_i − x_j‖`` of the embeddings as given (``normalize=True``:
+    of the L2-normalised embeddings).  With y = 1 for a same-label pair::
+
+        ℓ_ij = y·d_ij^p + (1 − y)·max(0, m − d_ij)^p
+        L    = Σ_{i<j} ℓ_ij / (2·M),        M = B(B−1)/2 (Caffe's 1/(2N) over N siamese pairs)
+
+    With ``miner=``: ``L = Σ w·ℓ / (2·Σ w)`` over the mined ordered pairs (w = pair counts).
+
+    Args:
+        margin: m of the dissimilar hinge (default 1.0).
+        power: p, 2 (default; Hadsell et al., Caffe) or 1 (pytorch-metric-learning's hinges).
+        normalize: L2-normalise the embeddings first (default False; PML's default is True).
+        miner: optional pair miner from :mod:`caffe_compat.losses.miners` (default: every pair).
+
+    PML's default reducer averages the positive and negative terms separately over the non-zero
+    ones; see the module docstring for the exact relation.
+    """
+
     def __init__(self, margin: float = 1.0, power: int = 2, normalize: bool = False, miner=None):
         super().__init__()
         if power not in (1, 2):

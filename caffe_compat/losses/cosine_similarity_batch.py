@@ -23,6 +23,8 @@ Caffe quirks reproduced with ``faithful=True`` (the default):
 
 ``faithful=False`` gives the intended output instead: ``pair_label[k]`` is pair k's label, with the
 two label values used as given.
+
+:class:`CosineSimilarityBatch` is the same computation as an ``nn.Module`` returning flat ``(M,)`` tensors.
 """
 
 from __future__ import annotations
@@ -78,3 +80,34 @@ def cosine_similarity_batch(features: torch.Tensor, labels: torch.Tensor, pos_la
         else:
             pair_label = values
     return cosine, pair_label.reshape(m, 1, 1, 1)
+
+
+class CosineSimilarityBatch(torch.nn.Module):
+    """The authors' ``CosineSimilarityBatch`` layer as a PyTorch module (no parameters).
+
+    ``forward(features, labels)`` returns ``(cosine, pair_label)``, both ``(M,)`` with M = B(B−1)/2, for
+    the pairs i<j in Caffe's row-major order: exactly :func:`cosine_similarity_batch` with its
+    ``(M, 1, 1, 1)`` outputs flattened.  ``cosine`` is differentiable (the C++ Backward), ``pair_label``
+    is not.
+
+    Args:
+        pos_label: label of a same-class pair (default 1, the authors' proto default).
+        neg_label: label of a different-class pair (default −1).
+        faithful: True (default, as the function and the Caffe layer) reproduces Caffe's off-by-one
+            ``pair_label`` (element 0 is 0, element k+1 holds pair k's label) and its integer truncation
+            of the two values; False gives ``pair_label[k]`` = pair k's label with the values as given.
+    """
+
+    def __init__(self, pos_label: float = 1.0, neg_label: float = -1.0, faithful: bool = True):
+        super().__init__()
+        self.pos_label = float(pos_label)
+        self.neg_label = float(neg_label)
+        self.faithful = bool(faithful)
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cosine, pair_label = cosine_similarity_batch(features, labels, self.pos_label, self.neg_label,
+                                                     faithful=self.faithful)
+        return cosine.reshape(-1), pair_label.reshape(-1)
+
+    def extra_repr(self) -> str:
+        return f"pos_label={self.pos_label}, neg_label={self.neg_label}, faithful={self.faithful}"

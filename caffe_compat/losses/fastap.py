@@ -9,6 +9,9 @@ cumulative histograms ``H⁺ = cumsum h⁺``, ``H = cumsum (h⁺ + h⁻)`` and `
     FastAP_i = 1/N⁺_i · Σ_l h⁺_{i,l} H⁺_{i,l} / H_{i,l}                   (0/0 terms are 0)
     L        = 1 − mean of FastAP_i over the anchors with at least one positive
 
+A batch in which no anchor has a positive gives a loss of 0 (as PML; an empty mean would otherwise
+read as the worst value 1), still attached to the autograd graph with a zero gradient.
+
 Equal to ``pytorch_metric_learning.losses.FastAPLoss(num_bins)`` (which builds the (L+1)·B² "pulse"
 tensor; here the binning is two ``scatter_add``s, O(B² + B·L) memory).
 
@@ -48,6 +51,13 @@ def fastap_per_anchor(h_pos: torch.Tensor, h_neg: torch.Tensor, n_pos: torch.Ten
     return ap / n_pos.clamp_min(1.0)
 
 
+def _loss_over_valid(ap: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``1 − mean(ap[valid])``, or 0 when no anchor is valid (times the 0/1 flag: the gradient is 0)."""
+    n_valid = valid.sum()
+    mean_ap = ap[valid].sum() / n_valid.clamp_min(1)
+    return (1.0 - mean_ap) * (n_valid > 0).to(ap.dtype)
+
+
 def _histograms(dist, pos_w, neg_w, num_bins):
     return (
         triangular_histogram(dist, pos_w, num_bins, 0.0, HIGH),
@@ -65,8 +75,7 @@ class _FastAPAnalytic(torch.autograd.Function):
         n_pos = pos_w.sum(dim=1)
         valid = n_pos > 0
         ap = fastap_per_anchor(h_pos, h_neg, n_pos)
-        n_valid = valid.sum()
-        loss = 1.0 - ap[valid].sum() / n_valid.clamp_min(1)
+        loss = _loss_over_valid(ap, valid)
         ctx.save_for_backward(unit, dist, pos_w, neg_w, h_pos, h_neg, n_pos)
         ctx.num_bins = num_bins
         return loss
@@ -105,6 +114,23 @@ class _FastAPAnalytic(torch.autograd.Function):
 
 
 class FastAPLoss(torch.nn.Module):
+    """FastAP (He et al. 2019): 1 − mean histogram-approximated AP of each anchor's ranking.
+
+    Space: squared Euclidean distance of L2-normalised embeddings, in [0, 4], soft-binned with the
+    triangular kernel on the L + 1 centres ``linspace(0, 4, L + 1)`` (width Δ = 4/L)::
+
+        FastAP_i = 1/N⁺_i · Σ_l h⁺_{i,l} H⁺_{i,l} / H_{i,l}
+        L        = 1 − mean of FastAP_i over the anchors with at least one positive
+
+    If no anchor has a positive the loss is 0 (still attached to the graph, with zero gradient), as in
+    PML.  Equals PML's ``FastAPLoss(num_bins)``.  Takes no ``miner=`` (list-wise loss).
+
+    Args:
+        num_bins: L (default 10).
+        analytic_gradient: backward pass of the supplement (C.2–C.3) instead of autograd (default
+            False; same gradient).
+    """
+
     def __init__(self, num_bins: int = 10, analytic_gradient: bool = False):
         super().__init__()
         self.num_bins = check_num_bins(num_bins, "FastAPLoss")
@@ -122,4 +148,4 @@ class FastAPLoss(torch.nn.Module):
         n_pos = pos_w.sum(dim=1)
         valid = n_pos > 0
         ap = fastap_per_anchor(h_pos, h_neg, n_pos)
-        return 1.0 - ap[valid].sum() / valid.sum().clamp_min(1)
+        return _loss_over_valid(ap, valid)

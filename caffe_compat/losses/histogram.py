@@ -28,6 +28,21 @@ from caffe_compat.losses.soft_histogram import triangular_histogram
 
 
 class HistogramLoss(torch.nn.Module):
+    """Histogram loss of Ustinova & Lempitsky: the probability that a negative outranks a positive.
+
+    Space: cosine similarity of L2-normalised embeddings, in [−1, 1].  The similarities of the
+    unordered positive and negative pairs i<j are soft-binned with the triangular kernel of width
+    Δ = 2/num_bins on the nodes ``t_r = −1 + rΔ``; each histogram is divided by its pair count::
+
+        L = Σ_r h⁻_r · Σ_{q≤r} h⁺_q
+
+    A batch without positive or without negative pairs gives 0.  A similarity of exactly 1 lands on the
+    last node (PML fails there).  Takes no ``miner=``: the histograms use every pair.
+
+    Args:
+        num_bins: number of bins, Δ = 2/num_bins (default 100; PML's ``n_bins``).
+    """
+
     def __init__(self, num_bins: int = 100):
         super().__init__()
         self.num_bins = check_num_bins(num_bins, "HistogramLoss")

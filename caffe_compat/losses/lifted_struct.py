@@ -28,6 +28,21 @@ from caffe_compat.losses.pairwise import euclidean_matrix
 
 
 class LiftedStructLoss(torch.nn.Module):
+    """Lifted structured loss of Oh Song et al. (their Caffe ``LiftedStructSimilaritySoftmaxLoss``).
+
+    Space: Euclidean distance ``D`` of the *unnormalised* embeddings.  For each positive pair i<j::
+
+        J_ij = log(Σ_{k∈N_i} exp(m − D_ik) + Σ_{l∈N_j} exp(m − D_jl)) + D_ij
+        L    = Σ_{(i,j)∈P, i<j} max(0, J_ij)² / (2·|P|)
+
+    A batch without positive pairs gives 0.  Equals PML's ``LiftedStructureLoss(neg_margin=m,
+    pos_margin=0)`` on ``LpDistance(normalize_embeddings=False)``.
+
+    Args:
+        margin: m (default 1.0).
+        miner: optional pair miner: mined counts weigh the J² terms and the negatives in the sums.
+    """
+
     def __init__(self, margin: float = 1.0, miner=None):
         super().__init__()
         self.margin = float(margin)

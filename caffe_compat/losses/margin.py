@@ -7,7 +7,8 @@ Space: Euclidean distance ``D`` of L2-normalised embeddings.  For an anchor a of
     L = (Σ w⁺·ℓ⁺ + Σ w⁻·ℓ⁻) / (number of terms with ℓ > 0, counted with the same weights)
 
 α = margin = 0.2; β is a learnable ``nn.Parameter``, one per class when ``num_classes`` is given
-(labels must then be integers in [0, num_classes)), else one shared value; initial β = 1.2.  The pairs:
+(labels must then be integers in [0, num_classes)), else **one shared scalar** (Wu et al. learn β per
+class: pass ``num_classes`` to reproduce them); initial β = 1.2.  The pairs:
 by default Wu et al.'s :class:`~caffe_compat.losses.miners.DistanceWeightedMiner` (cutoff 0.5,
 nonzero-loss cutoff 1.4): every positive pair once and, per positive, one negative drawn ∝ q(D)⁻¹ (so
 ``w⁻`` are draw counts).  ``distance_weighted=False`` uses every positive and negative pair once;
@@ -32,6 +33,28 @@ from caffe_compat.losses.pairwise import euclidean_matrix
 
 
 class MarginLoss(torch.nn.Module):
+    """Margin loss with distance weighted sampling (Wu et al. 2017).
+
+    **β is one shared learnable scalar unless ``num_classes`` is given.**  Wu et al. learn one β per
+    class: pass ``num_classes`` for that (labels must then be integers in [0, num_classes)).
+
+    Space: Euclidean distance ``D`` of L2-normalised embeddings.  For an anchor a of class c::
+
+        ℓ⁺_ap = max(0, α + D_ap − β_c),    ℓ⁻_an = max(0, α − D_an + β_c)
+        L     = (Σ w⁺ℓ⁺ + Σ w⁻ℓ⁻) / (weighted number of terms with ℓ > 0),   0 if there is none
+
+    Args:
+        num_classes: one β per class when given; default None: a single shared β.
+        margin: α (default 0.2).
+        beta: initial β (default 1.2).
+        learn_beta: β is trained (default True; an ``nn.Parameter`` either way).
+        distance_weighted: use Wu's :class:`~caffe_compat.losses.miners.DistanceWeightedMiner`
+            (default True; draws from torch's global generator); False: every pair once.
+        cutoff: distance clamp of the sampler (default 0.5).
+        nonzero_loss_cutoff: the sampler's upper distance bound (default 1.4).
+        miner: any pair miner instead (e.g. ``EasyPositiveMiner``: EPS + margin).
+    """
+
     def __init__(
         self,
         num_classes=None,

@@ -5,8 +5,16 @@ The interface is deliberately small.  A miner is called as ``miner(embeddings, l
 column = the other sample (0 = not used, 1 = used once, k = drawn k times by a sampling miner).  They
 are computed without gradient and are always subsets of the label masks.  Every loss in this package
 that takes ``miner=`` replaces its full positive/negative masks by these matrices, so a miner works in
-front of any pair loss (contrastive, binomial deviance, RAW / multi-similarity, margin) and, by
-combining each anchor's mined positives with its mined negatives, in front of the triplet loss.
+front of any pair loss and, by combining each anchor's mined positives with its mined negatives, in
+front of the triplet loss.
+
+Losses that accept ``miner=``: :class:`~caffe_compat.losses.ContrastiveLoss`,
+:class:`~caffe_compat.losses.TripletLoss`, :class:`~caffe_compat.losses.LiftedStructLoss`,
+:class:`~caffe_compat.losses.BinomialDevianceLoss`, :class:`~caffe_compat.losses.RAWLoss` (VTHM by
+default), :class:`~caffe_compat.losses.MultiSimilarityLoss` and :class:`~caffe_compat.losses.MarginLoss`
+(distance weighted by default).  :class:`~caffe_compat.losses.HistogramLoss`,
+:class:`~caffe_compat.losses.FastAPLoss` and :class:`~caffe_compat.losses.SmoothAPLoss` do not: they are
+histogram / list-wise losses over every pair of the batch (so is ``FAPPYLoss``).
 
 Miners:
 

@@ -30,6 +30,26 @@ OFFICIAL = {"alpha": 2.0, "beta": 40.0, "base": 0.5, "mining_margin": 0.1}
 
 
 class MultiSimilarityLoss(torch.nn.Module):
+    """Multi-similarity loss (Wang et al. 2019).
+
+    Space: cosine similarity ``s`` of L2-normalised embeddings; mean over all B anchors of::
+
+        1/α log[1 + Σ_{k∈P_i} exp(−α(s_ik − base))] + 1/β log[1 + Σ_{k∈N_i} exp(β(s_ik − base))]
+
+    Without a miner it equals PML's ``MultiSimilarityLoss(alpha, beta, base)``.
+
+    Args:
+        alpha: α (default 2).  beta: β (default 50; the authors' release uses 40).
+        base: similarity threshold λ of the paper (default 0.5).
+        miner: optional pair miner (``VTHMMiner(ε)`` is MS's own pair mining, = PML's
+            ``MultiSimilarityMiner(epsilon=ε)``).
+        skip_incomplete_anchors: an anchor without a mined positive or negative contributes 0, as the
+            authors' code does (default False).
+
+    :meth:`official` builds the released configuration (α=2, β=40, base 0.5, VTHM ε=0.1, incomplete
+    anchors skipped).  Unlike that code, an exact duplicate of the anchor stays a positive.
+    """
+
     def __init__(
         self,
         alpha: float = 2.0,

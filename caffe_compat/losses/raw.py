@@ -42,6 +42,22 @@ def raw_anchor_losses(sim, pos_counts, neg_counts, alpha: float, beta: float, ga
 
 
 class RAWLoss(torch.nn.Module):
+    """RAW (+VTHM by default) of "A unified view of DML via gradient analysis", Eq. (17).
+
+    Space: cosine similarity ``s`` of L2-normalised embeddings::
+
+        L = 1/B Σ_i { 1/α log[1 + Σ_{k∈P̃_i} exp(−α(s_ik − γ))] + 1/β log[1 + Σ_{k∈Ñ_i} exp(β(s_ik − γ))] }
+
+    with P̃_i, Ñ_i the mined positives/negatives (anchors with nothing mined contribute 0 to the mean).
+
+    Args:
+        alpha: α (default 2).  beta: β (default 50).  gamma: γ (default 0.5).
+        vthm: mine with :class:`~caffe_compat.losses.miners.VTHMMiner` (default True, "RAW+VTHM");
+            False: every pair ("RAW").
+        vthm_margin: VTHM's λ (default 0.1).
+        miner: another miner instead (e.g. distance weighted: "RAW+DW"); overrides ``vthm``.
+    """
+
     def __init__(
         self,
         alpha: float = 2.0,

@@ -10,6 +10,9 @@ its positives P (same label) and negatives N, ``D_ij = s_qj − s_qi`` and the s
 (the appendix of Bleeker & de Rijke, Eq. 1–2; its Eq. 4 prints ``D_ij = s_i − s_j``, the opposite sign
 of Brown et al.'s definition and code, which is used here so that ``G(D_ij) ≈ 1`` when j outranks i).
 
+A batch in which no query has a positive gives 0 (as PML's FastAP; attached to the autograd graph,
+zero gradient); with ``include_query=True`` every query is its own positive, so this cannot happen.
+
 The query itself: by default (``include_query=False``) it is not a candidate — the retrieval set is the
 rest of the batch, as in the paper.  ``include_query=True`` reproduces the authors' code (and
 pytorch-metric-learning's ``SmoothAPLoss``), where the query is one of its own positives, with
@@ -55,6 +58,22 @@ def smooth_ap_per_query(sim: torch.Tensor, pos: torch.Tensor, candidates: torch.
 
 
 class SmoothAPLoss(torch.nn.Module):
+    """Smooth-AP (Brown et al. 2020): 1 − mean sigmoid-smoothed AP of each query's ranking.
+
+    Space: cosine similarity of L2-normalised embeddings.  ``G(D) = sigmoid(D/τ)``, ``D_ij = s_qj − s_qi``::
+
+        AP_q = 1/|P| Σ_{i∈P} (1 + Σ_{j∈P, j≠i} G(D_ij)) / (1 + Σ_{j∈P∪N, j≠i} G(D_ij))
+        L    = 1 − mean of AP_q over the queries with at least one positive
+
+    If no query has a positive the loss is 0 (still attached to the graph, with zero gradient).  Any
+    label layout is supported.  Takes no ``miner=`` (list-wise loss).
+
+    Args:
+        temperature: τ (default 0.01).
+        include_query: the query is one of its own positives, as in the authors' code and PML (default
+            False: the retrieval set is the rest of the batch).  Every query then has a positive.
+    """
+
     def __init__(self, temperature: float = 0.01, include_query: bool = False):
         super().__init__()
         self.temperature = check_positive(float(temperature), "temperature", "SmoothAPLoss")
@@ -69,4 +88,6 @@ class SmoothAPLoss(torch.nn.Module):
             pos = pos | eye
         candidates = pos | neg
         ap, has_pos = smooth_ap_per_query(sim, pos, candidates, self.temperature)
-        return 1.0 - ap[has_pos].sum() / has_pos.sum().clamp_min(1)
+        n_queries = has_pos.sum()
+        mean_ap = ap[has_pos].sum() / n_queries.clamp_min(1)
+        return (1.0 - mean_ap) * (n_queries > 0).to(ap.dtype)  # no positive anywhere: 0, zero gradient

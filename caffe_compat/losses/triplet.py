@@ -57,6 +57,24 @@ class _SortedNegatives:
 
 
 class TripletLoss(torch.nn.Module):
+    """Triplet margin loss over every (or every semi-hard / hard) triplet of the batch.
+
+    Space: squared Euclidean distance of L2-normalised embeddings by default (FaceNet).  For anchor a,
+    positive p ≠ a and negative n: ``ℓ_apn = max(0, d_ap − d_an + margin)`` over the triplet set T.
+
+    Args:
+        margin: the margin (default 0.2, FaceNet's α).
+        triplets: T: ``"all"`` (default), ``"semihard"`` (d_ap < d_an ≤ d_ap + margin) or ``"hard"``
+            (d_an ≤ d_ap), as PML's ``TripletMarginMiner``.
+        squared: squared Euclidean distance (default True); False: Euclidean distance.
+        normalize: L2-normalise the embeddings first (default True).
+        reduction: ``"mean"`` (default, Σ_T ℓ / |T|), ``"mean_nonzero"`` (over ℓ > 0: PML's
+            ``AvgNonZeroReducer``) or ``"sum"``.  An empty set gives 0.
+        miner: optional pair miner; a triplet then weighs ``pos[a,p]·neg[a,n]`` (e.g. EPS + triplet).
+
+    O(B² log B) time, O(B²) memory: the B³ triplets are never materialised.
+    """
+
     def __init__(
         self,
         margin: float = 0.2,

@@ -10,12 +10,16 @@ delta_min, batch size, per-label count, preprocessing, nets, training list, data
 workers or snapshot interval).  Any difference is refused before anything is trained or written
 (:class:`~caffe_compat.reproduce.training.RunSettingsMismatch`, exit status 2 in the CLI): use a new
 ``--out``, or ``fresh=True`` (``--fresh``), which discards what the requested runs' directories hold and
-retrains them.  So a lower ``--max-iter`` never evaluates weights of a later iteration.
+retrains them.  So a lower ``--max-iter`` never evaluates weights of a later iteration.  A data set
+given with ``data_root`` is read (every split's list) before anything is written, so a wrong one leaves
+no ``OUT/`` behind.
 
 The summary files sit in ``OUT/``: ``results.md`` (Table 1/2 layout, mean over seeds, with the Recall@1 /
 top-1 spread), ``results.json``, ``run.json`` (configuration, git revision and whether the working tree
 was dirty, library versions, figures, each run's original training time (all its segments), whether it
-was resumed from a snapshot or reused from an earlier invocation, this invocation's wall time),
+was resumed from a snapshot or reused from an earlier invocation, this invocation's wall time, and the
+``preprocessing`` of the training batches (resize, crop, mirror, mean values, scale) with a note on how
+the authors' data layer differs, see :func:`~caffe_compat.reproduce.setups.training_preprocessing`),
 ``training_loss.png`` and ``recall_at_k.png`` (or ``cmc.png`` for VehicleID).
 """
 
@@ -32,7 +36,7 @@ import numpy as np
 
 from caffe_compat.errors import CaffeCompatError
 from caffe_compat.io.atomic import write_text_atomic
-from caffe_compat.reproduce.setups import SETUPS
+from caffe_compat.reproduce.setups import SETUPS, training_preprocessing
 from caffe_compat.reproduce.training import (check_run_dir, clear_run_dir, prototxt_root, read_settings,
                                              run_settings, train_run)
 
@@ -92,6 +96,15 @@ def data_root_for(setup, data_root, out_dir: Path) -> Path:
     if not root.exists():
         raise CaffeCompatError(f"reproduce {setup.name}: data root {root} does not exist")
     return root
+
+
+def read_records(setup, root: Path) -> list:
+    """The training split's records; the test splits are read too (and dropped), so that a data set
+    missing one fails now, not after training."""
+    records = setup.read(root, setup.train_split)
+    for split in setup.test_splits:
+        setup.read(root, split)
+    return records
 
 
 def preprocessing(setup) -> dict:
@@ -229,13 +242,16 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
     out_dir = Path(out_dir or Path("runs") / dataset)
     workers = (0 if setup.toy_kind else 2) if workers is None else int(workers)
     started = time.perf_counter()
-    if setup.toy_kind is None:
-        root = data_root_for(setup, data_root, out_dir)  # checks the data root before anything is written
-        data_id = str(root.resolve())
-    else:
-        data_id = (str(Path(data_root).resolve()) if data_root is not None else
-                   f"generated: make_toy_data({setup.toy_kind!r}, seed=0, size={setup.crop}, "
+    generated = setup.toy_kind is not None and data_root is None
+    if generated:
+        data_id = (f"generated: make_toy_data({setup.toy_kind!r}, seed=0, size={setup.crop}, "
                    f"num_classes={DIGITS_CLASSES}, images_per_class={DIGITS_IMAGES_PER_CLASS})")
+    else:
+        # A data set given by the user is read (every split's list, so also validated) before anything is
+        # written: a wrong --data-root leaves no run folder behind.
+        root = data_root_for(setup, data_root, out_dir)
+        train_records = read_records(setup, root)
+        data_id = str(root.resolve())
     # Every run's settings, checked against its directory before anything is trained or written.
     planned = []
     for loss in losses:
@@ -247,9 +263,9 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
         print(f"reproduce {dataset}: no --weights, so training starts from the prototxt's fillers (Caffe's "
               f"default filler is constant 0); the paper starts from the ImageNet caffemodel named in models/",
               flush=True)
-    if setup.toy_kind is not None:
+    if generated:  # the toy data set is made inside the run folder
         root = data_root_for(setup, data_root, out_dir)
-    train_records = setup.read(root, setup.train_split)
+        train_records = read_records(setup, root)
     settings = {}
     for loss, seed, run_dir in planned:
         settings[run_dir] = run_settings(setup, loss, seed, max_iter, weights, delta_min, train_records,
@@ -308,6 +324,9 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
                  for runs in per_loss.values() for r in runs],
         "setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in setup.__dict__.items()
                   if isinstance(v, (str, int, float, tuple, list))},
+        # what the training batches went through (and how the authors' data layer differs), and the
+        # evaluation's input (the ONNX metadata)
+        "preprocessing": {**training_preprocessing(setup), "test": preprocessing(setup)},
     }
     write_text_atomic(out_dir / "run.json", json.dumps(summary, indent=2) + "\n")
     summary["table"] = table

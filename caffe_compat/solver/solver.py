@@ -47,6 +47,7 @@ import torch
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
 from caffe_compat.io import (array_to_blob, blob_to_array, read_net, read_solver, read_solverstate, upgrade_solver,
                              write_net, write_solverstate)
+from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.net import CaffeNet
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.pycaffe import SolverNet
@@ -88,6 +89,7 @@ class Solver:
         if solver_type is not None:
             self.param.type = solver_type
         self.base_dir = Path(solver).resolve().parent if self._is_path(solver) else Path.cwd()
+        self.solver_path = str(solver) if self._is_path(solver) else None
         if snapshot_prefix is not None:
             self.param.snapshot_prefix = str(snapshot_prefix)
         elif self._is_path(solver):
@@ -191,10 +193,13 @@ class Solver:
             return [w for w in str(weights).split(",") if w]
         return [str(w) for w in weights]
 
-    def _read_net_file(self, path: str) -> caffe_pb2.NetParameter:
+    def _read_net_file(self, path: str, field: str = "net") -> caffe_pb2.NetParameter:
         resolved = self._resolve(path)
         if not os.path.exists(resolved):
-            raise FormatError(f"solver: net file {path!r} not found (looked in {os.getcwd()} and {self.base_dir})")
+            folders = list(dict.fromkeys(str(Path(d).resolve()) for d in (os.getcwd(), self.base_dir)))
+            where = self.solver_path if self.solver_path is not None else "solver (SolverParameter message)"
+            raise FormatError(f"{where}: the net file of its '{field}' field, {path!r}, was not found (looked in "
+                              + " and ".join(folders) + ")")
         return read_net(resolved)
 
     def _train_net(self, seed: int) -> SolverNet:
@@ -205,7 +210,8 @@ class Solver:
             raise FormatError("solver: give exactly one of train_net_param, train_net, net_param or net "
                               f"(found {given or 'none'})")
         source = given[0]
-        net_param = getattr(p, source) if source.endswith("param") else self._read_net_file(getattr(p, source))
+        net_param = (getattr(p, source) if source.endswith("param")
+                     else self._read_net_file(getattr(p, source), source))
         net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
         log.info("Creating training net from %s", source)
         return SolverNet(net_param, phase="train", seed=seed)
@@ -224,12 +230,12 @@ class Solver:
 
     def _test_nets(self, seed: int) -> list[SolverNet]:
         p = self.param
-        sources = [n for n in p.test_net_param] + [self._read_net_file(f) for f in p.test_net]
+        sources = [n for n in p.test_net_param] + [self._read_net_file(f, "test_net") for f in p.test_net]
         generic = None
         if p.HasField("net_param"):
             generic = p.net_param
         elif p.net:
-            generic = self._read_net_file(p.net)
+            generic = self._read_net_file(p.net, "net")
         remaining = len(p.test_iter) - len(sources)
         if generic is not None and remaining > 0:
             sources += [generic] * remaining
@@ -491,7 +497,7 @@ class Solver:
         for layer in net_param.layer:
             for blob, tensor in zip(layer.blobs, params.get(layer.name, [])):
                 diff = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
-                blob.diff.extend(diff.detach().to("cpu", torch.float32).reshape(-1).numpy())
+                set_packed_floats(blob, diff.detach().to("cpu", torch.float32).reshape(-1).numpy(), "diff")
 
     def restore(self, state_file) -> None:
         """Caffe's ``Restore`` from a ``.solverstate``: iteration, current_step, history, and the weights of

@@ -13,8 +13,13 @@ Each folder holds ``train_fappy.prototxt`` (the authors' net, FAPPY delta 1e-4),
 ``train_<baseline>.prototxt`` per baseline the paper reports for that data set (Table 1: contrastive,
 triplet, lifted, histogram for CUB and SOP; Table 2: triplet, histogram for VehicleID, whose lifted
 structure row is empty), ``deploy.prototxt`` (the train net without data and loss layers, with an
-``Input`` layer ``data``) and ``solver.prototxt`` (training ``train_fappy``; paths relative to the
-repository root).  ``digits`` has every head.
+``Input`` layer ``data``) and ``solver.prototxt`` (training ``train_fappy``).  ``digits`` has every head.
+
+A solver names its net by file name alone (``net: "train_fappy.prototxt"``), the net beside it:
+``caffe-compat train /any/path/prototxt/cub200/solver.prototxt`` finds it from any working directory
+(:class:`caffe_compat.solver.Solver` opens a relative ``net`` against the working directory first, as
+Caffe does, then against the solver's folder; real Caffe needs to be run from that folder).  The
+snapshot prefixes (``snapshots/<set>/fappy``) stay relative to the working directory, as in Caffe.
 
 Data paths are ours (``db/...``); everything else is the authors'.  CUB caveat: the authors' Python
 layer subtracts the whole mean file without cropping, so their CUB LMDB images had the mean file's
@@ -60,8 +65,7 @@ PAPER_SETUPS = {
         (1, 3, 224, 224), ("triplet", "histogram")),
 }
 
-#: Where the solvers expect the files and write snapshots (relative to the repository root).
-PROTOTXT_ROOT = "prototxt"
+#: Where the solvers write snapshots (relative to the working directory, as Caffe opens them).
 SNAPSHOT_ROOT = "snapshots"
 
 
@@ -78,7 +82,7 @@ def setup_files(setup: PaperSetup) -> dict:
     files[f"{setup.folder}/deploy.prototxt"] = setup.build(
         InputData(setup.deploy_shape), name=f"{setup.net_name}_deploy", loss=None)
     files[f"{setup.folder}/solver.prototxt"] = paper_solver(
-        setup.folder, net=f"{PROTOTXT_ROOT}/{setup.folder}/{train_file_name('fappy')}",
+        setup.folder, net=train_file_name("fappy"),  # beside the solver (module docstring)
         snapshot_prefix=f"{SNAPSHOT_ROOT}/{setup.folder}/fappy")
     return files
 
@@ -90,8 +94,7 @@ def digits_files(batch_size: int = 64, image_size: int = 32) -> dict:
              for loss in LOSSES}
     deploy = digits_embedding(1, image_size, loss=None, name="digits_embedding_deploy")
     files["digits/deploy.prototxt"] = deploy
-    files["digits/solver.prototxt"] = digits_solver(f"{PROTOTXT_ROOT}/digits/{train_file_name('fappy')}",
-                                                    f"{SNAPSHOT_ROOT}/digits/fappy")
+    files["digits/solver.prototxt"] = digits_solver(train_file_name("fappy"), f"{SNAPSHOT_ROOT}/digits/fappy")
     return files
 
 

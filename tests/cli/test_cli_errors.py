@@ -64,11 +64,13 @@ def test_inspect_big_prototxt_with_invalid_utf8_names_file_and_offset(tmp_path):
     padding = b"# padding comment\n" * 4000  # 72,000 bytes: past the 64 KiB that content sniffing reads
     head = padding + ZOO.read_bytes()
     net = tmp_path / "big.prototxt"
-    net.write_bytes(head + b"# caf\xe9 (Latin-1)\n")
+    net.write_bytes(head + b'layer { name: "caf\xe9" }  # (Latin-1 outside a comment)\n')
     line = head.count(b"\n") + 1
     assert_usage_error(run_cli("inspect", net), "inspect",
-                       f"{net}: invalid UTF-8 byte 0xe9 at byte offset {len(head) + 5} (line {line}); "
-                       f"a prototxt must be UTF-8 text")
+                       f"{net}: invalid UTF-8 byte 0xe9 at byte offset {len(head) + 18} (line {line}); "
+                       f"a prototxt must be UTF-8 text (other bytes are allowed in # comments only)")
+    net.write_bytes(head + b"# caf\xe9 (Latin-1 in a comment: skipped, as Caffe's parser skips it)\n")
+    assert run_cli("inspect", net).returncode == 0
 
 
 def test_inspect_unknown_layer_type_exits_2_naming_layer_and_type(tmp_path):

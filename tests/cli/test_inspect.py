@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from caffe_compat.cli import main
 from tests.conftest import AUTHORS, fixture_path
 
@@ -63,6 +65,29 @@ def test_authors_net_table_with_input_shapes(capsys):
     assert main(["inspect", str(authors), "--input-shape", "data=128,3,224,224", "--input-shape", "label=128"]) == 0
     out = capsys.readouterr().out
     assert "6,498,352 parameters" in out and "8128x1x1x1" in out
+
+
+@pytest.mark.parametrize("path, batch, params", [
+    ("StanfordProducts/train.prototxt", 128, "6,498,352"),          # GoogLeNet to pool5 + 1024x512 fc_embedding
+    ("vehicleID/VGG1024_CCL_train.prototxt", 150, "86,225,536"),   # VGG_CNN_M_1024 conv1..fc7, counted by hand
+])
+def test_authors_other_nets_tables_with_input_shapes(path, batch, params, capsys):
+    assert main(["inspect", str(AUTHORS / path), "--input-shape", f"data={batch},3,224,224",
+                 "--input-shape", f"label={batch}"]) == 0
+    out = capsys.readouterr().out
+    assert f" {params} parameters" in out and "at least" not in out and "?" not in out.splitlines()[-1]
+
+
+def test_weights_against_a_net_of_unknown_shapes_are_unchecked_not_consistent(capsys):
+    """The authors' VehicleID net starts with a Python data layer: without --input-shape no blob shape of
+    the VGG layers is known, so the caffemodel's blobs cannot be checked and the net is not consistent."""
+    status = main(["inspect", str(AUTHORS / "vehicleID" / "VGG1024_CCL_train.prototxt"), "--weights",
+                   str(fixture_path("nets/vgg_cnn_m_1024_small/weights.caffemodel"))])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 1
+    assert lines[-10].startswith("24 layers, at least 0 parameters") and lines[-9].startswith("23 layers have unknown")
+    assert lines[-8] == "weights: 0 blobs match; 7 unchecked"
+    assert [line.split("'")[1] for line in lines[-7:]] == ["conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7"]
 
 
 def test_layer_zoo_weights_from_caffe_match(capsys):

@@ -129,6 +129,20 @@ def test_cli_round_trip_and_exit_codes(tmp_path, capsys):
     assert process.returncode == 2 and "error:" in process.stderr and "Traceback" not in process.stderr
 
 
+@pytest.mark.parametrize("target", ["a_file/x.pt", "a_folder"])
+def test_checkpoint_that_cannot_be_written_is_a_one_line_error(tmp_path, target):
+    """-o under a regular file, or naming a folder: exit 2, the path named, no traceback, nothing left."""
+    (tmp_path / "a_file").write_text("not a folder")
+    (tmp_path / "a_folder").mkdir()
+    proto, weights = _files("nets/googlenet_small")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    process = subprocess.run([sys.executable, "-m", "caffe_compat.cli", "convert", proto, weights, "-o",
+                              str(tmp_path / target)], capture_output=True, text=True, cwd=REPO)
+    assert process.returncode == 2 and "Traceback" not in process.stderr
+    assert process.stderr.count("\n") == 1 and f"{tmp_path / target}: cannot write" in process.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_to_caffe_writes_nothing_when_the_caffemodel_cannot_be_written(tmp_path, capsys):
     """The caffemodel target is a folder: exit 2 with a one-line error, and no prototxt (nor temporary
     file) is left beside it."""

@@ -11,7 +11,11 @@ from caffe_compat.io import infer_shapes, read_blob, read_net, read_solver
 from tests.conftest import fixture_path
 
 PROTOTXT = fixture_path("layer_zoo/deploy.prototxt").read_text()
-CAFFEMODEL = fixture_path("nets/googlenet_small_v1/weights_v1.caffemodel").read_bytes()[:20000]
+# Whole real caffemodels (a cut one would stop every mutation at the first parse): Caffe's V2 layer_zoo
+# (38 KB) and the legacy V1 GoogLeNet twin (read through protobuf and the V1 upgrade).
+CAFFEMODEL = fixture_path("layer_zoo/weights.caffemodel").read_bytes()
+CAFFEMODEL_V1 = fixture_path("nets/googlenet_small_v1/weights_v1.caffemodel").read_bytes()
+ZOO_NET = fixture_path("layer_zoo/deploy.prototxt")
 # A real Caffe solver with the legacy enum added, so that upgrade_solver runs too.
 SOLVER = fixture_path("solvers/nesterov/solver.prototxt").read_text() + "solver_type: NESTEROV\n"
 # compute_image_mean's legacy 4-D blob, and a shape-form blob
@@ -75,7 +79,29 @@ def test_big_prototxt_with_mutated_bytes_only_typed_errors(data):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutated_caffemodel_bytes_only_typed_errors(data):
-    _read(_mutate_bytes(data, CAFFEMODEL))
+    _read(_mutate_bytes(data, data.draw(st.sampled_from([CAFFEMODEL, CAFFEMODEL_V1]))))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_mutated_caffemodel_file_through_read_weights_and_load_net_only_typed_errors(tmp_path, data):
+    """The hand-written framing reader (mmap) behind load_net, and load_net itself, on mutated files."""
+    import warnings
+
+    from caffe_compat import load_net, read_weights
+
+    path = tmp_path / "w.caffemodel"
+    path.write_bytes(_mutate_bytes(data, CAFFEMODEL))
+    try:
+        read_weights(path)
+    except CaffeCompatError:
+        pass
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load_net(ZOO_NET, path)
+    except CaffeCompatError:
+        pass
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -107,6 +133,8 @@ def test_fuzz_seeds_are_valid():
     assert read_solver(SOLVER.encode()).type == "Nesterov"
     assert read_blob(BINARYPROTOS[0]).ndim == 4
     assert len(read_net((BIG_PREFIX + PROTOTXT).encode()).layer) == 54
+    assert sum(len(layer.blobs) for layer in read_net(CAFFEMODEL).layer) == 21
+    assert len(read_net(CAFFEMODEL_V1).layer) > 50
 
 
 _INT_TYPES = {"int32", "int64", "uint32", "uint64", "sint32", "sint64"}

@@ -14,6 +14,11 @@ from caffe_compat.proto import caffe_pb2
 from tests.conftest import AUTHORS, SHARED_REFERENCE, fixture_path
 NET_PROTOTXTS = sorted(p for p in glob.glob(str(fixture_path("fappy").parent / "**" / "*.prototxt"), recursive=True)
                        if not p.endswith("solver.prototxt"))
+#: The reference prototxts that are not copied into tests/fixtures (the large nets), read from ../shared.
+SHARED_ONLY_PROTOTXTS = sorted(
+    p for p in glob.glob(str(SHARED_REFERENCE / "**" / "*.prototxt"), recursive=True)
+    if not p.endswith("solver.prototxt")
+    and not (fixture_path("fappy").parent / Path(p).relative_to(SHARED_REFERENCE)).exists())
 
 
 @pytest.mark.parametrize("path", NET_PROTOTXTS, ids=lambda p: str(Path(p).relative_to(fixture_path("fappy").parent)))
@@ -21,6 +26,14 @@ def test_every_reference_prototxt_parses(path):
     net = read_net(path)
     assert len(net.layer) > 0
     assert not net.layers and not net.input  # upgraded to V2
+
+
+@pytest.mark.skipif(not SHARED_REFERENCE.is_dir(), reason="../shared/caffe_reference not present (plain clone)")
+def test_every_shared_reference_prototxt_parses():
+    assert SHARED_ONLY_PROTOTXTS, "expected the large nets beside the fixtures"
+    for path in SHARED_ONLY_PROTOTXTS:
+        net = read_net(path)
+        assert len(net.layer) > 0 and not net.layers and not net.input, path
 
 
 def test_v1_prototxt_upgrades_to_what_caffe_wrote():
@@ -159,6 +172,37 @@ def test_missing_file_is_named():
         read_net("nope.prototxt")
 
 
+@pytest.mark.parametrize("name", ["layers_v1.prototxt", "input.caffemodel", "name_only.txt"])
+def test_missing_file_named_like_prototxt_text_is_still_a_missing_file(name):
+    with pytest.raises(ParseError, match=f"^{name}: no such file$"):
+        read_net(name)
+
+
+LATIN1_NET = (b'name: "caf\xc3\xa9"  # UTF-8 in a string\n'
+              b'# commentaire \xe9crit en Latin-1\n'
+              b'layer { name: "d" type: "Input" top: "data"  # donn\xe9es\n'
+              b'  input_param { shape { dim: 1 dim: 3 } } }\n')
+
+
+def test_latin1_bytes_in_comments_are_skipped_like_caffe_does(tmp_path):
+    path = tmp_path / "old.prototxt"
+    path.write_bytes(LATIN1_NET)
+    net = read_net(path)
+    assert net.name == "café" and [layer.name for layer in net.layer] == ["d"]
+    assert list(net.layer[0].input_param.shape[0].dim) == [1, 3]
+
+
+def test_non_utf8_outside_a_comment_names_line_and_offset(tmp_path):
+    path = tmp_path / "bad.prototxt"
+    path.write_bytes(b'name: "x"\nlayer { name: "d\xe9" # ok \xe9\n}\n')
+    with pytest.raises(ParseError, match=r"bad.prototxt: invalid UTF-8 byte 0xe9 at byte offset 26 \(line 2\)"):
+        read_net(path)
+    # a '#' inside a quoted string does not start a comment
+    path.write_bytes(b'name: "a#\xe9"\n')
+    with pytest.raises(ParseError, match="invalid UTF-8 byte 0xe9 at byte offset 9 \\(line 1\\)"):
+        read_net(path)
+
+
 def test_fields_147_148_swish_clip_dialect_in_binary(tmp_path):
     net = caffe_pb2.NetParameter()
     swish = net.layer.add(name="s", type="Swish")
@@ -186,3 +230,17 @@ def test_large_googlenet_caffemodel_reads():
     net = read_net(path)
     total = sum(blob_to_array(b).size for l in net.layer for b in l.blobs)
     assert total == 6_498_352
+
+
+@pytest.mark.parametrize("value, field, message", [
+    ("convolution_param { num_output: four }", "num_output", "Couldn't parse integer: four"),
+    ("convolution_param { num_output: -4 }", "num_output", "Value out of range: -4"),
+    ("relu_param { negative_slope: abc }", "negative_slope", "Couldn't parse float: abc"),
+])
+def test_bad_value_names_file_position_and_field(tmp_path, value, field, message):
+    path = tmp_path / "v.prototxt"
+    path.write_text(f'layer {{\n  name: "c"\n  {value}\n}}\n')
+    col = 3 + value.index(field) + len(field) + 2
+    with pytest.raises(ParseError) as info:
+        read_net(path)
+    assert str(info.value) == f"{path}:3:{col}: field '{field}': {message}"

@@ -56,10 +56,15 @@ def test_v1_data_layer_transform_params_move_and_blobs_lr_become_param_specs():
     assert loss.type == "SoftmaxWithLoss" and list(loss.loss_weight) == [2]
 
 
-def test_batchnorm_three_param_specs_are_dropped():
+def test_batchnorm_three_param_specs_get_zero_multipliers_and_keep_their_names():
     net = read_net('layer { name: "bn" type: "BatchNorm" bottom: "x" top: "x" '
-                   'param { lr_mult: 0 } param { lr_mult: 0 } param { lr_mult: 0 } }')
-    assert len(net.layer[0].param) == 0
+                   'param { name: "m" lr_mult: 1 decay_mult: 1 } param { lr_mult: 1 } param { name: "f" } }')
+    assert [(p.name, p.lr_mult, p.decay_mult) for p in net.layer[0].param] == [("m", 0, 0), ("", 0, 0), ("f", 0, 0)]
+
+
+def test_batchnorm_with_other_param_counts_is_left_alone():
+    net = read_net('layer { name: "bn" type: "BatchNorm" bottom: "x" top: "x" param { lr_mult: 0 } }')
+    assert [(p.lr_mult, p.HasField("decay_mult")) for p in net.layer[0].param] == [(0, False)]
 
 
 def test_input_shape_form_upgrades():

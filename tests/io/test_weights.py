@@ -124,3 +124,57 @@ def test_damaged_files_raise_protobufs_error_naming_the_file(tmp_path, damage):
     path = _write(tmp_path, data, f"{damage}.caffemodel")
     with pytest.raises(ParseError, match=f"{damage}.caffemodel: not a valid binary NetParameter"):
         read_weights(path)
+
+
+def test_a_caffemodel_of_hundreds_of_megabytes_round_trips(tmp_path):
+    """A 268 MB caffemodel (one 8192 x 8192 InnerProduct, like VGG's fc6 at 400 MB) is written by
+    save_caffemodel and read back, through read_weights, protobuf and load_net, to the same values."""
+    import torch
+
+    from caffe_compat import load_net
+
+    proto = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 8192 } } }\n'
+             'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 8192 } }\n')
+    net = load_net(proto)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        net.params["ip"][0].copy_(torch.rand(8192, 8192, generator=generator))
+        net.params["ip"][1].copy_(torch.rand(8192, generator=generator))
+    path = tmp_path / "big.caffemodel"
+    net.save_caffemodel(path)
+    assert path.stat().st_size > 268_000_000
+    (name, (weight, bias)), = [entry for entry in read_weights(path) if entry[1]]
+    assert name == "ip" and weight.shape == (8192, 8192) and bias.shape == (8192,)
+    np.testing.assert_array_equal(weight.values, net.params["ip"][0].detach().numpy().ravel())
+    stored = [layer for layer in read_net(path).layer if layer.blobs][0]
+    assert list(stored.blobs[0].shape.dim) == [8192, 8192]
+    np.testing.assert_array_equal(np.asarray(stored.blobs[1].data, dtype=np.float32), net.params["ip"][1].detach().numpy())
+    again = load_net(proto, path)
+    assert torch.equal(again.params["ip"][0], net.params["ip"][0]) and torch.equal(again.params["ip"][1], net.params["ip"][1])
+
+
+def test_over_protobufs_2gb_limit_is_a_named_error(monkeypatch):
+    """protobuf cannot parse one message over 2 GB: the error names the file and the limit (the limit is
+    lowered here so that the test needs no 2 GB file)."""
+    from caffe_compat.io import protofiles
+
+    path = CAFFEMODELS[0]
+    monkeypatch.setattr(protofiles, "PROTOBUF_LIMIT", 100)
+    with pytest.raises(ParseError, match=r"caffemodel: \d+ bytes exceed protobuf's 2 GB message limit"):
+        read_net(path)
+
+
+def test_packed_float_writer_equals_protobufs_own_extend():
+    from caffe_compat.io.blobs import set_packed_floats
+
+    values = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    for field in ("data", "diff"):
+        ours, theirs = caffe_pb2.BlobProto(), caffe_pb2.BlobProto()
+        ours.shape.dim.extend([10, 100])
+        theirs.shape.dim.extend([10, 100])
+        set_packed_floats(ours, values, field)
+        getattr(theirs, field).extend(values)
+        assert ours.SerializeToString() == theirs.SerializeToString()
+    empty = caffe_pb2.BlobProto()
+    set_packed_floats(empty, np.zeros(0))
+    assert empty.SerializeToString() == b""

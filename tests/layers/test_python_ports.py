@@ -142,6 +142,39 @@ def test_label_shuffling_over_a_list_file(tmp_path, monkeypatch):
     assert label.reshape(-1).tolist() == [i // 2 for i in picked]
 
 
+@pytest.mark.parametrize("kind, dataset, split", [("cub", "cub200", "train"), ("sop", "sop", "test"),
+                                                   ("vehicleid", "vehicleid", "small")])
+def test_label_shuffling_over_a_native_data_set(tmp_path, kind, dataset, split):
+    """``dataset`` + ``source`` = the data set's root: the records of ``split`` as the readers give them,
+    batches in the sampler's order, images decoded by OpenCV (resized when asked)."""
+    import cv2
+
+    from caffe_compat.data import make_toy_data
+    from caffe_compat.data.cub200 import read_cub200
+    from caffe_compat.data.sop import read_sop
+    from caffe_compat.data.vehicleid import read_vehicleid
+
+    root = make_toy_data(kind, tmp_path / kind, seed=1, size=16)
+    records = {"cub200": read_cub200, "sop": read_sop, "vehicleid": read_vehicleid}[dataset](root, split)
+    layer = _shuffling(rf"dataset: {dataset} \n source: {root} \n split: {split} \n new_height: 12 \n "
+                       rf"new_width: 10 \n batch_size: 6 \n scales: [1, 1] \n seed: 2")
+    labels = np.array([r.label for r in records])
+    picked = LabelShufflingStream(labels, math.inf, 2).take(6)
+    data, label = layer()
+    assert tuple(data.shape) == (6, 3, 12, 10)
+    assert label.reshape(-1).tolist() == labels[picked].tolist()
+    for k, i in enumerate(picked):
+        expected = cv2.resize(cv2.imread(str(records[i].path)), (10, 12)).transpose(2, 0, 1)
+        assert np.array_equal(data[k].numpy(), expected.astype(np.float32))
+
+
+def test_label_shuffling_native_data_set_errors(tmp_path):
+    with pytest.raises(FormatError, match=r"layer 'data' \(LabelShufflingLayer\): param_str 'dataset' must be one of"):
+        _shuffling(rf"dataset: imagenet \n source: {tmp_path} \n batch_size: 2 \n scales: [1, 1]")
+    with pytest.raises(DataError, match=r"layer 'data' \(LabelShufflingLayer\): .*classes.txt: file not found"):
+        _shuffling(rf"dataset: cub200 \n source: {tmp_path} \n batch_size: 2 \n scales: [1, 1]")
+
+
 def test_label_shuffling_seeded_by_the_net_and_through_the_facade(in_data_dir, tmp_path, monkeypatch):
     proto = tmp_path / "net.prototxt"
     proto.write_text('layer { name: "data" type: "Python" top: "data" top: "label" python_param { '

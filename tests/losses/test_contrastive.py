@@ -86,3 +86,38 @@ def test_bad_input():
         ContrastiveLoss()(torch.zeros(4, 2), torch.zeros(3))
     with pytest.raises(LossInputError):
         ContrastiveLoss(power=3)
+
+
+def test_documented_difference_pml_default_reducer_averages_pos_and_neg_separately():
+    """PML's default (``AvgNonZeroReducer``, L2-normalised, power 1) = mean of the non-zero positive terms
+    + mean of the non-zero negative terms; with ``SumReducer`` it is ours times 2·B(B−1)."""
+    from caffe_compat.losses.miners import PairSelection
+
+    torch.manual_seed(65)
+    x = torch.randn(16, 5, dtype=torch.float64)
+    y = torch.randint(0, 4, (16,))
+    xn = torch.nn.functional.normalize(x, dim=1)
+    d = torch.cdist(xn, xn)
+    same = y[:, None] == y[None, :]
+    eye = torch.eye(16, dtype=torch.bool)
+    pos_nz = (same & ~eye & (d > 0)).double()
+    neg_nz = (~same & (d < 1.0)).double()
+    assert 0 < neg_nz.sum() < (~same).sum()  # some negative hinges are 0: the "non-zero" rule matters
+
+    class Fixed:
+        def __init__(self, pos, neg):
+            self.selection = PairSelection(pos, neg)
+
+        def __call__(self, embeddings, labels):
+            return self.selection
+
+    ours = lambda miner=None: ContrastiveLoss(power=1, normalize=True, miner=miner)(x, y).item()
+    zero = torch.zeros(16, 16, dtype=torch.float64)
+    # ours over a pair set W is Σ_W ℓ / (2|W|): each non-zero mean is 2× ours on that set
+    expected = 2 * ours(Fixed(pos_nz, zero)) + 2 * ours(Fixed(zero, neg_nz))
+    pml = losses.ContrastiveLoss(pos_margin=0, neg_margin=1.0)(x, y).item()
+    assert pml == pytest.approx(expected, rel=1e-12)
+    all_nz = 2 * ours(Fixed(pos_nz, neg_nz))  # one joint mean over all non-zero terms: not PML's value
+    assert abs(pml - all_nz) > 1e-3
+    summed = losses.ContrastiveLoss(pos_margin=0, neg_margin=1.0, reducer=reducers.SumReducer())(x, y).item()
+    assert summed == pytest.approx(2 * 16 * 15 * ours(), rel=1e-12)

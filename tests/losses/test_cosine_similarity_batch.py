@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from caffe_compat.losses.cosine_similarity_batch import cosine_similarity_batch
+from caffe_compat.losses.cosine_similarity_batch import CosineSimilarityBatch, cosine_similarity_batch
 from caffe_compat.losses.loss_errors import LossInputError
 from tests.conftest import fixture_path
 
@@ -109,3 +109,39 @@ def test_shapes():
         cosine_similarity_batch(torch.randn(6, 4), torch.zeros(5))
     with pytest.raises(LossInputError, match="features"):
         cosine_similarity_batch(torch.randn(6, 4, 2, 1), torch.zeros(6))
+
+
+@pytest.mark.parametrize("name", WITH_OUTPUTS)
+def test_module_equals_function_and_caffe_fixture(name):
+    z = load(name)
+    feat, label = torch.from_numpy(z["feat"]), torch.from_numpy(z["label"])
+    cosine, pair_label = CosineSimilarityBatch()(feat, label)
+    m = feat.shape[0] * (feat.shape[0] - 1) // 2
+    assert cosine.shape == pair_label.shape == (m,)
+    want_cosine, want_label = cosine_similarity_batch(feat, label)
+    torch.testing.assert_close(cosine, want_cosine.reshape(-1), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(pair_label, want_label.reshape(-1), rtol=0, atol=0)
+    np.testing.assert_array_equal(pair_label.numpy(), z["pair_label"].reshape(-1))
+    np.testing.assert_allclose(cosine.numpy(), z["cosine"].reshape(-1), rtol=0, atol=1e-6)
+
+
+def test_module_defaults_options_and_gradient():
+    from caffe_compat import losses
+    from caffe_compat.proto import caffe_pb2
+
+    assert losses.CosineSimilarityBatch is CosineSimilarityBatch
+    module = CosineSimilarityBatch()
+    proto = caffe_pb2.CosineSimilarityBatchParameter()
+    assert isinstance(module, torch.nn.Module) and not list(module.parameters())
+    assert (module.pos_label, module.neg_label, module.faithful) == (proto.pos_label, proto.neg_label, True)
+    x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    labels = torch.tensor([1.0, 1.0, 2.0, 2.0, 1.0])
+    for kw in ({}, {"pos_label": 2.7, "neg_label": -0.5}, {"pos_label": 2.7, "neg_label": -0.5, "faithful": False}):
+        cosine, pair_label = CosineSimilarityBatch(**kw)(x, labels)
+        want_cosine, want_label = cosine_similarity_batch(x, labels, **kw)
+        torch.testing.assert_close(cosine, want_cosine.reshape(-1), rtol=0, atol=0)
+        torch.testing.assert_close(pair_label, want_label.reshape(-1), rtol=0, atol=0)
+        assert not pair_label.requires_grad
+    (grad,) = torch.autograd.grad(CosineSimilarityBatch()(x, labels)[0].sum(), x)
+    (want,) = torch.autograd.grad(cosine_similarity_batch(x, labels)[0].sum(), x)
+    torch.testing.assert_close(grad, want, rtol=0, atol=0)

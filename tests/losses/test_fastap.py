@@ -69,3 +69,18 @@ def test_equals_pml_fastap(num_bins):
 def test_bad_bins():
     with pytest.raises(LossInputError):
         FastAPLoss(num_bins=2.5)
+
+
+@pytest.mark.parametrize("analytic", [False, True])
+def test_no_positive_anywhere_gives_zero_with_zero_gradient_like_pml(analytic):
+    torch.manual_seed(60)
+    x = torch.randn(7, 5, dtype=torch.float64)
+    y = torch.tensor([4, 0, 2, 9, 1, 3, 7])  # every label once: no anchor has a positive
+    xo, xp = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ours = FastAPLoss(num_bins=10, analytic_gradient=analytic)(xo, y)
+    pml = losses.FastAPLoss(num_bins=10)(xp, y)
+    assert pml.item() == 0.0
+    assert ours.item() == pml.item()
+    assert ours.grad_fn is not None  # attached to the graph: backward() works in a training loop
+    ours.backward()
+    assert torch.equal(xo.grad, torch.zeros_like(x))

@@ -78,3 +78,23 @@ def test_cosine_exactly_one_and_bad_bins():
     assert HistogramLoss(num_bins=4)(x, torch.tensor([0, 1, 0])).item() == pytest.approx(1.0, rel=1e-12)
     with pytest.raises(LossInputError):
         HistogramLoss(num_bins=0)
+
+
+def test_documented_difference_similarity_exactly_one():
+    """PML indexes past the last node for s = 1 and fails; ours puts s = 1 on the last node."""
+    x = torch.tensor([[1.0, 0.0, 0.0], [3.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.8, 0.6, 0.0]], dtype=torch.float64)
+    y = torch.tensor([0, 0, 1, 1])
+    # 4 bins, nodes −1, −.5, 0, .5, 1.  Positives s = 1 (node 4) and 0.96 (nodes 3/4: .08/.92):
+    # h⁺ = [0, 0, 0, .04, .96], Φ⁺ = [0, 0, 0, .04, 1].  Negatives 0.6, 0.8, 0.6, 0.8 (nodes 3/4:
+    # .8/.2 and .4/.6): h⁻ = [0, 0, 0, .6, .4].  L = .6·.04 + .4·1
+    exact = HistogramLoss(num_bins=4)(x, y).item()
+    assert exact == pytest.approx(0.6 * 0.04 + 0.4, rel=1e-12)
+    with pytest.raises((IndexError, RuntimeError)):
+        losses.HistogramLoss(n_bins=4)(x, y)
+    # tilt sample 1 off the plane: s_01 = 1 − 5e-7 (below 1 even in PML's float32 bin index), the other
+    # similarities move by < 1e-6.  Both agree there, and ours is continuous at s = 1
+    nudged = x.clone()
+    nudged[1, 2] = 3e-3
+    ours, pml = HistogramLoss(num_bins=4)(nudged, y).item(), losses.HistogramLoss(n_bins=4)(nudged, y).item()
+    assert ours == pytest.approx(pml, rel=1e-10)
+    assert ours == pytest.approx(exact, abs=1e-5)

@@ -94,3 +94,39 @@ def test_distance_weighted_frequencies_follow_probabilities():
 def test_bad_cutoffs():
     with pytest.raises(LossInputError):
         DistanceWeightedMiner(cutoff=1.5, nonzero_loss_cutoff=1.4)
+
+
+def test_documented_difference_no_candidate_negative_draws_uniformly(monkeypatch):
+    """Anchors 0–2 (class 0, all e0) have every negative at distance √2 ≥ 1.4: we draw uniformly among
+    their 7 negatives, PML's weights are NaN there (its anchors are dropped); the other rows agree."""
+    from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+    rest = torch.nn.functional.normalize(torch.randn(7, 4, generator=torch.Generator().manual_seed(5),
+                                                     dtype=torch.float64), dim=1)
+    x = torch.cat([torch.eye(5, dtype=torch.float64)[:1].repeat(3, 1),
+                   torch.cat([torch.zeros(7, 1, dtype=torch.float64), rest], dim=1)])  # rest ⟂ e0
+    y = torch.tensor([0, 0, 0, 1, 1, 2, 2, 3, 3, 4])
+    miner = DistanceWeightedMiner(generator=torch.Generator().manual_seed(6))
+    probs = miner.negative_probabilities(x, y)
+    torch.testing.assert_close(probs[:3, 3:], torch.full((3, 7), 1 / 7, dtype=torch.float64))
+
+    captured = {}
+    original = lmu.get_random_triplet_indices
+
+    def capture(labels, ref_labels=None, t_per_anchor=None, weights=None):
+        captured["weights"] = weights.clone()
+        return original(labels, ref_labels=ref_labels, t_per_anchor=t_per_anchor, weights=weights)
+
+    monkeypatch.setattr(lmu, "get_random_triplet_indices", capture)
+    anchors, _, _ = miners.DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)(x, y)
+    pml = captured["weights"]
+    assert torch.isnan(pml[:3]).all() and not (anchors < 3).any()
+    assert (probs[3:].sum(1) > 0).all()  # every other anchor has a candidate: there both agree
+    torch.testing.assert_close(probs[3:], pml[3:], rtol=1e-10, atol=1e-12)
+
+    # the uniform choice, statistically: 500 batches, 2 draws per anchor 0–2 each (one per positive)
+    counts = sum(miner(x, y).neg[:3].sum(0) for _ in range(500))
+    assert counts[:3].sum() == 0 and counts.sum() == 3000
+    expected = 3000 / 7
+    chi2 = ((counts[3:] - expected) ** 2 / expected).sum().item()
+    assert chi2 < 22.46  # χ²(6 d.o.f.) at p = 0.001

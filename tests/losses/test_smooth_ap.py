@@ -114,3 +114,50 @@ def test_any_label_layout_matches_permuted_batch():
 def test_bad_temperature():
     with pytest.raises(LossInputError):
         SmoothAPLoss(temperature=0.0)
+
+
+def test_no_positive_anywhere_gives_zero_with_zero_gradient():
+    torch.manual_seed(61)
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([5, 1, 0, 3, 2, 8])  # every label once: no query has a positive
+    loss = SmoothAPLoss()(x, y)
+    assert loss.item() == 0.0
+    assert loss.grad_fn is not None
+    loss.backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    # with the query included every query is its own positive: an ordinary (non-zero) value
+    assert SmoothAPLoss(include_query=True, temperature=0.1)(x.detach(), y).item() > 0.0
+
+
+def smooth_ap_direct(x, y, tau):
+    """O(B³) Smooth-AP with the query among its own positives (the authors' code / PML's definition),
+    positives found from the labels, not from the batch layout."""
+    xn = torch.nn.functional.normalize(x, dim=1)
+    s = xn @ xn.t()
+    aps = []
+    for q in range(len(y)):
+        positives = [i for i in range(len(y)) if y[i] == y[q]]
+        ratios = []
+        for i in positives:
+            g = torch.sigmoid((s[q] - s[q, i]) / tau)  # G(D_ij), D_ij = s_qj − s_qi
+            g[i] = 0.0
+            ratios.append((1 + g[positives].sum()) / (1 + g.sum()))
+        aps.append(torch.stack(ratios).mean())
+    return 1 - torch.stack(aps).mean()
+
+
+@pytest.mark.parametrize("layout", ["interleaved_4x4", "blocks_3x4"])
+def test_documented_difference_pml_needs_blocks_of_size_num_classes(layout):
+    torch.manual_seed(64)
+    if layout == "interleaved_4x4":
+        y = torch.arange(16) % 4  # equal classes (PML accepts them) but not contiguous
+    else:
+        y = torch.arange(12) // 4  # contiguous blocks of 4, but PML groups blocks of #classes = 3
+    x = torch.randn(len(y), 6, dtype=torch.float64)
+    ours = SmoothAPLoss(temperature=0.05, include_query=True)(x, y).item()
+    assert ours == pytest.approx(smooth_ap_direct(x, y, 0.05).item(), rel=1e-12)
+    pml = losses.SmoothAPLoss(temperature=0.05)(x, y).item()
+    assert abs(pml - ours) > 1e-3
+    if layout == "interleaved_4x4":  # the same batch sorted into blocks of 4: PML agrees with ours
+        order = torch.argsort(y, stable=True)
+        assert losses.SmoothAPLoss(temperature=0.05)(x[order], y[order]).item() == pytest.approx(ours, abs=1e-6)

@@ -31,6 +31,12 @@ def test_digits_writes_every_artifact(digits_run):
     run = json.loads((out / "run.json").read_text())
     assert run["max_iter"] == 6 and run["seeds"] == [0, 1] and run["losses"] == ["fappy", "triplet"]
     assert set(run["versions"]) >= {"torch", "onnx", "onnxruntime", "protobuf"}
+    # the preprocessing the training batches went through, and the evaluation's input
+    pre = run["preprocessing"]
+    assert (pre["resize"], pre["crop"], pre["mirror"], pre["mean_value"], pre["scale"]) == \
+        (0, 0, False, [128.0, 128.0, 128.0], 1 / 64)
+    assert pre["channel_order"] == "BGR" and pre["input_size"] == 32 and "toy" in pre["note"]
+    assert pre["test"]["crop_size"] == 32 and pre["test"]["mean_value"] == [128.0, 128.0, 128.0]
     table = (out / "results.md").read_text()
     assert "| fappy |" in table and "| triplet |" in table
     assert "in the CUB-200-2011 layout and protocol" in table
@@ -145,6 +151,13 @@ def test_paper_nets_run_end_to_end_on_toy_trees(dataset, kind, tmp_path, capsys)
     assert code == 0
     run = json.loads((out / "run.json").read_text())
     assert run["setup"]["batch_size"] == 4 and run["max_iter"] == 2
+    # our training preprocessing is recorded, with the authors' (different) data layer beside it
+    pre = run["preprocessing"]
+    assert (pre["resize"], pre["crop"], pre["mirror"], pre["mean_value"], pre["scale"]) == \
+        (256, 224, True, [104.0, 117.0, 123.0], 1.0)
+    assert pre["note"].startswith("differs from the authors' training input")
+    assert "LabelShufflingLayer" in pre["authors"] and "no mean subtracted" in pre["authors"]
+    assert pre["test"]["resize"] == 256 and pre["test"]["crop_size"] == 224
     metrics = json.loads((out / "fappy" / "seed0" / "metrics.json").read_text())["metrics"]
     if dataset == "vehicleid":
         assert set(metrics["splits"]) == {"small", "medium", "large"}
@@ -161,3 +174,22 @@ def test_bad_arguments_exit_2_without_traceback(tmp_path, capsys):
     assert "--data-root is required" in err and "Traceback" not in err
     assert main(["reproduce", "digits", "--loss", "nosuch", "--out", str(tmp_path / "y")]) == 2
     assert "nosuch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["missing root", "empty root", "missing test list"])
+def test_bad_data_root_exits_2_before_creating_the_run_folder(damage, tmp_path, capsys):
+    """`reproduce vehicleid --data-root BAD --out r`: the data set is read first, so no r/ is left."""
+    root = tmp_path / "VehicleID"
+    if damage != "missing root":
+        root.mkdir()
+    if damage == "missing test list":
+        root = make_toy_data("vehicleid", root, size=16, num_classes=26, images_per_class=4)
+        (root / "train_test_split" / "test_list_2400.txt").unlink()
+    out = tmp_path / "r"
+    assert main(["reproduce", "vehicleid", "--data-root", str(root), "--max-iter", "1", "--device", "cpu",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+    if damage == "missing test list":
+        assert "test_list_2400.txt" in err
+    assert not out.exists()

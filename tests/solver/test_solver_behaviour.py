@@ -131,10 +131,24 @@ def test_pycaffe_aliases_and_feed_errors(tmp_path):
         get_solver(path).feed(conv1=np.zeros(3))
 
 
-def test_missing_net_file_is_a_clear_error(tmp_path):
+def test_missing_net_file_is_a_clear_error(tmp_path, monkeypatch):
+    """The message names the solver file, the field and each folder searched once."""
     (tmp_path / "solver.prototxt").write_text('net: "nowhere.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\n')
-    with pytest.raises(FormatError, match="nowhere.prototxt"):
+    with pytest.raises(FormatError, match="nowhere.prototxt") as info:
         Solver(str(tmp_path / "solver.prototxt"))
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'solver.prototxt'}: ") and "'net' field" in message
+    assert message.count(str(tmp_path.resolve())) == 2 and " and " in message  # solver path + CWD, then its folder
+    # solver in the working directory: one folder searched, named once; the relative solver path is named
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FormatError) as info:
+        Solver("solver.prototxt")
+    message = str(info.value)
+    assert message == (f"solver.prototxt: the net file of its 'net' field, 'nowhere.prototxt', was not found "
+                       f"(looked in {tmp_path.resolve()})")
+    (tmp_path / "solver.prototxt").write_text('train_net: "gone/train.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\n')
+    with pytest.raises(FormatError, match="'train_net' field, 'gone/train.prototxt'"):
+        Solver("solver.prototxt")
 
 
 def test_data_source_feeds_each_sub_batch():

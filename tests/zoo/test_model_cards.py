@@ -47,6 +47,8 @@ def test_hashes_are_published_ones_or_absent(name):
     for meta in CARDS[name]["files"].values():
         assert meta.get("sha256") is None or re.fullmatch(r"[0-9a-f]{64}", meta["sha256"])
         assert meta.get("sha1") is None or re.fullmatch(r"[0-9a-f]{40}", meta["sha1"])
+        assert meta.get("md5") is None or re.fullmatch(r"[0-9a-f]{32}", meta["md5"])
+        assert set(meta) <= {"sha256", "sha1", "md5", "bytes"}, f"{name}: unknown file fields {set(meta)}"
 
 
 def test_googlenet_cards_match_weights_saved_by_real_caffe():
