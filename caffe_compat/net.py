@@ -535,7 +535,10 @@ class CaffeNet(nn.Module):
             out = layer.forward_inplace(bottoms[0])
             if out is not None:
                 return (out,)
-        outs = layer(*bottoms)
+        if (layer.is_loss or any(step.loss_weights)) and bottoms and _autocasting(bottoms[0]):
+            outs = _in_float32(layer, bottoms)
+        else:
+            outs = layer(*bottoms)
         if torch.is_tensor(outs):
             outs = (outs,)
         outs = list(outs)
@@ -633,6 +636,19 @@ class CaffeNet(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, phase={self.phase!r}, layers={len(self.steps)}, blobs={len(self.blob_shapes)}"
+
+
+def _autocasting(tensor: torch.Tensor) -> bool:
+    return torch.is_autocast_enabled(tensor.device.type)
+
+
+def _in_float32(layer, bottoms: list) -> tuple:
+    """A loss layer under autocast runs in float32 (as PyTorch's autocast runs its own losses): its
+    float16/bfloat16 bottoms are cast up.  A float16 loss would overflow under GradScaler's first
+    scale (65536 > float16's 65504), so every first fp16 update would be skipped."""
+    low = (torch.float16, torch.bfloat16)
+    with torch.autocast(bottoms[0].device.type, enabled=False):
+        return layer(*[b.float() if torch.is_tensor(b) and b.dtype in low else b for b in bottoms])
 
 
 def load_net(prototxt, weights=None, phase: str = "test", level: int | None = None, stages=(),

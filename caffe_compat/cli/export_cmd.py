@@ -1,9 +1,16 @@
 """``caffe-compat export NET.prototxt (--weights W.caffemodel | --checkpoint model.pt) -o embedder.onnx
---output BLOB [--normalize] [--opset N] [--fp16] [--batch dynamic|N] [--preprocessing JSON] [--verify]``
+--output BLOB [--normalize] [--opset N] [--fp16] [--batch dynamic|N] [--preprocessing JSON] [--verify]
+[--verify-input PATH ...] [--tolerance T]``
 
 Calls :func:`caffe_compat.export.export_onnx`; ``--verify`` then runs :func:`verify_onnx` (onnx.checker,
-ONNX Runtime vs PyTorch on a random batch) and prints max abs/rel error.  With ``--verify`` the model is
-written to a temporary file and moved into place only when it passes.
+ONNX Runtime vs PyTorch on a random batch and on every ``--verify-input``) and prints max abs/rel error per
+input.  ``--verify-input PATH`` (repeatable, implies ``--verify``): a ``.npy``/``.npz`` array already in the
+net's input layout ``(N, C, H, W)`` (an ``.npz`` gives the array named after the input blob, e.g. a
+fixture's ``blobs.npz``, or its only array), or an image file (jpg, png, ...) preprocessed with the
+preprocessing stored in the exported model, as ``caffe-compat evaluate`` does
+(:func:`caffe_compat.export.verify.load_verify_input`).  With ``--verify`` the model is written to a
+temporary file and moved into place only when it passes; a missing, unreadable or wrongly shaped
+verification input is a bad input (exit 2, one line naming the file and what was expected, nothing written).
 
 Preprocessing: ``--preprocessing`` (keys ``channel_order``, ``resize``, ``crop_size``, ``mean_value`` or
 ``mean_file`` (a .binaryproto, stored in the model), ``scale``); without it, what the net's TEST-phase data
@@ -11,8 +18,9 @@ layer applies (its ``transform_param``), else "resize to the input size, no crop
 assumed in the metadata and announced on stderr (``caffe-compat export: warning: ...``).  Data layers are
 never opened, so a training prototxt exports without its training data.
 
-Exit status: 0 written (and verified), 1 verification above tolerance (nothing written), 2 bad input
-(unknown blob: the message lists the available ones; unreadable files; unexportable layer), nothing written.
+Exit status: 0 written (and verified), 1 verification above tolerance on any input (nothing written), 2 bad
+input (unknown blob: the message lists the available ones; unreadable files; unexportable layer; a bad
+``--verify-input``), nothing written.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ def register(sub) -> None:
                         '"mean_value": [104, 117, 123]}\' or {..., "mean_file": "mean.binaryproto"} (default: the '
                         "TEST-phase data layer's transform_param, else resize to the input size, with a warning)")
     p.add_argument("--verify", action="store_true", help="check the model and compare ONNX Runtime with PyTorch")
+    p.add_argument("--verify-input", dest="verify_inputs", action="append", default=[], metavar="PATH",
+                   help="also verify on this input (repeatable; implies --verify): a .npy/.npz array in the net's "
+                        "input layout (N, C, H, W), or an image file preprocessed as stored in the model")
     p.add_argument("--tolerance", type=float, help="verification bound on max_rel (default 1e-4, fp16 1e-2)")
     p.set_defaults(func=run)
 
@@ -60,6 +71,19 @@ def _preprocessing(text):
     return value
 
 
+def _verify_inputs(paths, check) -> dict:
+    """``{case name: path}`` for ``--verify-input``: the path as given (``#2``, ... for a repeated one)."""
+    inputs = {}
+    for text in paths:
+        check(text)
+        name, count = text, 1
+        while name in inputs or name == "random":
+            count += 1
+            name = f"{text}#{count}"
+        inputs[name] = text
+    return inputs
+
+
 def run(args) -> int:
     import os
     from pathlib import Path
@@ -67,8 +91,11 @@ def run(args) -> int:
     from caffe_compat.cli.output import print_table
     from caffe_compat.export import export_onnx, verify_onnx
     from caffe_compat.export.notices import cli_warnings
+    from caffe_compat.export.verify import check_verify_input_path
 
     target = Path(args.path)
+    args.verify = bool(args.verify or args.verify_inputs)
+    inputs = _verify_inputs(args.verify_inputs, check_verify_input_path)  # missing files fail before the export
     path = target.with_name(f".{target.name}.verify{os.getpid()}.onnx") if args.verify else target
     try:
         with cli_warnings("export"):
@@ -77,14 +104,15 @@ def run(args) -> int:
                         preprocessing=_preprocessing(args.preprocessing))
         if args.verify:
             report = verify_onnx(path, prototxt=args.prototxt, weights=args.weights, checkpoint=args.checkpoint,
-                                 tolerance=args.tolerance)
+                                 tolerance=args.tolerance, inputs=inputs or None, random=True)
             rows = [[name, c["batch"], f"{c['max_abs']:.3e}", f"{c['max_rel']:.3e}"]
                     for name, c in report["cases"].items()]
             print(f"onnx.checker: {report['checker']}; ONNX Runtime ({report['provider']}) vs PyTorch:")
             print_table(rows, ["input", "batch", "max abs", "max rel"])
             if not report["passed"]:
-                print(f"verification FAILED: max rel {report['max_rel']:.3e} > tolerance {report['tolerance']:.1e}; "
-                      f"{target} not written")
+                failed = [name for name, c in report["cases"].items() if not c["max_rel"] <= report["tolerance"]]
+                print(f"verification FAILED on {', '.join(failed)}: max rel {report['max_rel']:.3e} > tolerance "
+                      f"{report['tolerance']:.1e}; {target} not written")
                 return 1
             print(f"verification passed (max rel {report['max_rel']:.3e} <= {report['tolerance']:.1e})")
             os.replace(path, target)

@@ -19,7 +19,8 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
   :class:`TrainSummary` at the end (also logged).
 
 Iterations run to ``max_iter`` by default; then, as ``Solver::Solve`` does, a snapshot is written when
-``snapshot_after_train`` (unless the last iteration just wrote one).
+``snapshot_after_train`` (unless the last iteration just wrote one) and the TEST nets run once more when
+``max_iter`` is a multiple of ``test_interval``.
 
 A solver *path* whose train net reads its batches only from ``Input`` layers is refused when no
 ``data`` is given (nothing could feed them: it would train on zero-filled blobs); a :class:`Solver`
@@ -745,15 +746,21 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
         solver.gradient_hook = gradient_hook
         solver.snapshot = run.snapshot_hook(Solver.snapshot.__get__(solver))
     solver.iteration_hooks.append(hook)
-    solver.snapshot_hooks.append(write_train_state)
-    snapshots: list[str] = []
+    snapshots: list[str] = []  # every snapshot this call writes, periodic ones included
+
+    def record_snapshot(_solver, model_path, state_path):
+        snapshots.extend(str(p) for p in (model_path, state_path) if p)
+
+    solver.snapshot_hooks.extend([write_train_state, record_snapshot])
     start_iter, start = solver.iter, time.perf_counter()
     diverged = None
     try:
         solver.step(total)
         p = solver.param
         if iters is None and p.snapshot_after_train and (not p.snapshot or solver.iter % p.snapshot != 0):
-            snapshots.extend(solver.snapshot())
+            solver.snapshot()
+        if iters is None and p.test_interval and solver.iter % p.test_interval == 0:
+            solver.test_all()  # Solver::Solve's final TestAll at max_iter (step() tests only at iteration starts)
         if run is not None:
             run.agree(f"at the end of training (iteration {solver.iter})")
     except TrainingDiverged as exc:
@@ -764,6 +771,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
         recorder.close()
         solver.iteration_hooks.remove(hook)
         solver.snapshot_hooks.remove(write_train_state)
+        solver.snapshot_hooks.remove(record_snapshot)
         if run is not None:
             del solver.snapshot  # the class's method again
             solver.gradient_hook = saved_gradient_hook

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,6 +53,16 @@ def test_tuple_batches_and_snapshot_after_train(tmp_path):
     summary = train(solver, loader(batch_as_tuple=True), progress=False)
     assert summary.iterations == 3 and solver.iter == 3
     assert summary.snapshots == [str(tmp_path / "end_iter_3.caffemodel"), str(tmp_path / "end_iter_3.solverstate")]
+
+
+def test_summary_lists_periodic_snapshots_too(tmp_path):
+    """snapshot: 2, max_iter 4: the snapshot at iteration 2 and the one at 4 (periodic, so no extra
+    snapshot_after_train) are both in the summary, in the order written."""
+    solver = make_solver(CASE, snapshot_prefix=str(tmp_path / "p"))
+    solver.param.max_iter, solver.param.snapshot = 4, 2
+    summary = train(solver, loader(), progress=False)
+    assert summary.snapshots == [str(tmp_path / f"p_iter_{i}.{ext}") for i in (2, 4) for ext in ("caffemodel", "solverstate")]
+    assert all(Path(p).is_file() for p in summary.snapshots)
 
 
 def _dropout_solver_file(tmp_path) -> str:
