@@ -304,16 +304,17 @@ def upgrade_net(net: caffe_pb2.NetParameter, source: str = "net") -> bool:
 
 
 def upgrade_solver(solver: caffe_pb2.SolverParameter, source: str = "solver") -> bool:
-    """``solver_type: NESTEROV`` -> ``type: "Nesterov"`` (Caffe refuses a file that sets both
-    differently)."""
+    """``solver_type: NESTEROV`` -> ``type: "Nesterov"``.  Like Caffe's ``UpgradeSolverType`` (a CHECK), a
+    file that sets both fields is refused, even when they agree."""
     if not solver.HasField("solver_type"):
         return False
     names = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad", "RMSPROP": "RMSProp",
              "ADADELTA": "AdaDelta", "ADAM": "Adam"}
-    new_type = names[caffe_pb2.SolverParameter.SolverType.Name(solver.solver_type)]
-    if solver.HasField("type") and solver.type != new_type:
-        raise FormatError(f"{source}: solver_type {caffe_pb2.SolverParameter.SolverType.Name(solver.solver_type)} "
-                          f"conflicts with type '{solver.type}'")
+    old_name = caffe_pb2.SolverParameter.SolverType.Name(solver.solver_type)
+    new_type = names[old_name]
+    if solver.HasField("type"):
+        raise FormatError(f"{source}: sets both solver_type ({old_name}) and type ('{solver.type}'); Caffe refuses "
+                          f"a solver with the old enum and the new string field: keep only type: \"{new_type}\"")
     solver.type = new_type
     solver.ClearField("solver_type")
     return True

@@ -17,7 +17,8 @@ CAFFEMODEL = fixture_path("layer_zoo/weights.caffemodel").read_bytes()
 CAFFEMODEL_V1 = fixture_path("nets/googlenet_small_v1/weights_v1.caffemodel").read_bytes()
 ZOO_NET = fixture_path("layer_zoo/deploy.prototxt")
 # A real Caffe solver with the legacy enum added, so that upgrade_solver runs too.
-SOLVER = fixture_path("solvers/nesterov/solver.prototxt").read_text() + "solver_type: NESTEROV\n"
+SOLVER = fixture_path("solvers/nesterov/solver.prototxt").read_text().replace('type: "Nesterov"',
+                                                                            "solver_type: NESTEROV")
 # compute_image_mean's legacy 4-D blob, and a shape-form blob
 BINARYPROTOS = [fixture_path("data/mean.binaryproto").read_bytes(),
                 fixture_path("losses/infogain_H.binaryproto").read_bytes()]

@@ -116,6 +116,14 @@ def test_solver_type_enum_upgrade():
     assert solver.type == "Nesterov"
 
 
+@pytest.mark.parametrize("new", ["Nesterov", "Adam"])
+def test_solver_with_both_the_enum_and_the_string_type_is_refused_like_caffe(new):
+    from caffe_compat.errors import FormatError
+
+    with pytest.raises(FormatError, match=f"sets both solver_type \\(NESTEROV\\) and type \\('{new}'\\)"):
+        read_solver(f"net: 'n.prototxt'\nsolver_type: NESTEROV\ntype: '{new}'\n")
+
+
 def test_written_caffemodel_reads_back_identically(tmp_path):
     net = read_net(fixture_path("nets/vgg_cnn_m_1024_small/weights.caffemodel"))
     out = tmp_path / "copy.caffemodel"
