@@ -22,7 +22,7 @@ absolute value for scale.  A variant that cannot run
 the eager CaffeNet (each layer timed alone) and for OpenCV (``getPerfProfile``; a layer OpenCV fused
 into its predecessor reports ~0 and its cost appears under that predecessor's type).
 
-    /work/venv/bin/python benchmarks/bench_forward.py [--threads 1] [--repeats 5] [--quick]
+    python benchmarks/bench_forward.py [--threads 1] [--repeats 5] [--quick]
         [--nets googlenet_full open_nsfw] [--no-compile] [--profile]
 """
 

@@ -4,7 +4,7 @@ Peer measured in the same run: the same layer ports called in a bare loop over t
 bookkeeping, no split views), i.e. the overhead CaffeNet adds.  Real Caffe's times (README section 6,
 same net, single thread, a 2-vCPU EPYC VM) are printed as an external reference, not a same-run peer.
 
-    /work/venv/bin/python benchmarks/bench_net.py [--batch 8] [--repeats 3]
+    python benchmarks/bench_net.py [--batch 8] [--repeats 3]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ PyTorch eager mode (:class:`caffe_compat.export.Embedder` under ``torch.no_grad`
 same intra-op thread count (``--threads``, default all cores); the table states it.  Throughput is
 ``batch / median seconds per forward`` over ``--repeats`` timed runs after one warm-up run.
 
-    /work/venv/bin/python benchmarks/bench_onnx.py [--batch 32] [--repeats 5] [--threads N]
+    python benchmarks/bench_onnx.py [--batch 32] [--repeats 5] [--threads N]
 """
 
 from __future__ import annotations

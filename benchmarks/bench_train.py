@@ -2,7 +2,7 @@
 CosineSimilarityBatch + FAPPYLoss (delta 1e-4), one full Solver iteration (forward, backward, Caffe's
 SGD update with lr_mult/decay_mult, momentum 0.9, weight decay 2e-4).
 
-The net is ``/work/shared/authors/cub200/train.prototxt`` with the Python ``LabelShufflingLayer``
+The net is ``prototxt/cub200/train_fappy.prototxt`` (our copy of the authors' CUB-200 net) with the Python ``LabelShufflingLayer``
 replaced by two Input layers, ``data`` (N, 3, 224, 224) and ``label`` (N,) in runs of
 ``min(10, N // 4)`` images per class (the authors' sampler uses 10; small CPU batches need shorter runs
 so that every batch has negatives).  Weights come from Caffe's fillers (seed 0); inputs are Gaussian.

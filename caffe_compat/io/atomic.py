@@ -49,7 +49,7 @@ def _new_file_mode(target: Path) -> int:
     return 0o666 & ~current_umask()
 
 
-def _write_error(target: Path, exc: Exception, detail: str | None = None, with_reason: bool = True) -> WriteError:
+def write_error(target: Path, exc: Exception, detail: str | None = None, with_reason: bool = True) -> WriteError:
     """WriteError ``"<target>: cannot write (<detail>: <reason>)"`` from ``exc`` (an OSError, or the
     RuntimeError a library raises for a failed write)."""
     reason = getattr(exc, "strerror", None) or str(exc)
@@ -58,8 +58,6 @@ def _write_error(target: Path, exc: Exception, detail: str | None = None, with_r
     error.errno, error.strerror, error.filename = getattr(exc, "errno", None), getattr(exc, "strerror", None), str(target)
     return error
 
-
-write_error = _write_error
 
 
 @contextmanager
@@ -72,15 +70,15 @@ def atomic_path(path: str | os.PathLike):
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError as exc:
-        raise _write_error(target, exc, f"{exc.filename or target.parent} is not a folder",
+        raise write_error(target, exc, f"{exc.filename or target.parent} is not a folder",
                            with_reason=False) from None
     except OSError as exc:
-        raise _write_error(target, exc, f"cannot create folder {exc.filename or target.parent}") from None
+        raise write_error(target, exc, f"cannot create folder {exc.filename or target.parent}") from None
     mode = _new_file_mode(target)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise _write_error(target, exc, f"cannot create a file in {target.parent}") from None
+        raise write_error(target, exc, f"cannot create a file in {target.parent}") from None
     os.close(fd)
     try:
         yield Path(tmp)
@@ -88,7 +86,7 @@ def atomic_path(path: str | os.PathLike):
             os.chmod(tmp, mode)
             os.replace(tmp, target)
         except OSError as exc:
-            raise _write_error(target, exc) from None
+            raise write_error(target, exc) from None
     except BaseException:
         try:
             os.unlink(tmp)
@@ -105,7 +103,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
                 fh.flush()
                 os.fsync(fh.fileno())
         except OSError as exc:
-            raise _write_error(Path(path), exc) from None
+            raise write_error(Path(path), exc) from None
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

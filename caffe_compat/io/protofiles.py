@@ -135,42 +135,35 @@ def decode_prototxt(data: bytes, source: str) -> str:
     """``data`` as UTF-8 text.  Bytes that are not UTF-8 are accepted in comments only (old prototxts
     carry Latin-1 comments, which Caffe's C++ parser skips unread): each such comment is dropped.  Anywhere
     else ParseError names ``source``, the byte offset and line of the first invalid byte."""
-    if _is_utf8(data):
+    if _first_bad(data) is None:
         return data.decode("utf-8")
     lines = data.split(b"\n")
+    offset = 0
     for k, line in enumerate(lines):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            code, hash_at, _ = _code_part(line)
-            if hash_at is None or not _is_utf8(code):
-                offset = sum(len(x) + 1 for x in lines[:k]) + _first_bad(line)
-                raise ParseError(f"{source}: invalid UTF-8 byte 0x{data[offset]:02x} at byte offset {offset} "
+        bad = _first_bad(line)
+        if bad is not None:
+            code, commented = _code_part(line)
+            if not commented or _first_bad(code) is not None:
+                raise ParseError(f"{source}: invalid UTF-8 byte 0x{line[bad]:02x} at byte offset {offset + bad} "
                                  f"(line {k + 1}); a prototxt must be UTF-8 text (other bytes are allowed in "
-                                 "# comments only)") from None
+                                 "# comments only)")
             lines[k] = code
+        offset += len(line) + 1
     return b"\n".join(lines).decode("utf-8")
 
 
-def _is_utf8(b: bytes) -> bool:
+def _first_bad(data: bytes) -> int | None:
+    """Offset of the first byte that is not valid UTF-8, None when ``data`` decodes."""
     try:
-        b.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
-
-
-def _first_bad(line: bytes) -> int:
-    try:
-        line.decode("utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return exc.start
-    return 0
+    return None
 
 
-def _code_part(line: bytes) -> tuple[bytes, int | None, bytes]:
-    """``(code, index of the comment's '#', comment)`` of one prototxt line: the first ``#`` outside a
-    quoted string starts the comment (``"`` or ``'`` quotes, backslash escapes)."""
+def _code_part(line: bytes) -> tuple[bytes, bool]:
+    """``(code, has a comment)`` of one prototxt line: the first ``#`` outside a quoted string starts the
+    comment (``"`` or ``'`` quotes, backslash escapes)."""
     quote = None
     escaped = False
     for i, byte in enumerate(line):
@@ -185,8 +178,8 @@ def _code_part(line: bytes) -> tuple[bytes, int | None, bytes]:
         elif ch in "\"'":
             quote = ch
         elif ch == "#":
-            return line[:i], i, line[i:]
-    return line, None, b""
+            return line[:i], True
+    return line, False
 
 
 def message_to_text(message) -> str:
