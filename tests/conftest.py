@@ -1,31 +1,96 @@
-"""Shared test helpers: locating the real-Caffe fixtures.
+"""Shared test helpers: the real-Caffe references a test reads, and the guard around the optional ones.
 
-Small fixtures are copied into ``tests/fixtures``; the large ones (full-width GoogLeNet, the per-blob
-dumps of the small nets) and the FAPPY authors' own files are read from the team's ``shared`` folder:
-``$CAFFE_COMPAT_SHARED`` when set, else ``../shared`` beside the checkout.
+Every reference the suite needs lives in ``tests/fixtures`` (:func:`fixture_path`), so ``python -m pytest``
+passes in a plain clone.  The large references (the full-width GoogLeNet caffemodel, the per-blob dumps
+of the small nets for both samples) stay in the team's ``shared`` folder: ``$CAFFE_COMPAT_SHARED`` when
+set, else ``../shared`` beside the checkout.  A test reads them only through :func:`shared_reference`,
+which skips the test, naming the file and how to provide it, when the folder is not there.
+
+The guard: an audit hook refuses (``SharedAccessError``) any ``open``/``listdir`` of a path inside the
+shared folder by a test that did not ask for it through :func:`shared_reference`, so a test that would
+fail in a plain clone fails on the developer's machine too, where the folder exists.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
-SHARED = Path(os.environ.get("CAFFE_COMPAT_SHARED", REPO.parent / "shared"))
-SHARED_REFERENCE = SHARED / "caffe_reference"
-AUTHORS = SHARED / "authors"
+AUTHORS = FIXTURES / "authors"  # the FAPPY authors' prototxt and solvers (copied from shared/authors)
+_SHARED = Path(os.environ.get("CAFFE_COMPAT_SHARED") or REPO.parent / "shared").resolve()
+_SHARED_REFERENCE = _SHARED / "caffe_reference"
+_HOW = ("the large references come from the team's shared folder: set CAFFE_COMPAT_SHARED to it "
+        "(or place it as ../shared beside the checkout)")
+
+
+class SharedAccessError(RuntimeError):
+    """A test touched the shared folder without :func:`shared_reference` (it would fail in a plain clone)."""
+
+
+class _Guard:
+    allowed = False  # set by shared_reference() for the running test, reset after each test
+    test = "collection"
+
+
+def _inside_shared(path) -> bool:
+    if isinstance(path, int):
+        return False
+    try:
+        text = os.fsdecode(path)
+    except TypeError:
+        return False
+    try:
+        return Path(os.path.abspath(text)).is_relative_to(_SHARED)
+    except ValueError:
+        return False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event in ("open", "os.listdir", "os.scandir") and args and not _Guard.allowed and _inside_shared(args[0]):
+        raise SharedAccessError(f"{_Guard.test} read {args[0]} from the shared folder without "
+                                "tests.conftest.shared_reference(): it would fail in a plain clone")
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture(autouse=True)
+def _shared_guard(request):
+    _Guard.test, _Guard.allowed = request.node.nodeid, False
+    yield
+    _Guard.test, _Guard.allowed = "between tests", False
 
 
 def fixture_path(relative: str) -> Path:
-    """Path of a reference file: ``tests/fixtures/<relative>``, else ``../shared/caffe_reference/<relative>``."""
-    for root in (FIXTURES, SHARED_REFERENCE):
-        candidate = root / relative
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"fixture {relative!r} is neither in {FIXTURES} nor in {SHARED_REFERENCE}")
+    """``tests/fixtures/<relative>`` (every reference the suite needs is there)."""
+    candidate = FIXTURES / relative
+    if not candidate.exists():
+        raise FileNotFoundError(f"fixture {relative!r} is not in {FIXTURES}")
+    return candidate
+
+
+def shared_reference(relative: str = "") -> Path:
+    """``<shared>/caffe_reference/<relative>`` for a test that uses a large optional reference; the test is
+    skipped, with the missing path and how to provide it, when that is not there."""
+    candidate = _SHARED_REFERENCE / relative
+    if not candidate.exists():
+        pytest.skip(f"optional large reference caffe_reference/{relative} not found under {_SHARED}: {_HOW}")
+    _Guard.allowed = True
+    return candidate
+
+
+def leading_rows(ours: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """``ours`` cut to the samples a reference holds: the committed per-blob dump of googlenet_small keeps
+    sample 0 of its intermediate blobs (both samples of the input and the output; the full dump is 11 MB)."""
+    if reference.ndim and ours.ndim == reference.ndim and reference.shape[0] < ours.shape[0]:
+        return ours[: reference.shape[0]]
+    return ours
 
 
 @pytest.fixture

@@ -55,10 +55,7 @@ def run(args) -> int:
                     tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
                     distributed=args.distributed)
     main = ddp.is_main_process()
-    if ddp.is_distributed():
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+    ddp.shutdown_distributed()
     if not main:
         return 0
     print(f"trained {summary.iterations} iterations in {summary.seconds:.1f} s ({summary.iters_per_s:.2f} it/s) on "

@@ -229,6 +229,21 @@ def gather_loss_bottoms(net, layer_types=PAIR_LAYER_TYPES) -> list[str]:
     return wrapped
 
 
+def shutdown_distributed(barrier: bool = True) -> None:
+    """Leave the process group: with ``barrier`` every rank first waits for the others, then the group
+    is destroyed.  A rank that tore its connections down while another still used them, or a group left
+    to the interpreter's exit (gloo's worker threads destroyed while joinable), aborts the process with
+    "terminate called without an active exception"; after an error (``barrier=False``) the group is
+    destroyed at once, so that ranks waiting in a collective fail instead of waiting for its timeout."""
+    if not is_distributed():
+        return
+    try:
+        if barrier:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def _comm_device(device=None) -> torch.device:
     """Where a small collective's tensor must live: CUDA for NCCL, CPU otherwise."""
     if dist.get_backend() == "nccl":

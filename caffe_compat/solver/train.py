@@ -53,7 +53,8 @@ means the rank's own GPU) and, with the helpers of :mod:`caffe_compat.solver.dis
   of waiting for the collective's timeout (under torchrun, the launcher then stops the job).
 
 A process group that ``train`` initialised stays initialised after a successful run (evaluate, train
-again); ``torch.distributed.destroy_process_group()`` ends it (``caffe-compat train`` does).
+again); ``distributed.shutdown_distributed()`` ends it (``caffe-compat train`` does: a barrier, then the
+group destroyed, so that no rank exits while another still uses the connections).
 
 Resuming (``resume=<prefix>_iter_N.solverstate``, ``caffe-compat train --resume``)
 -------------------------------------------------------------------------------
@@ -659,9 +660,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
             log.error("rank %d: training stopped: %s: %s", ddp.rank(), type(exc).__name__, exc)
             # Ranks still inside a collective fail at once when this rank's connections close
             # (rather than after the collective's timeout); the group is unusable anyway.
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+            ddp.shutdown_distributed(barrier=False)
         raise
     finally:
         for logger in loggers:

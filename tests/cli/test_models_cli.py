@@ -17,7 +17,7 @@ import caffe_compat.models as models
 from caffe_compat.cli import main
 from caffe_compat.io import array_to_blob, write_net
 from caffe_compat.proto import caffe_pb2
-from tests.conftest import fixture_path
+from tests.conftest import fixture_path, shared_reference
 
 SHAPES = {"conv1": [[4, 3, 3, 3], [4]], "fc": [[2, 36], [2]]}
 
@@ -244,9 +244,6 @@ def test_shipped_googlenet_card_checks_its_published_sha1(tmp_path, capsys):
 
 
 def test_shipped_googlenet_card_accepts_real_caffes_full_width_net(capsys):
-    try:
-        weights = fixture_path("large/googlenet_full/weights.caffemodel")
-    except FileNotFoundError:
-        pytest.skip("the large real-Caffe reference (../shared/caffe_reference/large) is not here")
+    weights = shared_reference("large/googlenet_full/weights.caffemodel")
     status, out, _ = verify(weights, "--card", "bvlc_googlenet", capsys=capsys)
     assert status == 0 and "card 'bvlc_googlenet': OK" in out

@@ -11,14 +11,9 @@ import pytest
 from caffe_compat.errors import ParseError
 from caffe_compat.io import blob_to_array, blob_to_array_as, read_net, read_solver, write_net
 from caffe_compat.proto import caffe_pb2
-from tests.conftest import AUTHORS, SHARED_REFERENCE, fixture_path
+from tests.conftest import AUTHORS, FIXTURES, fixture_path, shared_reference
 NET_PROTOTXTS = sorted(p for p in glob.glob(str(fixture_path("fappy").parent / "**" / "*.prototxt"), recursive=True)
                        if not p.endswith("solver.prototxt"))
-#: The reference prototxts that are not copied into tests/fixtures (the large nets), read from ../shared.
-SHARED_ONLY_PROTOTXTS = sorted(
-    p for p in glob.glob(str(SHARED_REFERENCE / "**" / "*.prototxt"), recursive=True)
-    if not p.endswith("solver.prototxt")
-    and not (fixture_path("fappy").parent / Path(p).relative_to(SHARED_REFERENCE)).exists())
 
 
 @pytest.mark.parametrize("path", NET_PROTOTXTS, ids=lambda p: str(Path(p).relative_to(fixture_path("fappy").parent)))
@@ -28,10 +23,12 @@ def test_every_reference_prototxt_parses(path):
     assert not net.layers and not net.input  # upgraded to V2
 
 
-@pytest.mark.skipif(not SHARED_REFERENCE.is_dir(), reason="../shared/caffe_reference not present (plain clone)")
 def test_every_shared_reference_prototxt_parses():
-    assert SHARED_ONLY_PROTOTXTS, "expected the large nets beside the fixtures"
-    for path in SHARED_ONLY_PROTOTXTS:
+    """The reference prototxts that are not copied into tests/fixtures, in the optional shared folder."""
+    root = shared_reference()
+    shared_only = sorted(p for p in glob.glob(str(root / "**" / "*.prototxt"), recursive=True)
+                         if not p.endswith("solver.prototxt") and not (FIXTURES / Path(p).relative_to(root)).exists())
+    for path in shared_only:
         net = read_net(path)
         assert len(net.layer) > 0 and not net.layers and not net.input, path
 
@@ -232,9 +229,7 @@ def test_fields_147_148_swish_clip_dialect_in_binary(tmp_path):
 
 
 def test_large_googlenet_caffemodel_reads():
-    path = SHARED_REFERENCE / "large" / "googlenet_full" / "weights.caffemodel"
-    if not path.exists():
-        pytest.fail(f"{path} missing: the large reference must sit beside the checkout (../shared)")
+    path = shared_reference("large/googlenet_full/weights.caffemodel")
     net = read_net(path)
     total = sum(blob_to_array(b).size for l in net.layer for b in l.blobs)
     assert total == 6_498_352

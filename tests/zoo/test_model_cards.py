@@ -11,7 +11,7 @@ import pytest
 
 from caffe_compat.io import infer_shapes, read_net
 from caffe_compat.models import CARDS_DIR, load_cards, verify_caffemodel
-from tests.conftest import REPO, fixture_path
+from tests.conftest import REPO, fixture_path, shared_reference
 
 #: Cards whose deploy net is not one of our prototxt (it ships with the published model).
 EXTERNAL_DEPLOY = {"open_nsfw"}
@@ -51,9 +51,9 @@ def test_hashes_are_published_ones_or_absent(name):
         assert set(meta) <= {"sha256", "sha1", "md5", "bytes"}, f"{name}: unknown file fields {set(meta)}"
 
 
-def test_googlenet_cards_match_weights_saved_by_real_caffe():
-    """large/googlenet_full: the authors' CUB net at full width, saved by real Caffe."""
-    weights = fixture_path("large/googlenet_full/weights.caffemodel")
+def test_googlenet_card_shapes_are_those_real_caffe_saved():
+    """large/googlenet_full (the authors' CUB net at full width, saved by real Caffe): its blob shapes,
+    recorded in the committed params_summary.json, are the card's."""
     summary = json.loads(fixture_path("large/googlenet_full/params_summary.json").read_text())
     caffe_shapes = {}
     for key, entry in summary.items():
@@ -63,6 +63,11 @@ def test_googlenet_cards_match_weights_saved_by_real_caffe():
     assert len(card["expected_blobs"]) == 57
     for layer, shapes in card["expected_blobs"].items():
         assert [caffe_shapes[layer][i] for i in sorted(caffe_shapes[layer])] == shapes, layer
+
+
+def test_googlenet_cards_match_weights_saved_by_real_caffe():
+    """The full-width caffemodel itself (26 MB, in the optional shared references) passes every card."""
+    weights = shared_reference("large/googlenet_full/weights.caffemodel")
     for name in ("bvlc_googlenet", "fappy_cub200", "fappy_sop"):
         result = verify_caffemodel(weights, CARDS[name])
         assert result["ok"], result["problems"]

@@ -1,7 +1,7 @@
 """Our paper nets and solvers (prototxt/) against the FAPPY authors' files, layer by layer.
 
-The authors' prototxt are read from ``../shared/authors`` beside the checkout (the same place the
-large real-Caffe references live).  Differences allowed: the data layer's file paths, and the
+The authors' prototxt and solvers are committed in ``tests/fixtures/authors`` (copied unchanged from
+the team's shared folder).  Differences allowed: the data layer's file paths, and the
 solver's ``net`` / ``snapshot_prefix`` (ours names the net beside the solver); everything else must be the
 identical protobuf message.
 """
