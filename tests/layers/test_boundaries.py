@@ -227,7 +227,7 @@ def test_bnll_branches_and_the_50_guard(dtype):
 def test_boundary_layers_match_the_caffe_fixtures():
     """Where the layer_zoo fixture (real Caffe) has the port, the explicit backward still matches it."""
     zoo = Zoo("layer_zoo")
-    for layer in ("elu", "absval", "power", "power_sq", "bnll"):
+    for layer in ("elu", "absval", "power", "power_sq", "bnll", "pool_max_clip", "pool_max_ceil", "gpool_max"):
         port = zoo.build(layer)
         bottoms = zoo.bottoms(layer)
         (top,) = port(*bottoms)
@@ -236,7 +236,75 @@ def test_boundary_layers_match_the_caffe_fixtures():
         assert_matches(grad, zoo.grads[f"diff:{zoo.bottom_keys(layer)[0]}"], what=f"{layer} backward")
 
 
-# --------------------------------------------------------------------------- eltwise, argmax
+# --------------------------------------------------------------------------- pooling, eltwise, argmax
+
+
+def _caffe_max_pool(x, kernel, stride, pad, out, top_diff):
+    """PoolingLayer MAX Forward_cpu / Backward_cpu, written out: top from -FLT_MAX, the window clipped to
+    the image, ``if (bottom[index] > top)`` keeps the first maximum in row-major scan order; the mask is
+    its ``h·W + w`` (-1 if none); backward adds each top diff to ``bottom_diff[mask]``."""
+    n, c, height, width = x.shape
+    top = np.full((n, c, *out), -FLT_MAX)
+    mask = np.full((n, c, *out), -1, dtype=np.int64)
+    bottom_diff = np.zeros_like(x, dtype=np.float64)
+    for i in range(n):
+        for j in range(c):
+            for ph in range(out[0]):
+                for pw in range(out[1]):
+                    h0, w0 = ph * stride[0] - pad[0], pw * stride[1] - pad[1]
+                    for h in range(max(h0, 0), min(h0 + kernel[0], height)):
+                        for w in range(max(w0, 0), min(w0 + kernel[1], width)):
+                            if x[i, j, h, w] > top[i, j, ph, pw]:
+                                top[i, j, ph, pw], mask[i, j, ph, pw] = x[i, j, h, w], h * width + w
+                    if mask[i, j, ph, pw] >= 0:
+                        h, w = divmod(int(mask[i, j, ph, pw]), width)
+                        bottom_diff[i, j, h, w] += top_diff[i, j, ph, pw]
+    return top, mask, bottom_diff
+
+
+@pytest.mark.parametrize("pooling, shape", [
+    ("kernel_size: 3 stride: 1", (2, 2, 5, 6)),                 # overlapping windows, every tie shared
+    ("kernel_size: 3 stride: 2 pad: 1", (2, 2, 7, 6)),          # padding never selected
+    ("kernel_h: 3 kernel_w: 2 stride: 2 pad_h: 1 pad_w: 0", (1, 3, 6, 7)),
+    ("kernel_size: 2 stride: 3", (1, 2, 9, 9)),                 # a window past the end: mask -1, no diff
+    ("kernel_size: 3 stride: 2 pad: 2", (1, 2, 7, 8)),          # pad > kernel / 2: the explicit path
+    ("global_pooling: true", (2, 3, 4, 5)),
+])
+def test_max_pooling_ties_go_to_the_first_maximum_in_scan_order(pooling, shape):
+    """PoolingLayer MAX: among equal maxima the first in the window's row-major scan wins (strict ``>``
+    from -FLT_MAX), in every overlapping window; the gradient goes to that element only and adds up over
+    the windows that chose it; the mask top is its ``h·W + w``.  Values from {-1, 0, 1} force ties."""
+    rng = np.random.RandomState(sum(shape))
+    x = rng.randint(-1, 2, size=shape).astype(np.float32)
+    x[0, 0] = -1.0  # a plane of equal values: every window a tie (and padding, at 0, would beat them)
+    text = f'type: "Pooling" top: "p" top: "mask" pooling_param {{ pool: MAX {pooling} }}'
+    port = make_layer(text, [shape])
+    kernel, stride, pad, out = port.geometry_for(*shape[2:])
+    xt = torch.from_numpy(x).requires_grad_()
+    top, mask = port(xt)
+    dy = rng.randint(1, 5, size=top.shape).astype(np.float32)  # small integers: every sum is exact
+    (dx,) = torch.autograd.grad(top, xt, torch.from_numpy(dy))
+    ref_top, ref_mask, ref_dx = _caffe_max_pool(x, kernel, stride, pad, out, dy)
+    np.testing.assert_array_equal(top.detach().numpy(), ref_top.astype(np.float32))
+    np.testing.assert_array_equal(mask.numpy(), ref_mask.astype(np.float32))
+    np.testing.assert_array_equal(dx.numpy(), ref_dx.astype(np.float32))
+    single = make_layer(text.replace('top: "mask" ', ''), [shape])  # one top: the same routing
+    (top1,) = single(xt)
+    np.testing.assert_array_equal(torch.autograd.grad(top1, xt, torch.from_numpy(dy))[0].numpy(), dx.numpy())
+
+
+def test_max_pooling_channels_last_and_float64_route_like_caffe():
+    """The channels_last fast path and float64 bottoms take the same first-maximum routing."""
+    rng = np.random.RandomState(3)
+    x = rng.randint(0, 2, size=(2, 3, 6, 6)).astype(np.float64)
+    port = make_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 }', [x.shape])
+    dy = rng.randint(1, 4, size=(2, 3, 6, 6)).astype(np.float64)
+    _, _, ref_dx = _caffe_max_pool(x, (3, 3), (1, 1), (1, 1), (6, 6), dy)
+    for bottom in (torch.from_numpy(x), torch.from_numpy(x).float().contiguous(memory_format=torch.channels_last)):
+        bottom.requires_grad_()
+        (top,) = port(bottom)
+        (dx,) = torch.autograd.grad(top, bottom, torch.from_numpy(dy).to(bottom.dtype))
+        np.testing.assert_array_equal(dx.double().numpy(), ref_dx)
 
 
 def test_eltwise_max_ties_follow_caffes_comparisons():
