@@ -3,12 +3,14 @@
 Every port returns a new tensor (never writes its input), so a prototxt that runs a layer in place
 (``top == bottom``) keeps a valid autograd graph; the net only rebinds the blob name.
 
-Gradients are autograd's derivative of the forward, which equals Caffe's hand-written backward for
-every layer here; where Caffe's backward has a special case (Power at a zero base, BNLL's clamp) the
-class docstring says how it compares.  ``Threshold`` has no backward in Caffe (its top is detached
-here).  ``Dropout`` reads the layer's mode at call time (``mode_phase``: the torch ``training`` flag,
-initialised from the phase): training drops (Caffe's TRAIN), eval is the identity (Caffe's TEST; Caffe
-scales at train time).
+Where a gradient sits on a boundary (ReLU/ELU at 0, AbsVal's ``sign(0)``, Clip's bounds, Power's
+special cases, Log's reciprocal, BNLL's overflow guard) the port computes Caffe's hand-written backward
+explicitly (:mod:`caffe_compat.layers.caffe_backward`) around torch's forward, so it never rests on the
+derivative torch happens to pick at a kink; PReLU's ``torch.where`` routes the gradient by Caffe's own
+``x > 0`` test.  Elsewhere (Sigmoid, TanH, Exp, Swish, Dropout) autograd's derivative is Caffe's
+formula.  ``Threshold`` has no backward in Caffe (its top is detached here).  ``Dropout`` reads the
+layer's mode at call time (``mode_phase``: the torch ``training`` flag, initialised from the phase):
+training drops (Caffe's TRAIN), eval is the identity (Caffe's TEST; Caffe scales at train time).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 
 from caffe_compat.errors import FormatError
 from caffe_compat.layers.blob_axes import broadcast_view, check_bottoms
+from caffe_compat.layers.caffe_backward import caffe_abs, caffe_relu, with_caffe_backward
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
@@ -46,17 +49,15 @@ class NeuronLayer(CaffeLayer):
 class ReLU(NeuronLayer):
     """``y = max(x, 0) + negative_slope · min(x, 0)`` (``relu_param.negative_slope``, default 0).
 
-    Caffe's backward uses ``x > 0`` for the unit slope and ``negative_slope`` at ``x <= 0``, which is
-    ``leaky_relu``'s (and ``relu``'s, zero at 0) gradient."""
+    Backward, as Caffe's: ``dy · ((x > 0) + negative_slope · (x <= 0))``, so ``negative_slope`` (0 by
+    default) at exactly ``x = 0``; computed explicitly (:func:`~caffe_compat.layers.caffe_backward.caffe_relu`)."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         self.negative_slope = float(param.relu_param.negative_slope)
 
     def activation(self, x):
-        if self.negative_slope == 0.0:
-            return torch.relu(x)
-        return F.leaky_relu(x, self.negative_slope)
+        return caffe_relu(x, self.negative_slope)
 
     def forward_inplace(self, x):
         if self.negative_slope == 0.0:
@@ -70,8 +71,10 @@ class PReLU(NeuronLayer):
     when ``prelu_param.channel_shared``.
 
     Blob 0 is the slope: shape ``(C,)``, or shape ``()`` (a 0-axis blob, as Caffe makes it) when
-    shared.  Filler: ``prelu_param.filler`` if set, else constant 0.25.  Slope gradient, as Caffe:
-    ``Σ dy · x`` over the positions with ``x <= 0``.  Bottoms need at least 2 axes (Caffe's check)."""
+    shared.  Filler: ``prelu_param.filler`` if set, else constant 0.25.  Gradients, as Caffe's:
+    ``dy · ((x > 0) + a_c · (x <= 0))`` (``a_c`` at exactly 0) and, for the slope, ``Σ dy · x`` over the
+    positions with ``x <= 0``; ``torch.where(x > 0, ...)`` routes them by that very test.  Bottoms need at
+    least 2 axes (Caffe's check)."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
@@ -96,14 +99,23 @@ class PReLU(NeuronLayer):
 
 @register_layer("ELU")
 class ELU(NeuronLayer):
-    """``y = x`` if ``x > 0`` else ``alpha · (exp(x) - 1)`` (``elu_param.alpha``, default 1)."""
+    """``y = x`` if ``x > 0`` else ``alpha · (exp(x) - 1)`` (``elu_param.alpha``, default 1).
+
+    Backward, as Caffe's: ``dy · ((x > 0) + (alpha + y) · (x <= 0))``, so ``alpha`` at exactly ``x = 0``."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         self.alpha = float(param.elu_param.alpha)
 
     def activation(self, x):
+        return with_caffe_backward(x, self._elu, self._bottom_diff)
+
+    def _elu(self, x):
         return F.elu(x, self.alpha)
+
+    def _bottom_diff(self, top_diff, x):
+        y = self._elu(x)
+        return top_diff * ((x > 0).to(x.dtype) + (self.alpha + y) * (x <= 0).to(x.dtype))
 
 
 @register_layer("Sigmoid")
@@ -125,10 +137,11 @@ class TanH(NeuronLayer):
 
 @register_layer("AbsVal")
 class AbsVal(NeuronLayer):
-    """``y = |x|``; gradient ``sign(x) · dy`` with ``sign(0) = 0`` (as Caffe's ``caffe_cpu_sign``)."""
+    """``y = |x|``; gradient ``sign(x) · dy`` with ``sign(0) = 0`` (as Caffe's ``caffe_cpu_sign``),
+    computed explicitly."""
 
     def activation(self, x):
-        return torch.abs(x)
+        return caffe_abs(x)
 
 
 @register_layer("Power")
@@ -136,9 +149,13 @@ class Power(NeuronLayer):
     """``y = (shift + scale · x) ^ power`` (``power_param``: power 1, scale 1, shift 0).
 
     As Caffe: ``power == 0`` or ``scale == 0`` gives the constant ``1`` / ``shift ^ power`` with zero
-    gradient.  Caffe's backward divides ``y`` by the base (``power · scale · y / (shift + scale x)``),
-    which is 0/0 = NaN where the base is exactly 0 and ``power`` is neither 1 nor 2; autograd gives the
-    true derivative there (0 for power > 1).  Elsewhere they agree."""
+    gradient, and ``power == 1`` the gradient ``scale · dy``.  Otherwise the backward is Caffe's, with its
+    special cases (``d = power · scale``):
+
+    * ``power == 2``: ``dy · (d · scale · x + d · shift)``;
+    * ``shift == 0``: ``dy · power · y / x``, which is NaN (0/0) at ``x = 0`` for ``power > 0`` and
+      ±inf for ``power < 0`` (where the true derivative is 0 or inf): Caffe's value, reproduced;
+    * else: ``dy · d · y / (shift + scale · x)``, likewise NaN/inf where the base is 0."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
@@ -149,10 +166,30 @@ class Power(NeuronLayer):
         if self.power == 0.0 or self.scale == 0.0:
             value = 1.0 if self.power == 0.0 else math.pow(self.shift, self.power)
             return torch.full_like(x, value)
+        if self.power == 1.0:
+            return self._base(x)
+        return with_caffe_backward(x, self._power, self._bottom_diff)
+
+    def _base(self, x):
         base = x if self.scale == 1.0 else x * self.scale
-        if self.shift != 0.0:
-            base = base + self.shift
-        return base if self.power == 1.0 else torch.pow(base, self.power)
+        return base + self.shift if self.shift != 0.0 else base
+
+    def _power(self, x):
+        return torch.pow(self._base(x), self.power)
+
+    def _bottom_diff(self, top_diff, x):
+        diff_scale = self.power * self.scale
+        if self.power == 2.0:
+            local = x * (diff_scale * self.scale)
+            if self.shift != 0.0:
+                local = local + diff_scale * self.shift
+        elif self.shift == 0.0:
+            local = self._power(x) / x * self.power
+        else:
+            local = self._power(x) / self._base(x)
+            if diff_scale != 1.0:
+                local = local * diff_scale
+        return top_diff * local
 
 
 @register_layer("Exp")
@@ -181,6 +218,9 @@ class Exp(NeuronLayer):
 class Log(NeuronLayer):
     """``y = log_base(shift + scale · x)`` (``log_param``: base -1 meaning e, scale 1, shift 0).
 
+    Backward, as Caffe's: ``dy · (scale / ln(base)) · (shift + scale · x)^-1`` (inf where the inner value
+    is 0, NaN for ``dy = 0`` there).
+
     BVLC master's ``LogLayer``.  The FAPPY authors' fork has **no** Log layer (its proto keeps
     ``LogParameter``), so a net using it cannot run on their Caffe; it is ported for other models."""
 
@@ -194,11 +234,20 @@ class Log(NeuronLayer):
         self.scale, self.shift = float(p.scale), float(p.shift)
 
     def activation(self, x):
+        return with_caffe_backward(x, self._log, self._bottom_diff)
+
+    def _inner(self, x):
         inner = x if self.scale == 1.0 else x * self.scale
-        if self.shift != 0.0:
-            inner = inner + self.shift
-        y = torch.log(inner)
+        return inner + self.shift if self.shift != 0.0 else inner
+
+    def _log(self, x):
+        y = torch.log(self._inner(x))
         return y if self.base_scale == 1.0 else y * self.base_scale
+
+    def _bottom_diff(self, top_diff, x):
+        local = self._inner(x).reciprocal()
+        num_scale = self.scale * self.base_scale
+        return top_diff * (local if num_scale == 1.0 else local * num_scale)
 
 
 @register_layer("BNLL")
@@ -207,11 +256,18 @@ class BNLL(NeuronLayer):
     (Caffe: ``x + log(1 + exp(-x))`` for ``x > 0``, else ``log(1 + exp(x))``).
 
     ``softplus`` computes the same stable form (it returns ``x`` above 20, where
-    ``log(1 + exp(-x)) < 2e-9`` vanishes in float32 as it does in Caffe).  Gradient: Caffe uses
-    ``sigmoid(min(x, 50))``, softplus ``sigmoid(x)`` (1 above 20): equal in float32."""
+    ``log(1 + exp(-x)) < 2e-9`` vanishes in float32 as it does in Caffe).  Backward, as Caffe's:
+    ``dy · e / (e + 1)`` with ``e = exp(min(x, 50))`` (the guard keeps it 1, not inf/inf, for large x),
+    computed explicitly rather than softplus's own cut at 20."""
+
+    BNLL_THRESHOLD = 50.0
 
     def activation(self, x):
-        return F.softplus(x)
+        return with_caffe_backward(x, F.softplus, self._bottom_diff)
+
+    def _bottom_diff(self, top_diff, x):
+        expval = torch.exp(x.clamp(max=self.BNLL_THRESHOLD))
+        return top_diff * expval / (expval + 1.0)
 
 
 @register_layer("Threshold")
@@ -270,7 +326,8 @@ class Swish(NeuronLayer):
 @register_layer("Clip")
 class Clip(NeuronLayer):
     """``y = min(max(x, min), max)`` (``clip_param.min``/``max``, both required; BVLC master's
-    ``ClipLayer``).  Gradient passes where ``min <= x <= max`` (inclusive, as Caffe)."""
+    ``ClipLayer``).  Gradient passes where ``min <= x <= max`` (inclusive at both bounds, as Caffe),
+    computed explicitly: ``clamp``'s own gradient at the bounds is torch's choice (0 since torch 2.14)."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
@@ -282,4 +339,10 @@ class Clip(NeuronLayer):
             raise FormatError(f"layer '{self.layer_name}': clip_param.min {self.min} > max {self.max}")
 
     def activation(self, x):
+        return with_caffe_backward(x, self._clip, self._bottom_diff)
+
+    def _clip(self, x):
         return torch.clamp(x, self.min, self.max)
+
+    def _bottom_diff(self, top_diff, x):
+        return top_diff * ((x >= self.min) & (x <= self.max)).to(top_diff.dtype)

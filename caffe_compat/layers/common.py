@@ -12,6 +12,7 @@ from torch import nn
 
 from caffe_compat.errors import DataError, FormatError
 from caffe_compat.layers.blob_axes import canonical_axis, check_bottoms, count
+from caffe_compat.layers.caffe_backward import caffe_abs
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.proto import caffe_pb2
@@ -111,7 +112,7 @@ class Reduction(CaffeLayer):
     def forward(self, x):
         flat = x.reshape(tuple(x.shape[:self.axis]) + (-1,))
         if self.operation == _Reduction.ASUM:
-            y = flat.abs().sum(-1)
+            y = caffe_abs(flat).sum(-1)
         elif self.operation == _Reduction.SUMSQ:
             y = (flat * flat).sum(-1)
         elif self.operation == _Reduction.MEAN:

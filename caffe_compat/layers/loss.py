@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.layers.caffe_backward import caffe_relu
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.proto import caffe_pb2
 
@@ -145,7 +146,8 @@ class ContrastiveLoss(_LossLayer):
     ``legacy_version: true`` uses ``max(margin - d_i², 0)`` instead.  Defaults: margin 1, legacy false.
     Quirks: a pair is similar when ``static_cast<int>(sim) != 0`` (2 and -1 are similar, 0.7 is not);
     the non-legacy gradient is ``-(margin - d)/(d + 1e-4) (a - b)/N`` (Caffe's epsilon, not the exact
-    derivative), zero unless ``margin - d > 0``.
+    derivative), zero unless ``margin - d > 0`` (legacy: ``margin - d² > 0``), strictly, as Caffe's
+    ``mdist > 0`` test (:func:`~caffe_compat.layers.caffe_backward.caffe_relu`).
     """
 
     min_bottoms = max_bottoms = 3
@@ -166,12 +168,12 @@ class ContrastiveLoss(_LossLayer):
         similar = int_labels(sim).reshape(n) != 0
         dist_sq = (diff * diff).sum(dim=1)
         if self.legacy:
-            far = torch.relu(self.margin - dist_sq)
+            far = caffe_relu(self.margin - dist_sq)
         else:
             d = torch.sqrt(dist_sq.detach())
             # value d, gradient (a - b)/(d + 1e-4): Caffe's backward
             dist = d + (dist_sq - dist_sq.detach()) / (2 * (d + 1e-4))
-            far = torch.relu(self.margin - dist) ** 2
+            far = caffe_relu(self.margin - dist) ** 2
         loss = torch.where(similar, dist_sq, far).sum() / n / 2
         return (loss,)
 
@@ -347,7 +349,8 @@ class SigmoidCrossEntropyLoss(_LossLayer):
 @register_layer("HingeLoss")
 class HingeLoss(_LossLayer):
     """One-vs-all hinge loss: ``z_ik = max(0, 1 - x_ik)`` for k = y_i, ``max(0, 1 + x_ik)`` otherwise;
-    L1 (default) ``Σ z / N``, L2 ``Σ z² / N``.  Gradient at a kink is 0 (Caffe's ``sign(0) = 0``)."""
+    L1 (default) ``Σ z / N``, L2 ``Σ z² / N``.  Gradient at a kink is 0 (Caffe's ``sign(0) = 0``),
+    computed explicitly (:func:`~caffe_compat.layers.caffe_backward.caffe_relu`)."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
@@ -362,7 +365,7 @@ class HingeLoss(_LossLayer):
         labels = int_labels(label).reshape(n)
         _check_class_labels(self.layer_name, labels, scores.shape[1], None)
         sign = 1 - 2 * torch.nn.functional.one_hot(labels, scores.shape[1]).to(scores.dtype)
-        z = torch.relu(1 + sign * scores)
+        z = caffe_relu(1 + sign * scores)  # Caffe: sign(0) = 0, no gradient at the kink
         return (((z * z) if self.squared else z).sum() / n,)
 
 

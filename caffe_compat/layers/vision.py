@@ -28,7 +28,13 @@
     Pad + MaxPool/AveragePool + Mul, which ONNX Runtime computes exactly);
   - ``global_pooling`` pools the whole plane (pad 0, stride 1 required, as in Caffe);
   - STOCHASTIC is refused (NOT_IMPLEMENTED on Caffe's CPU build);
-  - a second top on MAX pooling is Caffe's mask: the flat index ``h·W + w`` of the maximum, as float.
+  - a second top on MAX pooling is Caffe's mask: the flat index ``h·W + w`` of the maximum, as float;
+  - MAX ties: Caffe scans each window row by row and takes an element only when it is strictly greater
+    than the maximum so far (from −FLT_MAX), so among equal maxima the **first** in scan order wins, in
+    every window it lies in (overlapping windows included).  The mask top and the gradient (which goes to
+    that element only, accumulated over the windows that chose it) come from that explicit scan
+    (:func:`max_pool_winners`), never from ``max_pool2d``'s indices, so they do not rest on torch's
+    tie-breaking; the top values are ``max_pool2d``'s (a maximum is a maximum).
 * **InnerProduct** ``y = x_flat · Wᵀ + b`` with ``x_flat`` of shape ``(prod(shape[:axis]), K)``;
   ``W`` is ``N × K``, or ``K × N`` when ``transpose: true`` (then ``y = x_flat · W + b``); the top has
   shape ``shape[:axis] + (N,)``.  Defaults: axis 1, bias_term true, transpose false, fillers constant 0.
@@ -48,6 +54,7 @@ from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.io.shapes import (canonical_axis, conv_geometry, conv_out_size, deconv_out_size, pool_geometry,
                                     pooled_hw)
 from caffe_compat.layers.cache_blocking import blocking_applies, per_sample
+from caffe_compat.layers.caffe_backward import with_caffe_backward
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
@@ -159,6 +166,71 @@ def ave_pool_divisor(size: int, out: int, kernel: int, stride: int, pad: int) ->
     return [min(i * stride - pad + kernel, size + pad) - (i * stride - pad) for i in range(out)]
 
 
+# Caffe's initial maximum, -FLT_MAX (for double blobs too): only a strictly greater value is ever selected.
+_CAFFE_MAX_START = -torch.finfo(torch.float32).max
+
+
+def _window_slices(offset_h: int, offset_w: int, stride, out) -> tuple:
+    """Index of the (N, C, out_h, out_w) elements at window offset ``(offset_h, offset_w)`` of a padded plane."""
+    return (slice(None), slice(None), slice(offset_h, offset_h + (out[0] - 1) * stride[0] + 1, stride[0]),
+            slice(offset_w, offset_w + (out[1] - 1) * stride[1] + 1, stride[1]))
+
+
+def _padded_extent(size: int, out: int, kernel: int, stride: int, pad: int) -> int:
+    """Padding after the end of one axis so that every window ``[i·stride − pad, … + kernel)`` lies inside."""
+    return max(0, (out - 1) * stride + kernel - pad - size)
+
+
+def max_pool_winners(x: torch.Tensor, kernel, stride, pad, out) -> torch.Tensor:
+    """Caffe's MAX pooling choice for every output (N, C, out_h, out_w): the flat index ``h·W + w`` of the
+    selected bottom element (int64), or -1 where nothing is selected; this is Caffe's mask.
+
+    Caffe's scan: the window clipped to the image, row by row, keeping an element only when it is strictly
+    greater than the maximum so far, which starts at -FLT_MAX.  So among equal maxima the first in scan
+    order wins, padding and NaN are never selected, and a window with nothing above -FLT_MAX selects
+    nothing."""
+    height, width = int(x.shape[2]), int(x.shape[3])
+    if (height, width) == tuple(kernel) and tuple(out) == (1, 1) and not any(pad):
+        return _plane_winner(x)
+    ends = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
+    pads = (pad[1], ends[1], pad[0], ends[0])
+    padded = F.pad(x, pads, value=-math.inf) if any(pads) else x
+    shape = (x.shape[0], x.shape[1], out[0], out[1])
+    best = torch.full(shape, _CAFFE_MAX_START, dtype=x.dtype, device=x.device)
+    winner = torch.full(shape, -1, dtype=torch.int64, device=x.device)
+    rows = torch.arange(out[0], device=x.device) * stride[0] - pad[0]
+    cols = torch.arange(out[1], device=x.device) * stride[1] - pad[1]
+    for dh in range(kernel[0]):
+        for dw in range(kernel[1]):
+            window = padded[_window_slices(dh, dw, stride, out)]
+            greater = window > best
+            torch.fmax(best, window, out=best)  # = where(greater, window, best): fmax skips NaN as '>' does
+            # The index is only taken where greater, so never at a padded position (it holds -inf).
+            winner = torch.where(greater, (rows[:, None] + dh) * width + (cols[None, :] + dw), winner)
+    return winner
+
+
+def _plane_winner(x: torch.Tensor) -> torch.Tensor:
+    """:func:`max_pool_winners` for one window covering each whole plane (global pooling), vectorised: the
+    first position of the plane's maximum (NaN ignored), -1 when that maximum is not above -FLT_MAX."""
+    flat = x.flatten(2)
+    clean = torch.where(flat.isnan(), -math.inf, flat)
+    top = clean.amax(dim=2, keepdim=True)
+    position = torch.arange(flat.shape[2], device=x.device)
+    first = torch.where(clean == top, position, flat.shape[2]).amin(dim=2, keepdim=True)
+    return torch.where(top > _CAFFE_MAX_START, first, -1).unsqueeze(-1)
+
+
+def max_pool_bottom_diff(top_diff: torch.Tensor, winner: torch.Tensor, size) -> torch.Tensor:
+    """Caffe's MAX pooling backward: each top diff is added to the bottom element its window selected
+    (``winner`` from :func:`max_pool_winners`), none where nothing was; ``size`` is the bottom's (H, W)."""
+    n, c = top_diff.shape[0], top_diff.shape[1]
+    picked = winner >= 0
+    grad = top_diff.new_zeros(n, c, size[0] * size[1])
+    grad.scatter_add_(2, torch.where(picked, winner, 0).flatten(2), torch.where(picked, top_diff, 0.0).flatten(2))
+    return grad.view(n, c, size[0], size[1])
+
+
 @register_layer("Pooling")
 class Pooling(CaffeLayer):
     """Caffe Pooling, MAX and AVE (see module docstring for the output size and divisor quirks)."""
@@ -213,8 +285,21 @@ class Pooling(CaffeLayer):
         height, width = int(x.shape[2]), int(x.shape[3])
         kernel, stride, pad, out = self.geometry_for(height, width)
         if not torch.onnx.is_in_onnx_export() and self._torch_matches(height, width, kernel, stride, pad, out):
-            return self._torch_pool(x, kernel, stride, pad)
-        return self._explicit_pool(x, kernel, stride, pad, out)
+            def pool(t):
+                return self._torch_pool(t, kernel, stride, pad)[0]
+        else:
+            def pool(t):
+                return self._explicit_pool(t, kernel, stride, pad, out)[0]
+        if self.method == self.AVE:
+            return (pool(x),)
+
+        def bottom_diff(top_diff, bottom):
+            return max_pool_bottom_diff(top_diff, max_pool_winners(bottom, kernel, stride, pad, out), (height, width))
+
+        top = with_caffe_backward(x, pool, bottom_diff)
+        if self.num_tops == 1:
+            return (top,)
+        return top, max_pool_winners(x.detach(), kernel, stride, pad, out).to(x.dtype)
 
     def _torch_matches(self, height, width, kernel, stride, pad, out) -> bool:
         """True when PyTorch's pooling with ``padding=pad, ceil_mode`` gives Caffe's output size."""
@@ -232,9 +317,6 @@ class Pooling(CaffeLayer):
     def _torch_pool(self, x, kernel, stride, pad):
         if self.method == self.AVE:
             return (F.avg_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode, count_include_pad=True),)
-        if self.num_tops == 2:
-            top, index = F.max_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode, return_indices=True)
-            return top, index.to(x.dtype)
         if x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last):
             def through_nhwc(chunk):
                 nhwc = chunk.contiguous(memory_format=torch.channels_last)
@@ -245,21 +327,13 @@ class Pooling(CaffeLayer):
     def _explicit_pool(self, x, kernel, stride, pad, out):
         height, width = int(x.shape[2]), int(x.shape[3])
         # Extra right/bottom padding so that plain floor-mode pooling yields Caffe's (ceil) output count.
-        extra = [max(0, (o - 1) * s + k - p - size) for o, s, k, p, size in zip(out, stride, kernel, pad, (height, width))]
+        extra = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
         pads = (pad[1], extra[1], pad[0], extra[0])
         if self.method == self.MAX:
             # -FLT_MAX is Caffe's initial maximum: a window lying wholly in the overhang (possible without
             # padding when the last window starts at or past the end) yields it, as in Caffe, with mask -1.
             lowest = torch.finfo(x.dtype).min if x.is_floating_point() else -math.inf
             padded = F.pad(x, pads, value=lowest) if any(pads) else x
-            if self.num_tops == 2:
-                top, index = F.max_pool2d(padded, kernel, stride, return_indices=True)
-                top, index = top[:, :, :out[0], :out[1]], index[:, :, :out[0], :out[1]]
-                padded_width = width + pad[1] + extra[1]
-                row, col = index // padded_width - pad[0], index % padded_width - pad[1]
-                inside = (row >= 0) & (row < height) & (col >= 0) & (col < width)
-                mask = torch.where(inside, row * width + col, torch.full_like(row, -1))
-                return top, mask.to(x.dtype)
             top = F.max_pool2d(padded, kernel, stride)
             return (top[:, :, :out[0], :out[1]],)
         padded = F.pad(x, pads) if any(pads) else x
