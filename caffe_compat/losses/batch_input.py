@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from caffe_compat.losses.loss_errors import LossArgumentError, LossInputError
-from caffe_compat.losses.pairwise import PairSelection, select_pairs, selection_from_tuple
+from caffe_compat.losses.pairwise import PairSelection, select_pairs, selection_from_tuple, unit_rows
 
 
 def check_batch(embeddings: torch.Tensor, labels: torch.Tensor, loss_name: str) -> torch.Tensor:
@@ -85,10 +85,9 @@ def check_indices_tuple(indices_tuple, n_query: int, n_ref: int, device, loss_na
     device, matching lengths, anchors in [0, n_query), the others in [0, n_ref).  Returns it as a tuple
     of long tensors."""
     if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
-        raise LossInputError(
-            f"{loss_name}: indices_tuple must be (a, p, n) triplets or (a1, p, a2, n) pairs, got "
-            f"{type(indices_tuple).__name__}" + (f" of length {len(indices_tuple)}" if isinstance(indices_tuple, (tuple, list)) else "")
-        )
+        length = f" of length {len(indices_tuple)}" if isinstance(indices_tuple, (tuple, list)) else ""
+        raise LossInputError(f"{loss_name}: indices_tuple must be (a, p, n) triplets or (a1, p, a2, n) pairs, "
+                             f"got {type(indices_tuple).__name__}{length}")
     names = ("a", "p", "n") if len(indices_tuple) == 3 else ("a1", "p", "a2", "n")
     out = []
     for name, idx in zip(names, indices_tuple):
@@ -121,8 +120,8 @@ def reject_pml_arguments(loss_name: str, why: str, **arguments) -> None:
 @dataclass(frozen=True)
 class PairInputs:
     """A pair loss's resolved inputs: ``x`` the (transformed) queries ``(B, D)``, ``ref`` the (transformed)
-    reference rows ``(R, D)`` or None without ``ref_emb`` (the batch itself), ``labels`` ``(B,)``, ``ref_labels`` ``(R,)`` or
-    None, ``pairs`` the ``(B, R)`` pair counts, ``triplets`` the ``(a, p, n)`` of a triplet
+    reference rows ``(R, D)`` or None without ``ref_emb`` (the batch itself), ``labels`` ``(B,)``,
+    ``ref_labels`` ``(R,)`` or None, ``pairs`` the ``(B, R)`` pair counts, ``triplets`` the ``(a, p, n)`` of a triplet
     ``indices_tuple`` (None otherwise)."""
 
     x: torch.Tensor
@@ -140,9 +139,7 @@ def pair_inputs(loss_name: str, embeddings, labels, indices_tuple=None, ref_emb=
     ``normalize``: L2-normalise the embeddings and the reference rows first (the miner sees them so)."""
     labels = check_batch(embeddings, labels, loss_name)
     ref_emb, ref_labels = check_reference(embeddings, ref_emb, ref_labels, loss_name)
-    transform = (lambda t: torch.nn.functional.normalize(t, dim=1)) if normalize else (lambda t: t)
-    x = transform(embeddings)
-    ref = None if ref_emb is None else transform(ref_emb)
+    x, ref = unit_rows(embeddings, normalize), unit_rows(ref_emb, normalize)
     n_ref = x.shape[0] if ref is None else ref.shape[0]
     triplets = None
     if indices_tuple is not None:

@@ -81,7 +81,8 @@ class BinomialDevianceLoss(torch.nn.Module):
         self.miner = miner
         self.normalization = normalization
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None, ref_labels=None) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
         batch = pair_inputs("BinomialDevianceLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
                             miner=self.miner)
         sim = normalized_cosine_matrix(embeddings, batch.ref)

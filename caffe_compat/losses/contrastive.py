@@ -58,7 +58,8 @@ class ContrastiveLoss(torch.nn.Module):
         self.normalize = bool(normalize)
         self.miner = miner
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None, ref_labels=None) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
         batch = pair_inputs("ContrastiveLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
                             miner=self.miner, normalize=self.normalize)
         x, ref, pairs = batch.x, batch.ref, batch.pairs

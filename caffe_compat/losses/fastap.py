@@ -140,8 +140,8 @@ class FastAPLoss(torch.nn.Module):
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
                 ref_labels=None) -> torch.Tensor:
-        reject_pml_arguments("FastAPLoss", "each anchor ranks the whole rest of the batch (list-wise loss)", indices_tuple=indices_tuple, ref_emb=ref_emb,
-                             ref_labels=ref_labels)
+        reject_pml_arguments("FastAPLoss", "each anchor ranks the whole rest of the batch (list-wise loss)",
+                             indices_tuple=indices_tuple, ref_emb=ref_emb, ref_labels=ref_labels)
         labels = check_batch(embeddings, labels, "FastAPLoss")
         unit = torch.nn.functional.normalize(embeddings, dim=1)
         pos, neg = label_masks(labels)

@@ -50,8 +50,8 @@ class HistogramLoss(torch.nn.Module):
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
                 ref_labels=None) -> torch.Tensor:
-        reject_pml_arguments("HistogramLoss", "its two histograms are over every pair of the batch", indices_tuple=indices_tuple, ref_emb=ref_emb,
-                             ref_labels=ref_labels)
+        reject_pml_arguments("HistogramLoss", "its two histograms are over every pair of the batch",
+                             indices_tuple=indices_tuple, ref_emb=ref_emb, ref_labels=ref_labels)
         labels = check_batch(embeddings, labels, "HistogramLoss")
         sim = normalized_cosine_matrix(embeddings)
         pos, neg = label_masks(labels)

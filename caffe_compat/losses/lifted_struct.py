@@ -49,7 +49,8 @@ class LiftedStructLoss(torch.nn.Module):
         self.margin = float(margin)
         self.miner = miner
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None, ref_labels=None) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
         reject_pml_arguments("LiftedStructLoss", "J_ij pools the negatives of both ends of a positive pair, "
                              "so both must be in the batch", ref_emb=ref_emb, ref_labels=ref_labels)
         pairs = pair_inputs("LiftedStructLoss", embeddings, labels, indices_tuple, miner=self.miner).pairs

@@ -87,7 +87,8 @@ class MarginLoss(torch.nn.Module):
             )
         return self.beta[index]
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None, ref_labels=None) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
         batch = pair_inputs("MarginLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
                             miner=self.miner, normalize=True)
         pairs = batch.pairs

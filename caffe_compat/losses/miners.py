@@ -55,7 +55,7 @@ from caffe_compat.losses.loss_errors import LossInputError
 from caffe_compat.losses.batch_input import check_batch, check_reference
 from caffe_compat.losses.pairwise import (
     TRIPLET_SETS, PairSelection, euclidean_matrix, in_triplet_set, label_masks, normalized_cosine_matrix,
-    pairs_of_counts, select_pairs, selection_from_tuple, squared_euclidean_matrix,
+    pairs_of_counts, select_pairs, selection_from_tuple, squared_euclidean_matrix, unit_rows,
 )
 
 __all__ = ["DistanceWeightedMiner", "EasyPositiveMiner", "Mined", "Miner", "PairSelection", "TripletMiner",
@@ -89,6 +89,11 @@ class Mined(tuple):
         return self.selection.neg
 
 
+def _given_ref(ref, ref_labels, normalize: bool):
+    """The reference rows to measure against: None (the batch itself) when no reference set was given."""
+    return None if ref_labels is None else unit_rows(ref, normalize)
+
+
 class Miner:
     """Base class: subclasses implement :meth:`mine`; calling the miner validates, detaches and returns
     a :class:`Mined` tuple (pairs when :meth:`mine` returns a :class:`PairSelection`)."""
@@ -102,7 +107,8 @@ class Miner:
             mined = self.mine(embeddings.detach(), labels, ref, ref_labels)
         return Mined.from_pairs(mined) if isinstance(mined, PairSelection) else mined
 
-    def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor, ref_labels) -> PairSelection | Mined:
+    def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor,
+             ref_labels) -> PairSelection | Mined:
         """``ref`` is the reference rows (the batch itself when ``ref_labels`` is None)."""
         raise NotImplementedError
 
@@ -134,10 +140,7 @@ class EasyPositiveMiner(Miner):
         self.normalize = bool(normalize)
 
     def mine(self, embeddings, labels, ref, ref_labels):
-        def prepare(t):
-            return torch.nn.functional.normalize(t, dim=1) if self.normalize else t
-
-        dist = euclidean_matrix(prepare(embeddings), None if ref_labels is None else prepare(ref))
+        dist = euclidean_matrix(unit_rows(embeddings, self.normalize), _given_ref(ref, ref_labels, self.normalize))
         pos, neg = label_masks(labels, ref_labels)
         nearest = dist.masked_fill(~pos, float("inf")).argmin(dim=1)
         easy = torch.zeros_like(dist)
@@ -164,10 +167,7 @@ class TripletMiner(Miner):
         self.normalize = bool(normalize)
 
     def mine(self, embeddings, labels, ref, ref_labels):
-        def prepare(t):
-            return torch.nn.functional.normalize(t, dim=1) if self.normalize else t
-
-        x, r = prepare(embeddings), None if ref_labels is None else prepare(ref)
+        x, r = unit_rows(embeddings, self.normalize), _given_ref(ref, ref_labels, self.normalize)
         dist = squared_euclidean_matrix(x, r) if self.squared else euclidean_matrix(x, r)
         pos, neg = label_masks(labels, ref_labels)
         a, p, n = torch.where(pos[:, :, None] & neg[:, None, :])
@@ -194,9 +194,7 @@ class DistanceWeightedMiner(Miner):
         """``(B, R)`` sampling probabilities of each anchor's negatives among the reference rows (the
         batch itself without ``ref_labels``; rows without negatives are 0)."""
         dim = embeddings.shape[1]
-        unit = torch.nn.functional.normalize(embeddings, dim=1)
-        ref_unit = None if ref_labels is None else torch.nn.functional.normalize(ref, dim=1)
-        dist = euclidean_matrix(unit, ref_unit).clamp_min(self.cutoff)
+        dist = euclidean_matrix(unit_rows(embeddings), _given_ref(ref, ref_labels, True)).clamp_min(self.cutoff)
         _, neg = label_masks(labels, ref_labels)
         candidate = neg & (dist < self.nonzero_loss_cutoff)
         safe = torch.where(candidate, dist, torch.full_like(dist, 1.0))

@@ -76,7 +76,8 @@ class MultiSimilarityLoss(torch.nn.Module):
             skip_incomplete_anchors=True,
         )
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None, ref_labels=None) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
         batch = pair_inputs("MultiSimilarityLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
                             miner=self.miner)
         sim = normalized_cosine_matrix(embeddings, batch.ref)

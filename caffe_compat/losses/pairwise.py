@@ -29,6 +29,11 @@ def cosine_matrix(x: torch.Tensor) -> torch.Tensor:
     return xy / torch.sqrt(sq[:, None] * sq[None, :])
 
 
+def unit_rows(x: torch.Tensor | None, normalize: bool = True) -> torch.Tensor | None:
+    """``x`` with L2-normalised rows when ``normalize`` (``F.normalize``), else ``x``; None stays None."""
+    return torch.nn.functional.normalize(x, dim=1) if normalize and x is not None else x
+
+
 def normalized_cosine_matrix(x: torch.Tensor, y: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:
     """Cosine matrix of L2-normalised rows of ``x`` against those of ``y`` (default ``x``)
     (``F.normalize`` convention: a zero row gives zeros)."""

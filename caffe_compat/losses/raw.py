@@ -73,7 +73,8 @@ class RAWLoss(torch.nn.Module):
         self.gamma = float(gamma)
         self.miner = miner if miner is not None else (VTHMMiner(vthm_margin) if vthm else None)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None, ref_labels=None) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
         batch = pair_inputs("RAWLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels, miner=self.miner)
         sim = normalized_cosine_matrix(embeddings, batch.ref)
         pairs = batch.pairs

@@ -83,8 +83,8 @@ class SmoothAPLoss(torch.nn.Module):
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
                 ref_labels=None) -> torch.Tensor:
-        reject_pml_arguments("SmoothAPLoss", "each query ranks the whole rest of the batch (list-wise loss)", indices_tuple=indices_tuple, ref_emb=ref_emb,
-                             ref_labels=ref_labels)
+        reject_pml_arguments("SmoothAPLoss", "each query ranks the whole rest of the batch (list-wise loss)",
+                             indices_tuple=indices_tuple, ref_emb=ref_emb, ref_labels=ref_labels)
         labels = check_batch(embeddings, labels, "SmoothAPLoss")
         sim = normalized_cosine_matrix(embeddings)
         pos, neg = label_masks(labels)
