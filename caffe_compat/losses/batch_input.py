@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from caffe_compat.losses.loss_errors import LossArgumentError, LossInputError
-from caffe_compat.losses.pairwise import PairSelection, select_pairs, selection_from_tuple, unit_rows
+from caffe_compat.losses.pairwise import (
+    PairSelection, normalized_cosine_matrix, select_pairs, selection_from_tuple, unit_rows,
+)
 
 
 def check_batch(embeddings: torch.Tensor, labels: torch.Tensor, loss_name: str) -> torch.Tensor:
@@ -130,6 +132,10 @@ class PairInputs:
     ref_labels: torch.Tensor | None
     pairs: PairSelection
     triplets: tuple | None
+
+    def cosine(self) -> torch.Tensor:
+        """``(B, R)`` cosine similarities of the L2-normalised queries and reference rows."""
+        return normalized_cosine_matrix(self.x, self.ref)
 
 
 def pair_inputs(loss_name: str, embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, *,

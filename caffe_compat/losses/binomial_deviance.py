@@ -38,7 +38,6 @@ import torch.nn.functional as F
 
 from caffe_compat.losses.batch_input import pair_inputs
 from caffe_compat.losses.loss_errors import LossInputError
-from caffe_compat.losses.pairwise import normalized_cosine_matrix
 
 NORMALIZATIONS = ("pairs", "anchor")
 
@@ -85,8 +84,7 @@ class BinomialDevianceLoss(torch.nn.Module):
                 ref_labels=None) -> torch.Tensor:
         batch = pair_inputs("BinomialDevianceLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
                             miner=self.miner)
-        sim = normalized_cosine_matrix(embeddings, batch.ref)
-        pairs = batch.pairs
+        sim, pairs = batch.cosine(), batch.pairs
         pos_cost = F.softplus(-self.alpha * (sim - self.gamma))
         neg_cost = F.softplus(self.beta * (sim - self.gamma))
         if self.normalization == "anchor":  # unified view, Eq. (12): 1/|P_i|, 1/|N_i| per anchor, summed

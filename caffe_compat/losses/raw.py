@@ -22,7 +22,6 @@ import torch
 
 from caffe_compat.losses.batch_input import check_positive, pair_inputs
 from caffe_compat.losses.miners import VTHMMiner
-from caffe_compat.losses.pairwise import normalized_cosine_matrix
 
 
 def _log1p_sum_exp(logits: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -76,6 +75,5 @@ class RAWLoss(torch.nn.Module):
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
                 ref_labels=None) -> torch.Tensor:
         batch = pair_inputs("RAWLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels, miner=self.miner)
-        sim = normalized_cosine_matrix(embeddings, batch.ref)
-        pairs = batch.pairs
+        sim, pairs = batch.cosine(), batch.pairs
         return raw_anchor_losses(sim, pairs.pos, pairs.neg, self.alpha, self.beta, self.gamma).mean()
