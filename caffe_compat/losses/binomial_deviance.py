@@ -36,10 +36,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from caffe_compat.losses.batch_input import check_batch
+from caffe_compat.losses.batch_input import pair_inputs
 from caffe_compat.losses.loss_errors import LossInputError
-from caffe_compat.losses.miners import select_pairs
-from caffe_compat.losses.pairwise import normalized_cosine_matrix
 
 NORMALIZATIONS = ("pairs", "anchor")
 
@@ -82,10 +80,11 @@ class BinomialDevianceLoss(torch.nn.Module):
         self.miner = miner
         self.normalization = normalization
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = check_batch(embeddings, labels, "BinomialDevianceLoss")
-        sim = normalized_cosine_matrix(embeddings)
-        pairs = select_pairs(self.miner, embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        batch = pair_inputs("BinomialDevianceLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
+                            miner=self.miner)
+        sim, pairs = batch.cosine(), batch.pairs
         pos_cost = F.softplus(-self.alpha * (sim - self.gamma))
         neg_cost = F.softplus(self.beta * (sim - self.gamma))
         if self.normalization == "anchor":  # unified view, Eq. (12): 1/|P_i|, 1/|N_i| per anchor, summed

@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 
 from caffe_compat.losses.loss_errors import LossInputError
-from caffe_compat.losses.batch_input import check_batch
-from caffe_compat.losses.miners import select_pairs
+from caffe_compat.losses.batch_input import pair_inputs
 from caffe_compat.losses.pairwise import euclidean_matrix, squared_euclidean_matrix
 
 
@@ -59,14 +58,15 @@ class ContrastiveLoss(torch.nn.Module):
         self.normalize = bool(normalize)
         self.miner = miner
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = check_batch(embeddings, labels, "ContrastiveLoss")
-        x = torch.nn.functional.normalize(embeddings, dim=1) if self.normalize else embeddings
-        pairs = select_pairs(self.miner, x, labels)
-        dist = euclidean_matrix(x)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        batch = pair_inputs("ContrastiveLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
+                            miner=self.miner, normalize=self.normalize)
+        x, ref, pairs = batch.x, batch.ref, batch.pairs
+        dist = euclidean_matrix(x, ref)
         hinge = torch.relu(self.margin - dist)
         if self.power == 2:
-            pos_term, neg_term = squared_euclidean_matrix(x), hinge * hinge
+            pos_term, neg_term = squared_euclidean_matrix(x, ref), hinge * hinge
         else:
             pos_term, neg_term = dist, hinge
         total = (pairs.pos * pos_term).sum() + (pairs.neg * neg_term).sum()

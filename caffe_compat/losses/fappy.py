@@ -88,7 +88,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from caffe_compat.losses.batch_input import check_batch
+from caffe_compat.losses.batch_input import check_batch, reject_pml_arguments
 from caffe_compat.losses.loss_errors import LossInputError
 from caffe_compat.losses.pairwise import cosine_matrix, pair_index, upper_pairs
 
@@ -602,6 +602,7 @@ class FAPPYLoss(nn.Module):
     CosineSimilarityBatch's backward formula to the layer's diff (one matmul, see
     ``_FAPPYCaffeEmbeddings``); the result is the chain rule through :func:`fappy_caffe`.
     ``delta`` defaults to 1e-4, the authors' setting (the proto default is 0.001).
+    PML's ``indices_tuple``, ``ref_emb`` and ``ref_labels`` raise ``LossArgumentError`` (both modes).
     """
 
     def __init__(self, delta: float = 1e-4, mode: str = "caffe"):
@@ -612,7 +613,11 @@ class FAPPYLoss(nn.Module):
         self.delta = float(delta)
         self.mode = mode
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        reject_pml_arguments(f"FAPPYLoss (mode={self.mode!r})", "the false positive probabilities use every positive "
+                             "pair and every negative of the batch, as the Caffe layer", indices_tuple=indices_tuple,
+                             ref_emb=ref_emb, ref_labels=ref_labels)
         labels = check_batch(embeddings, labels, "FAPPYLoss")
         if self.mode == "caffe":
             return _FAPPYCaffeEmbeddings.apply(embeddings, labels, self.delta)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from caffe_compat.losses.batch_input import check_batch, check_num_bins
+from caffe_compat.losses.batch_input import check_batch, check_num_bins, reject_pml_arguments
 from caffe_compat.losses.pairwise import label_masks, squared_euclidean_matrix
 from caffe_compat.losses.soft_histogram import bin_coordinates, triangular_histogram
 
@@ -123,7 +123,9 @@ class FastAPLoss(torch.nn.Module):
         L        = 1 − mean of FastAP_i over the anchors with at least one positive
 
     If no anchor has a positive the loss is 0 (still attached to the graph, with zero gradient), as in
-    PML.  Equals PML's ``FastAPLoss(num_bins)``.  Takes no ``miner=`` (list-wise loss).
+    PML.  Equals PML's ``FastAPLoss(num_bins)``.
+    Takes no ``miner=``, ``indices_tuple``, ``ref_emb`` or ``ref_labels`` (list-wise loss; the latter
+    raise ``LossArgumentError``).
 
     Args:
         num_bins: L (default 10).
@@ -136,7 +138,10 @@ class FastAPLoss(torch.nn.Module):
         self.num_bins = check_num_bins(num_bins, "FastAPLoss")
         self.analytic_gradient = bool(analytic_gradient)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        reject_pml_arguments("FastAPLoss", "each anchor ranks the whole rest of the batch (list-wise loss)",
+                             indices_tuple=indices_tuple, ref_emb=ref_emb, ref_labels=ref_labels)
         labels = check_batch(embeddings, labels, "FastAPLoss")
         unit = torch.nn.functional.normalize(embeddings, dim=1)
         pos, neg = label_masks(labels)

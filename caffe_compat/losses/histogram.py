@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from caffe_compat.losses.batch_input import check_batch, check_num_bins
+from caffe_compat.losses.batch_input import check_batch, check_num_bins, reject_pml_arguments
 from caffe_compat.losses.pairwise import label_masks, normalized_cosine_matrix
 from caffe_compat.losses.soft_histogram import triangular_histogram
 
@@ -37,7 +37,8 @@ class HistogramLoss(torch.nn.Module):
         L = Σ_r h⁻_r · Σ_{q≤r} h⁺_q
 
     A batch without positive or without negative pairs gives 0.  A similarity of exactly 1 lands on the
-    last node (PML fails there).  Takes no ``miner=``: the histograms use every pair.
+    last node (PML fails there).  Takes no ``miner=``, ``indices_tuple``, ``ref_emb`` or ``ref_labels``
+    (``LossArgumentError``): the histograms use every pair.
 
     Args:
         num_bins: number of bins, Δ = 2/num_bins (default 100; PML's ``n_bins``).
@@ -47,7 +48,10 @@ class HistogramLoss(torch.nn.Module):
         super().__init__()
         self.num_bins = check_num_bins(num_bins, "HistogramLoss")
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        reject_pml_arguments("HistogramLoss", "its two histograms are over every pair of the batch",
+                             indices_tuple=indices_tuple, ref_emb=ref_emb, ref_labels=ref_labels)
         labels = check_batch(embeddings, labels, "HistogramLoss")
         sim = normalized_cosine_matrix(embeddings)
         pos, neg = label_masks(labels)

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from caffe_compat.losses.batch_input import check_batch
-from caffe_compat.losses.miners import select_pairs
+from caffe_compat.losses.batch_input import pair_inputs, reject_pml_arguments
 from caffe_compat.losses.pairwise import euclidean_matrix
 
 
@@ -41,6 +40,8 @@ class LiftedStructLoss(torch.nn.Module):
     Args:
         margin: m (default 1.0).
         miner: optional pair miner: mined counts weigh the J² terms and the negatives in the sums.
+
+    PML's ``indices_tuple`` acts like a miner; ``ref_emb`` / ``ref_labels`` raise ``LossArgumentError``.
     """
 
     def __init__(self, margin: float = 1.0, miner=None):
@@ -48,9 +49,11 @@ class LiftedStructLoss(torch.nn.Module):
         self.margin = float(margin)
         self.miner = miner
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = check_batch(embeddings, labels, "LiftedStructLoss")
-        pairs = select_pairs(self.miner, embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        reject_pml_arguments("LiftedStructLoss", "J_ij pools the negatives of both ends of a positive pair, "
+                             "so both must be in the batch", ref_emb=ref_emb, ref_labels=ref_labels)
+        pairs = pair_inputs("LiftedStructLoss", embeddings, labels, indices_tuple, miner=self.miner).pairs
         dist = euclidean_matrix(embeddings)
         has_neg = (pairs.neg > 0).any(dim=1)
         neg_logits = (self.margin - dist) + torch.log(pairs.neg)  # log 0 = −inf drops non-negatives

@@ -13,3 +13,9 @@ from caffe_compat.errors import CaffeCompatError
 
 class LossInputError(CaffeCompatError, ValueError):
     """A loss received a tensor of the wrong shape, or values the Caffe layer cannot handle."""
+
+
+class LossArgumentError(LossInputError, TypeError):
+    """A loss was called with one of pytorch-metric-learning's optional arguments (``indices_tuple``,
+    ``ref_emb``, ``ref_labels``) that it has no meaning for: the message names the loss and the argument.
+    Also a ``TypeError``, the error such a call raised before these arguments were accepted."""

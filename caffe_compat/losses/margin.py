@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 
 from caffe_compat.losses.loss_errors import LossInputError
-from caffe_compat.losses.batch_input import check_batch
-from caffe_compat.losses.miners import DistanceWeightedMiner, select_pairs
+from caffe_compat.losses.batch_input import pair_inputs
+from caffe_compat.losses.miners import DistanceWeightedMiner
 from caffe_compat.losses.pairwise import euclidean_matrix
 
 
@@ -87,12 +87,13 @@ class MarginLoss(torch.nn.Module):
             )
         return self.beta[index]
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = check_batch(embeddings, labels, "MarginLoss")
-        x = torch.nn.functional.normalize(embeddings, dim=1)
-        pairs = select_pairs(self.miner, x, labels)
-        dist = euclidean_matrix(x)
-        beta = self.anchor_beta(labels).to(dist.dtype)[:, None]
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        batch = pair_inputs("MarginLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
+                            miner=self.miner, normalize=True)
+        pairs = batch.pairs
+        dist = euclidean_matrix(batch.x, batch.ref)
+        beta = self.anchor_beta(batch.labels).to(dist.dtype)[:, None]
         pos_loss = torch.relu(self.margin + dist - beta)
         neg_loss = torch.relu(self.margin - dist + beta)
         total = (pairs.pos * pos_loss).sum() + (pairs.neg * neg_loss).sum()

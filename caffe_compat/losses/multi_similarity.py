@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from caffe_compat.losses.batch_input import check_batch, check_positive
-from caffe_compat.losses.miners import VTHMMiner, select_pairs
-from caffe_compat.losses.pairwise import normalized_cosine_matrix
+from caffe_compat.losses.batch_input import check_positive, pair_inputs
+from caffe_compat.losses.miners import VTHMMiner
 from caffe_compat.losses.raw import raw_anchor_losses
 
 OFFICIAL = {"alpha": 2.0, "beta": 40.0, "base": 0.5, "mining_margin": 0.1}
@@ -76,10 +75,11 @@ class MultiSimilarityLoss(torch.nn.Module):
             skip_incomplete_anchors=True,
         )
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = check_batch(embeddings, labels, "MultiSimilarityLoss")
-        sim = normalized_cosine_matrix(embeddings)
-        pairs = select_pairs(self.miner, embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        batch = pair_inputs("MultiSimilarityLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
+                            miner=self.miner)
+        sim, pairs = batch.cosine(), batch.pairs
         per_anchor = raw_anchor_losses(sim, pairs.pos, pairs.neg, self.alpha, self.beta, self.base)
         if self.skip_incomplete_anchors:
             complete = (pairs.pos.sum(dim=1) > 0) & (pairs.neg.sum(dim=1) > 0)

@@ -1,11 +1,21 @@
-"""Pairwise similarities and label masks shared by every metric-learning loss.
+"""Pairwise similarities, label masks and pair sets shared by every metric-learning loss.
 
 One place for the batch geometry: cosine matrices (Caffe's ``CosineSimilarityBatch`` formula),
 (squared) Euclidean distance matrices, the i<j pair enumeration Caffe uses, and same/different-label
 masks.  Losses import from here and nowhere else for these quantities.
+
+Pair sets.  A loss works on a :class:`PairSelection`: ``(B, R)`` matrices of pair *counts*, row = query
+(anchor), column = reference sample (the batch itself, R = B, unless a reference set is given).  The
+same sets written as pytorch-metric-learning's index tuples, ``(a1, p, a2, n)`` for pairs and
+``(a, p, n)`` for triplets, are converted here in both directions as PML's
+``lmu.convert_to_pairs`` / ``lmu.convert_to_triplets`` do: a triplet tuple read as pairs is
+``(a, p, a, n)`` (every occurrence counted), a pair tuple read as triplets is every ``(a1[i], p[i],
+n[j])`` with ``a1[i] == a2[j]``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -19,10 +29,17 @@ def cosine_matrix(x: torch.Tensor) -> torch.Tensor:
     return xy / torch.sqrt(sq[:, None] * sq[None, :])
 
 
-def normalized_cosine_matrix(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """Cosine matrix of L2-normalised rows (``F.normalize`` convention: a zero row gives zeros)."""
+def unit_rows(x: torch.Tensor | None, normalize: bool = True) -> torch.Tensor | None:
+    """``x`` with L2-normalised rows when ``normalize`` (``F.normalize``), else ``x``; None stays None."""
+    return torch.nn.functional.normalize(x, dim=1) if normalize and x is not None else x
+
+
+def normalized_cosine_matrix(x: torch.Tensor, y: torch.Tensor | None = None, eps: float = 1e-12) -> torch.Tensor:
+    """Cosine matrix of L2-normalised rows of ``x`` against those of ``y`` (default ``x``)
+    (``F.normalize`` convention: a zero row gives zeros)."""
     xn = torch.nn.functional.normalize(x, dim=1, eps=eps)
-    return xn @ xn.t()
+    yn = xn if y is None else torch.nn.functional.normalize(y, dim=1, eps=eps)
+    return xn @ yn.t()
 
 
 def squared_euclidean_matrix(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -38,9 +55,16 @@ def euclidean_matrix(x: torch.Tensor, y: torch.Tensor | None = None, eps: float 
     return torch.sqrt(squared_euclidean_matrix(x, y) + eps)
 
 
-def label_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(positive, negative)`` boolean B×B masks: same label without the diagonal, different label."""
+def label_masks(labels: torch.Tensor, ref_labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(positive, negative)`` boolean masks: same label, different label.
+
+    Without ``ref_labels`` the B×B masks of the batch, the diagonal (a sample with itself) excluded from
+    the positives; with ``ref_labels`` the B×R masks against a reference set, nothing excluded (PML's
+    cross-batch convention: the reference set is other samples)."""
     labels = labels.reshape(-1)
+    if ref_labels is not None:
+        same = labels[:, None] == ref_labels.reshape(-1)[None, :]
+        return same, ~same
     same = labels[:, None] == labels[None, :]
     eye = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
     return same & ~eye, ~same
@@ -55,3 +79,76 @@ def upper_pairs(batch_size: int, device=None) -> tuple[torch.Tensor, torch.Tenso
 def pair_index(i: torch.Tensor, j: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Row-major index k of the pair (i, j), i<j (the inverse of :func:`upper_pairs`)."""
     return batch_size * i - i * (i + 1) // 2 + (j - i - 1)
+
+
+@dataclass(frozen=True)
+class PairSelection:
+    """Pairs as ``(B, R)`` count matrices (row = anchor): ``pos`` positives, ``neg`` negatives."""
+
+    pos: torch.Tensor
+    neg: torch.Tensor
+
+
+def select_pairs(miner, embeddings: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor | None = None,
+                 ref_labels: torch.Tensor | None = None) -> PairSelection:
+    """The pairs a loss uses: the miner's selection (its count matrices, or those of the index tuple a
+    foreign miner returns), or every positive and negative pair (against ``ref`` when given)."""
+    if miner is None:
+        pos, neg = label_masks(labels, ref_labels)
+        return PairSelection(pos.to(embeddings.dtype), neg.to(embeddings.dtype))
+    selection = miner(embeddings, labels) if ref is None else miner(embeddings, labels, ref, ref_labels)
+    if not hasattr(selection, "pos"):  # a PML-shaped tuple, e.g. from a pytorch-metric-learning miner
+        n_ref = embeddings.shape[0] if ref is None else ref.shape[0]
+        return selection_from_tuple(selection, embeddings.shape[0], n_ref, embeddings.dtype)
+    return PairSelection(selection.pos.to(embeddings.dtype), selection.neg.to(embeddings.dtype))
+
+
+def pair_counts(rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int], dtype) -> torch.Tensor:
+    """``(B, R)`` matrix counting each ``(rows[k], cols[k])`` (repeated pairs count repeatedly)."""
+    counts = torch.zeros(shape, dtype=dtype, device=rows.device)
+    return counts.index_put_((rows, cols), torch.ones(rows.shape, dtype=dtype, device=rows.device), accumulate=True)
+
+
+def pairs_of_counts(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, cols)`` long tensors of a count matrix, row-major, a pair counted k times listed k times."""
+    rows, cols = torch.nonzero(counts > 0, as_tuple=True)
+    times = counts[rows, cols].round().long()
+    return rows.repeat_interleave(times), cols.repeat_interleave(times)
+
+
+def as_pairs(indices_tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(a1, p, a2, n)`` of a pair or triplet tuple (PML's ``convert_to_pairs``)."""
+    if len(indices_tuple) == 4:
+        return tuple(indices_tuple)
+    a, p, n = indices_tuple
+    return a, p, a, n
+
+
+def as_triplets(indices_tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(a, p, n)`` of a triplet or pair tuple (PML's ``convert_to_triplets``: every positive pair with
+    every negative pair of the same anchor, in PML's order)."""
+    if len(indices_tuple) == 3:
+        return tuple(indices_tuple)
+    a1, p, a2, n = indices_tuple
+    i, j = torch.where(a1[:, None] == a2[None, :])
+    return a1[i], p[i], n[j]
+
+
+def selection_from_tuple(indices_tuple, n_query: int, n_ref: int, dtype) -> PairSelection:
+    """The ``(n_query, n_ref)`` count matrices of a pair or triplet tuple."""
+    a1, p, a2, n = as_pairs(indices_tuple)
+    shape = (n_query, n_ref)
+    return PairSelection(pair_counts(a1, p, shape, dtype), pair_counts(a2, n, shape, dtype))
+
+
+TRIPLET_SETS = ("all", "semihard", "hard")
+
+
+def in_triplet_set(d_ap: torch.Tensor, d_an: torch.Tensor, margin: float, triplets: str) -> torch.Tensor:
+    """Which triplets belong to the set ``triplets``: ``"all"`` every one, ``"semihard"``
+    ``d_ap < d_an ≤ d_ap + margin``, ``"hard"`` ``d_an ≤ d_ap`` (PML's ``TripletMarginMiner`` types)."""
+    if triplets == "semihard":
+        return (d_ap < d_an) & (d_an <= d_ap + margin)
+    if triplets == "hard":
+        return d_an <= d_ap
+    return torch.ones_like(d_ap, dtype=torch.bool)

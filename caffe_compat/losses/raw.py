@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from caffe_compat.losses.batch_input import check_batch, check_positive
-from caffe_compat.losses.miners import VTHMMiner, select_pairs
-from caffe_compat.losses.pairwise import normalized_cosine_matrix
+from caffe_compat.losses.batch_input import check_positive, pair_inputs
+from caffe_compat.losses.miners import VTHMMiner
 
 
 def _log1p_sum_exp(logits: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -73,8 +72,8 @@ class RAWLoss(torch.nn.Module):
         self.gamma = float(gamma)
         self.miner = miner if miner is not None else (VTHMMiner(vthm_margin) if vthm else None)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = check_batch(embeddings, labels, "RAWLoss")
-        sim = normalized_cosine_matrix(embeddings)
-        pairs = select_pairs(self.miner, embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        batch = pair_inputs("RAWLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels, miner=self.miner)
+        sim, pairs = batch.cosine(), batch.pairs
         return raw_anchor_losses(sim, pairs.pos, pairs.neg, self.alpha, self.beta, self.gamma).mean()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from caffe_compat.losses.batch_input import check_batch, check_positive
+from caffe_compat.losses.batch_input import check_batch, check_positive, reject_pml_arguments
 from caffe_compat.losses.pairwise import label_masks, normalized_cosine_matrix
 
 
@@ -66,7 +66,9 @@ class SmoothAPLoss(torch.nn.Module):
         L    = 1 − mean of AP_q over the queries with at least one positive
 
     If no query has a positive the loss is 0 (still attached to the graph, with zero gradient).  Any
-    label layout is supported.  Takes no ``miner=`` (list-wise loss).
+    label layout is supported.
+    Takes no ``miner=``, ``indices_tuple``, ``ref_emb`` or ``ref_labels`` (list-wise loss; the latter
+    raise ``LossArgumentError``).
 
     Args:
         temperature: τ (default 0.01).
@@ -79,7 +81,10 @@ class SmoothAPLoss(torch.nn.Module):
         self.temperature = check_positive(float(temperature), "temperature", "SmoothAPLoss")
         self.include_query = bool(include_query)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        reject_pml_arguments("SmoothAPLoss", "each query ranks the whole rest of the batch (list-wise loss)",
+                             indices_tuple=indices_tuple, ref_emb=ref_emb, ref_labels=ref_labels)
         labels = check_batch(embeddings, labels, "SmoothAPLoss")
         sim = normalized_cosine_matrix(embeddings)
         pos, neg = label_masks(labels)

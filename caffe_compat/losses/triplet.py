@@ -20,6 +20,10 @@ type equals ``reduction="mean_nonzero"``); ``"sum"`` = Σ_T ℓ.  An empty T giv
 
 With ``miner=`` the anchor's mined positives and negatives are combined (triplet weight
 ``pos[a,p]·neg[a,n]``), e.g. :class:`~caffe_compat.losses.miners.EasyPositiveMiner` gives EPS + triplet.
+Called PML's way, ``loss(embeddings, labels, indices_tuple)``: a pair tuple gives the same combination
+(PML's ``convert_to_triplets``), a triplet tuple ``(a, p, n)`` is used triplet by triplet (those in T;
+``reduction`` over them), so ``TripletLoss(margin, squared=False, reduction="mean_nonzero")`` equals
+PML's default ``TripletMarginLoss(margin)`` given the same tuple, or none.
 
 Never materialises the B³ triplets: per anchor the negatives' distances are sorted once and each
 (a, p) sums its hinge over them with ``searchsorted`` and prefix sums (O(B² log B) time, O(B²) memory).
@@ -30,11 +34,8 @@ from __future__ import annotations
 import torch
 
 from caffe_compat.losses.loss_errors import LossInputError
-from caffe_compat.losses.batch_input import check_batch
-from caffe_compat.losses.miners import select_pairs
-from caffe_compat.losses.pairwise import euclidean_matrix, squared_euclidean_matrix
-
-TRIPLET_SETS = ("all", "semihard", "hard")
+from caffe_compat.losses.batch_input import pair_inputs
+from caffe_compat.losses.pairwise import TRIPLET_SETS, euclidean_matrix, in_triplet_set, squared_euclidean_matrix
 REDUCTIONS = ("mean", "mean_nonzero", "sum")
 
 
@@ -72,6 +73,9 @@ class TripletLoss(torch.nn.Module):
             ``AvgNonZeroReducer``) or ``"sum"``.  An empty set gives 0.
         miner: optional pair miner; a triplet then weighs ``pos[a,p]·neg[a,n]`` (e.g. EPS + triplet).
 
+    Also ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` (PML): a triplet tuple is
+    used triplet by triplet, a pair tuple as a miner's pairs.
+
     O(B² log B) time, O(B²) memory: the B³ triplets are never materialised.
     """
 
@@ -98,11 +102,15 @@ class TripletLoss(torch.nn.Module):
         self.reduction = reduction
         self.miner = miner
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = check_batch(embeddings, labels, "TripletLoss")
-        x = torch.nn.functional.normalize(embeddings, dim=1) if self.normalize else embeddings
-        pairs = select_pairs(self.miner, x, labels)
-        dist = squared_euclidean_matrix(x) if self.squared else euclidean_matrix(x)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
+                ref_labels=None) -> torch.Tensor:
+        batch = pair_inputs("TripletLoss", embeddings, labels, indices_tuple, ref_emb, ref_labels,
+                            miner=self.miner, normalize=self.normalize)
+        pairs = batch.pairs
+        distance = squared_euclidean_matrix if self.squared else euclidean_matrix
+        dist = distance(batch.x, batch.ref)
+        if batch.triplets is not None:
+            return self._given_triplets(dist, *batch.triplets)
         negatives = _SortedNegatives(dist, pairs.neg)
         shifted = dist + self.margin  # (a, p): hinge is positive for d_an < d_ap + margin
         cnt_hinge, sum_hinge = negatives.below(shifted, inclusive=False)
@@ -122,7 +130,19 @@ class TripletLoss(torch.nn.Module):
                 selected = cnt_upto - cnt_close
         w = pairs.pos
         total = (w * loss_sum).sum()
+        count = (w * (nonzero if self.reduction == "mean_nonzero" else selected)).sum()
+        return self._reduce(total, count)
+
+    def _reduce(self, total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         if self.reduction == "sum":
             return total
-        count = (w * (nonzero if self.reduction == "mean_nonzero" else selected)).sum()
         return torch.where(count > 0, total / count.clamp_min(1e-30), total * 0.0)
+
+    def _given_triplets(self, dist, a, p, n) -> torch.Tensor:
+        """The loss over the triplets of a call's ``indices_tuple`` that lie in the set ``triplets``."""
+        d_ap, d_an = dist[a, p], dist[a, n]
+        hinge = torch.relu(d_ap - d_an + self.margin)
+        selected = in_triplet_set(d_ap.detach(), d_an.detach(), self.margin, self.triplets).to(dist.dtype)
+        total = (selected * hinge).sum()
+        count = (selected * (hinge > 0) if self.reduction == "mean_nonzero" else selected).sum()
+        return self._reduce(total, count)
