@@ -21,6 +21,7 @@ snapshots, the logs and the summary line (see :mod:`caffe_compat.solver.train`).
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def register(sub) -> None:
@@ -38,6 +39,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--log", help="CSV log of loss and lr per iteration")
+    p.add_argument("--caffe-log", metavar="FILE",
+                   help="also write the solver's log in Caffe's glog format (Iteration N, lr = ...; Train/Test "
+                        "net output #k: ...) to FILE ('-': stderr), readable by caffe-compat parse-log and "
+                        "Caffe's tools/extra/parse_log.py")
     p.add_argument("--tensorboard", help="TensorBoard log folder (when tensorboard is installed)")
     p.add_argument("--distributed", action=argparse.BooleanOptionalAction, default=None,
                    help="data-parallel training over the torchrun ranks (default: when WORLD_SIZE > 1)")
@@ -45,15 +50,21 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import contextlib
+
     from caffe_compat.evaluate.inputs import parse_device
     from caffe_compat.solver import distributed as ddp
     from caffe_compat.solver.train import train
+    from caffe_compat.tools.glog import caffe_log
 
     device = None if args.device is None else str(parse_device(args.device, option="--device", allow_auto=False))
-    summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
-                    amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
-                    tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
-                    distributed=args.distributed)
+    with contextlib.ExitStack() as stack:
+        if args.caffe_log and int(os.environ.get("RANK", "0")) == 0:  # rank 0 alone logs, as train() does
+            stack.enter_context(caffe_log(args.caffe_log))
+        summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
+                        amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
+                        tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
+                        distributed=args.distributed)
     main = ddp.is_main_process()
     ddp.shutdown_distributed()
     if not main:

@@ -206,34 +206,71 @@ def make_datum(image: np.ndarray | bytes, label: int, encoded: bool = False) -> 
     return datum
 
 
+class LmdbWriter:
+    """A new LMDB of Datum records, built in a temporary folder beside ``path`` and renamed into place by
+    :meth:`close` (a reader never sees a half-written database); refuses an existing ``path`` as Caffe's
+    ``db::NEW`` does.  Records are committed every 1000, as Caffe's tools commit.  :meth:`abort` (or an
+    exception inside ``with``) removes the temporary folder."""
+
+    def __init__(self, path: str | os.PathLike, map_size: int = 1 << 40):
+        import tempfile
+
+        lmdb = _lmdb()
+        self.target = Path(path)
+        if self.target.exists():
+            raise DataError(f"{self.target}: already exists (Caffe's convert_imageset refuses too); remove it first")
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent))
+        self.count = 0
+        try:
+            self.env = lmdb.open(str(self.tmp), map_size=map_size)
+            self.txn = self.env.begin(write=True)
+        except BaseException:
+            self.abort()
+            raise
+
+    def put(self, key: str, datum: caffe_pb2.Datum) -> None:
+        self.txn.put(key.encode("utf-8"), datum.SerializeToString())
+        self.count += 1
+        if self.count % 1000 == 0:
+            self.txn.commit()
+            self.txn = self.env.begin(write=True)
+
+    def close(self) -> int:
+        """Commit, close and move the database into place; returns the record count."""
+        try:
+            self.txn.commit()
+            self.env.close()
+            os.replace(self.tmp, self.target)
+        except BaseException:
+            self.abort()
+            raise
+        return self.count
+
+    def abort(self) -> None:
+        import shutil
+
+        env = getattr(self, "env", None)
+        if env is not None:
+            env.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> "LmdbWriter":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+
 def write_lmdb(path: str | os.PathLike, records: Iterable[tuple[str, caffe_pb2.Datum]],
                map_size: int = 1 << 40) -> int:
     """Write ``(key, Datum)`` records into a new LMDB (refuses to overwrite); returns the count.
 
     The database is built in a temporary directory and renamed into place when complete."""
-    import shutil
-    import tempfile
-
-    lmdb = _lmdb()
-    target = Path(path)
-    if target.exists():
-        raise DataError(f"{target}: already exists (Caffe's convert_imageset refuses too); remove it first")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    count = 0
-    try:
-        env = lmdb.open(str(tmp), map_size=map_size)
-        txn = env.begin(write=True)
+    with LmdbWriter(path, map_size) as writer:
         for key, datum in records:
-            txn.put(key.encode("utf-8"), datum.SerializeToString())
-            count += 1
-            if count % 1000 == 0:
-                txn.commit()
-                txn = env.begin(write=True)
-        txn.commit()
-        env.close()
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return count
+            writer.put(key, datum)
+    return writer.count

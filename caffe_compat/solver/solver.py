@@ -39,6 +39,7 @@ import contextlib
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ from caffe_compat.proto import caffe_pb2
 from caffe_compat.pycaffe import SolverNet
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
+from caffe_compat.tools.glog import g6 as _g6  # a number as glog/iostream prints it
 
 __all__ = ["Solver", "learnable_blobs"]
 
@@ -349,6 +351,7 @@ class Solver:
         else:
             self._losses, self.smoothed_loss = [], 0.0
         self._window_start = start_iter
+        self._display_clock, self._iterations_last = time.perf_counter(), self.iter
         iter_size = int(self.param.iter_size)
         while self.iter < stop_iter:
             self.optimizer.zero_grad(set_to_none=True)
@@ -385,8 +388,25 @@ class Solver:
         """The current average_loss window: (losses, smoothed_loss, iteration the window started at)."""
         return list(self._losses), float(self.smoothed_loss), int(self._window_start)
 
+    def _log_display_loss(self) -> None:
+        """Caffe's display line ``Iteration N (x iter/s, ys/D iters), loss = z`` (``Solver::Step``): speed and
+        seconds since the previous display (or the start of ``step()``)."""
+        now = time.perf_counter()
+        start, last = getattr(self, "_display_clock", now), getattr(self, "_iterations_last", self.iter)
+        lapse = now - start
+        per_s = (self.iter - last) / (lapse if lapse else 1.0)
+        log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, _g6(per_s), _g6(lapse),
+                 int(self.param.display), _g6(self.smoothed_loss))
+        self._display_clock, self._iterations_last = now, self.iter
+
+    def log_solving(self) -> None:
+        """Caffe's ``Solving <net>`` and ``Learning Rate Policy: <policy>`` lines at the start of ``Solve``
+        (``parse_log`` counts its seconds from the first)."""
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", self.param.lr_policy)
+
     def _log_outputs(self) -> None:
-        log.info("Iteration %d, loss = %s", self.iter, _g6(self.smoothed_loss))
+        self._log_display_loss()
         index = 0
         for name, value in self.outputs.items():
             weight = self.net.loss_weights.get(name, 0.0)
@@ -403,6 +423,7 @@ class Solver:
             raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
         if resume_file is not None:
             self.restore(resume_file)
+        self.log_solving()
         start_iter = self.iter
         self.step(int(self.param.max_iter) - self.iter)
         if self.param.snapshot_after_train and (not self.param.snapshot or self.iter % self.param.snapshot != 0):
@@ -412,7 +433,7 @@ class Solver:
                 blobs = self.net(**self._next_inputs())
                 loss = float(self.net.objective(blobs))
             self._update_smoothed_loss(loss, start_iter)
-            log.info("Iteration %d, loss = %s", self.iter, _g6(self.smoothed_loss))
+            self._log_display_loss()
         if self.param.test_interval and self.iter % self.param.test_interval == 0:
             self.test_all()
         log.info("Optimization Done.")
@@ -517,7 +538,3 @@ class Solver:
         self.current_step = int(state.current_step)
         self.optimizer.iter = self.iter
 
-
-def _g6(value: float) -> str:
-    """A number the way glog/iostream prints it (6 significant digits)."""
-    return f"{float(value):.6g}"

@@ -754,6 +754,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     start_iter, start = solver.iter, time.perf_counter()
     diverged = None
     try:
+        solver.log_solving()
         solver.step(total)
         p = solver.param
         if iters is None and p.snapshot_after_train and (not p.snapshot or solver.iter % p.snapshot != 0):

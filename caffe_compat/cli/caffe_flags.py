@@ -1,0 +1,30 @@
+"""Options shared by the commands that mirror Caffe's tools, each with Caffe's single-dash spelling too
+(``-model``, ``-weights``, ``-iterations``, ``-gpu``, ``-phase``, ``-level``, ``-stage``; ``-model=x`` works)."""
+
+from __future__ import annotations
+
+
+def add_net_flags(p, *, weights_help: str, iterations_help: str, phase: str | None = None) -> None:
+    p.add_argument("--model", "-model", required=True, metavar="NET.prototxt",
+                   help="the model definition (prototxt; data layers read their sources relative to the working "
+                        "directory, as in Caffe)")
+    p.add_argument("--weights", "-weights", metavar="W.caffemodel", help=weights_help)
+    p.add_argument("--iterations", "-iterations", type=int, default=50, metavar="N",
+                   help=iterations_help + " (default 50, as Caffe)")
+    if phase is not None:
+        p.add_argument("--phase", "-phase", type=str.upper, choices=["TRAIN", "TEST"], default=phase,
+                       help=f"network phase (default {phase}, as Caffe)")
+    p.add_argument("--level", "-level", type=int, default=0, help="network level (default 0, as Caffe)")
+    p.add_argument("--stage", "-stage", default="", metavar="S1,S2",
+                   help="network stages, comma-separated (not to be confused with the phase)")
+    add_device_flags(p)
+    p.add_argument("--input", action="append", default=[], metavar="BLOB=FILE",
+                   help="feed an Input blob the same values every iteration: BLOB=FILE.npy or BLOB=FILE.npz[:KEY] "
+                        "(repeatable; Caffe leaves Input blobs at zero)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-': stdout)")
+
+
+def add_device_flags(p) -> None:
+    p.add_argument("--gpu", "-gpu", metavar="ID",
+                   help="Caffe's flag: run on CUDA device ID (a list or 'all': the first is used); default CPU")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (instead of -gpu)")
