@@ -9,14 +9,18 @@ import sys
 
 import pytest
 
-from tests.conftest import fixture_path
+from tests.conftest import REPO, fixture_path
 
 ZOO = fixture_path("layer_zoo/deploy.prototxt")
 
 
-def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+def run_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """``python -m caffe_compat.cli ARGS`` of this checkout (also from another ``cwd``); ``env``: extra
+    environment variables."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run([sys.executable, "-m", "caffe_compat.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+                          cwd=cwd, timeout=120, env=environment)
 
 
 def assert_usage_error(done: subprocess.CompletedProcess, command: str, message: str) -> None:
