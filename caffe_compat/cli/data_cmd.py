@@ -1,4 +1,7 @@
-"""Data tools: ``make-toy-data``, ``make-lmdb`` (Caffe's convert_imageset), ``compute-mean``."""
+"""Data tools: ``make-toy-data``, ``make-lmdb`` (Caffe's convert_imageset), ``compute-mean``.
+
+The folder an output goes into must exist: it is checked before anything is read (exit 2), never created.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +40,9 @@ def register(sub) -> None:
 
 def run_toy(args) -> int:
     from caffe_compat.data import make_toy_data
+    from caffe_compat.io.atomic import require_folder
 
+    require_folder(args.out)
     root = make_toy_data(args.kind, args.out, seed=args.seed, size=args.size)
     print(f"wrote a toy {args.kind} tree at {root}")
     return 0
@@ -49,7 +54,9 @@ def run_lmdb(args) -> int:
     import sys
 
     from caffe_compat.data.imageset import convert_imageset
+    from caffe_compat.io.atomic import require_folder
 
+    require_folder(args.out)
     progress = not args.quiet
 
     def warn(message: str) -> None:
@@ -77,7 +84,9 @@ def run_lmdb(args) -> int:
 def run_mean(args) -> int:
     from caffe_compat.data.imageset import compute_image_mean
     from caffe_compat.io import write_blob
+    from caffe_compat.io.atomic import require_folder
 
+    require_folder(args.out)
     mean = compute_image_mean(args.db)
     write_blob(mean, args.out)
     per_channel = ", ".join(f"{v:.3f}" for v in mean[0].reshape(mean.shape[1], -1).mean(axis=1))

@@ -16,6 +16,8 @@ Data parallel: ``torchrun --nproc_per_node N -m caffe_compat.cli train SOLVER.pr
 layers over the N ranks, the pair losses see the gathered global batch, and rank 0 alone writes the
 snapshots, the logs and the summary line (see :mod:`caffe_compat.solver.train`).
 ``--no-distributed`` trains each rank alone.
+
+The ``--log`` file's folder must exist (exit 2 before training); ``--tensorboard`` folders are created.
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from caffe_compat.evaluate.inputs import parse_device
+    from caffe_compat.io.atomic import require_folder
     from caffe_compat.solver import distributed as ddp
     from caffe_compat.solver.train import train
 
+    if args.log:
+        require_folder(args.log)
     device = None if args.device is None else str(parse_device(args.device, option="--device", allow_auto=False))
     summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
                     amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,

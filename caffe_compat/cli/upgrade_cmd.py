@@ -1,7 +1,7 @@
 """``caffe-compat upgrade OLD NEW``: Caffe's upgrade_net_proto_text / _binary (and solver files).
 
 The output format follows NEW's suffix (``.caffemodel``/``.binaryproto`` → binary, else prototxt) unless
-``--binary``/``--text`` is given.  The file is written atomically.
+``--binary``/``--text`` is given.  The file is written atomically; NEW's folder must exist (exit 2).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from caffe_compat.io import read_net, read_solver, write_net
+    from caffe_compat.io.atomic import require_folder
     from caffe_compat.io.protofiles import write_message
 
+    require_folder(args.new)
     if args.solver:
         solver = read_solver(args.old)
         write_message(solver, args.new, binary=bool(args.binary))
