@@ -14,12 +14,12 @@ from tests.conftest import REPO, fixture_path
 ZOO = fixture_path("layer_zoo/deploy.prototxt")
 
 
-def run_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
-    """``python -m caffe_compat.cli ARGS`` of this checkout (also from another ``cwd``); ``env``: extra
-    environment variables."""
+def run_cli(*args, cwd=None, env=None, module="caffe_compat.cli") -> subprocess.CompletedProcess:
+    """``python -m caffe_compat.cli ARGS`` (or another ``module``) of this checkout, also from another
+    ``cwd``; ``env``: extra environment variables."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "caffe_compat.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, timeout=120, env=environment)
 
 
