@@ -8,33 +8,36 @@ from __future__ import annotations
 
 def register(sub) -> None:
     p = sub.add_parser("make-toy-data", help="write a small real data set (sklearn digits) in a native layout")
-    p.add_argument("kind", choices=["cub", "sop", "vehicleid"])
+    p.add_argument("kind", choices=["cub", "sop", "vehicleid"],
+                   help="layout to write: CUB-200-2011, Stanford Online Products or VehicleID")
     p.add_argument("out", help="new folder (must not exist, or be empty); written complete or not at all")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the images' assignment to classes and splits (default 0; same seed, same bytes)")
     p.add_argument("--size", type=int, default=64, help="image side in pixels")
     p.set_defaults(func=run_toy)
 
     p = sub.add_parser("make-lmdb", help="Caffe's convert_imageset: list file of 'path label' -> LMDB of Datum")
-    p.add_argument("list_file")
+    p.add_argument("list_file", help="text file of 'relative/path.jpg label' lines")
     p.add_argument("root", help="folder the list's paths are relative to")
     p.add_argument("out", help="new LMDB folder")
-    p.add_argument("--resize", nargs=2, type=int, metavar=("H", "W"))
+    p.add_argument("--resize", nargs=2, type=int, metavar=("H", "W"),
+                   help="resize every image to H x W pixels (when both are > 0, as Caffe)")
     p.add_argument("--gray", action="store_true",
                    help="decode as grey (raw records; with --encoded and no --resize Caffe stores the file's "
                         "own bytes, colour included)")
     p.add_argument("--encoded", action="store_true", help="store encoded image files (JPEG/PNG bytes)")
     p.add_argument("--encode-type", default="",
                    help="encode as this type (png, jpg); implies --encoded, like Caffe's --encode_type")
-    p.add_argument("--shuffle", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shuffle", action="store_true", help="store the records in a random order")
+    p.add_argument("--seed", type=int, default=0, help="seed of --shuffle's order (default 0)")
     p.add_argument("--strict", action="store_true",
                    help="stop at the first missing/unreadable image (Caffe skips it with a log line)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_lmdb)
 
     p = sub.add_parser("compute-mean", help="Caffe's compute_image_mean: LMDB -> mean .binaryproto")
-    p.add_argument("db")
-    p.add_argument("out")
+    p.add_argument("db", help="the LMDB of Datum records to average (make-lmdb's output)")
+    p.add_argument("out", help="the mean .binaryproto to write (its folder must exist)")
     p.set_defaults(func=run_mean)
 
 

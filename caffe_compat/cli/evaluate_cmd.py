@@ -18,7 +18,8 @@ def register(sub) -> None:
     p = sub.add_parser("evaluate",
                        help="embed a data set's test split with ONNX Runtime and evaluate (paper tables)")
     p.add_argument("model", metavar="embedder.onnx", help="model written by caffe-compat export")
-    p.add_argument("--dataset", required=True, choices=["cub200", "sop", "vehicleid"])
+    p.add_argument("--dataset", required=True, choices=["cub200", "sop", "vehicleid"],
+                   help="which data set --data-root holds (it decides the split and the paper table)")
     p.add_argument("--data-root", required=True, metavar="DIR", help="the data set in its native layout")
     p.add_argument("--provider", choices=["cuda", "cpu"], default=None,
                    help="execution provider (default: CUDA when it works, else CPU)")

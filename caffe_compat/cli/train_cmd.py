@@ -27,7 +27,7 @@ import argparse
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a Caffe net from its solver prototxt")
-    p.add_argument("solver")
+    p.add_argument("solver", help="solver prototxt naming the net (net: \"train.prototxt\")")
     p.add_argument("--weights", help="caffemodel(s) to start from (comma-separated, like caffe train)")
     p.add_argument("--snapshot", "--resume", dest="snapshot", metavar="SOLVERSTATE",
                    help="a .solverstate to resume from (with the .trainstate beside it, when train wrote one, the "
@@ -35,10 +35,12 @@ def register(sub) -> None:
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the solver's solver_mode when available)")
     p.add_argument("--iters", type=int, help="iterations to run (default: up to max_iter)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward/backward")
-    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--channels-last", action="store_true", help="NHWC memory order (values unchanged)")
     p.add_argument("--compile", action="store_true", help="torch.compile the net's forward")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--seed", type=int, help="seed of torch's generator (fillers, dropout); with --deterministic also "
+                                           "numpy's and random's")
+    p.add_argument("--deterministic", action="store_true",
+                   help="seeded runs that repeat exactly (deterministic kernels, no cuDNN autotuning)")
     p.add_argument("--log", help="CSV log of loss and lr per iteration")
     p.add_argument("--tensorboard", help="TensorBoard log folder (when tensorboard is installed)")
     p.add_argument("--distributed", action=argparse.BooleanOptionalAction, default=None,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 def register(sub) -> None:
     p = sub.add_parser("upgrade", help="upgrade a V0/V1 net (prototxt or caffemodel) or an old solver file")
-    p.add_argument("old")
-    p.add_argument("new")
+    p.add_argument("old", help="the V0/V1 net (prototxt or caffemodel), or with --solver the old solver file")
+    p.add_argument("new", help="the file to write (its folder must exist)")
     p.add_argument("--solver", action="store_true", help="the input is a solver prototxt")
     fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--binary", dest="binary", action="store_true", default=None)
-    fmt.add_argument("--text", dest="binary", action="store_false")
+    fmt.add_argument("--binary", dest="binary", action="store_true", default=None,
+                     help="write binary protobuf (default for .caffemodel/.binaryproto names)")
+    fmt.add_argument("--text", dest="binary", action="store_false", help="write a text prototxt (default otherwise)")
     p.set_defaults(func=run)
 
 
