@@ -42,7 +42,8 @@ def read_net(path_or_text, upgrade: bool = True) -> caffe_pb2.NetParameter:
     """A NetParameter from a prototxt (text) or caffemodel (binary) path, bytes, or prototxt text.
 
     Text or binary is detected from the content.  Legacy V0/V1 nets and net-level inputs are upgraded
-    as Caffe upgrades them (see :mod:`caffe_compat.io.upgrade`) unless ``upgrade=False``.
+    as Caffe upgrades them (see :mod:`caffe_compat.io.upgrade`) unless ``upgrade=False``.  A solver
+    prototxt raises FormatError naming it as a solver and its net.
     """
     source, data = _source_and_data(path_or_text)
     net = caffe_pb2.NetParameter()
@@ -100,7 +101,9 @@ def write_net(net: caffe_pb2.NetParameter, path: str | os.PathLike, binary: bool
 
 
 def read_solver(path_or_text, upgrade: bool = True) -> caffe_pb2.SolverParameter:
-    """A SolverParameter from a solver prototxt; ``solver_type`` is upgraded to ``type``."""
+    """A SolverParameter from a solver prototxt; ``solver_type`` is upgraded to ``type``.  A net prototxt
+    raises FormatError showing a minimal solver naming it; a binary file raises ParseError saying what it
+    looks like (a caffemodel, a .solverstate, ...)."""
     source, data = _source_and_data(path_or_text)
     if isinstance(data, bytes) and looks_binary(data):
         raise ParseError(not_text_message(source, data, "a solver is a text prototxt naming its net (give a "
@@ -112,7 +115,7 @@ def read_solver(path_or_text, upgrade: bool = True) -> caffe_pb2.SolverParameter
     except ParseError:
         if not is_net_text(text):
             raise
-        net = source if source != "<text>" else "NET.prototxt"
+        net = "NET.prototxt" if source.startswith("<") else source
         raise FormatError(f"{source}: this is a net (NetParameter), not a solver; train takes a solver file "
                           f"naming the net, e.g. a solver.prototxt holding: {minimal_solver(net)}") from None
     if upgrade:

@@ -98,9 +98,10 @@ def test_a_binary_solver_file_says_what_it_looks_like(tmp_path, name, make, look
                                  "solver is a text prototxt naming its net (give a caffemodel to train with --weights)")
 
 
-def test_the_suggested_solver_names_a_net_given_as_text():
+@pytest.mark.parametrize("given", [TRAINABLE, TRAINABLE.encode()])
+def test_the_suggested_solver_names_a_net_given_as_text_or_bytes(given):
     with pytest.raises(FormatError, match=re.escape('holding: net: "NET.prototxt" base_lr: 0.01')):
-        read_solver(TRAINABLE)
+        read_solver(given)
 
 
 def test_prototxt_errors_of_other_kinds_are_unchanged(tmp_path):
