@@ -6,18 +6,22 @@ were found; a missing or empty cards folder is an error (:func:`load_cards`), ne
 
 A card names the files, their digests where known (sha256, sha1, md5: :func:`verify_caffemodel` checks
 every one the card lists), the expected learnable blob names and shapes,
-input/output blobs, and where users obtain the files (nothing is downloaded at run time, except
-:func:`fetch_nsfw`, which asks the Python package index for the open_nsfw source package).
+input/output blobs, and where users obtain the files (``obtain``).  Nothing is downloaded at run time
+except by :func:`fetch_model` (``caffe-compat models fetch NAME``): the cards in :data:`FETCHERS` have a
+fetcher (open_nsfw: :func:`fetch_nsfw` asks the Python package index for its source package); for the
+others it raises an error saying where to download the files by hand.
 
-``python -m caffe_compat.models fetch-nsfw --cache DIR`` puts ``deploy.prototxt`` and
+``python -m caffe_compat.models fetch-nsfw --cache DIR`` (kept for CI) puts ``deploy.prototxt`` and
 ``resnet_50_1by2_nsfw.caffemodel`` in ``DIR/nsfw`` (verified by sha256) and prints the folder.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -81,6 +85,22 @@ def load_cards(directory: str | os.PathLike | None = None) -> dict[str, dict]:
             raise FormatError(f"{path}: a second card named '{card['name']}'")
         cards[card["name"]] = card
     return cards
+
+
+def card_named(name: str, cards: dict[str, dict] | None = None) -> dict:
+    """The card called ``name``; an unknown name raises, listing the known ones."""
+    cards = load_cards() if cards is None else cards
+    if name not in cards:
+        raise CaffeCompatError(f"no model card named '{name}' (known: {', '.join(sorted(cards))})")
+    return cards[name]
+
+
+_ADDRESS = re.compile(r"https?://[^\s()<>\"']+[^\s()<>\"'.,;:]")
+
+
+def download_addresses(card: dict) -> list[str]:
+    """The web addresses in a card's ``obtain`` text, whole, in order."""
+    return _ADDRESS.findall(card.get("obtain") or "")
 
 
 def find_card(filename: str, cards: dict[str, dict] | None = None) -> dict | None:
@@ -164,14 +184,37 @@ def fetch_nsfw(cache: str | os.PathLike) -> Path:
     return target
 
 
+#: Cards whose files caffe-compat can download: card name -> fetcher(cache folder) -> folder of the files.
+FETCHERS = {"open_nsfw": fetch_nsfw}
+
+
+def fetch_model(name: str, cache: str | os.PathLike) -> Path:
+    """Download (or find, verified) the files of card ``name`` under ``cache``; return their folder.  A card
+    without a fetcher raises an error saying where to download its files by hand."""
+    card = card_named(name)
+    fetcher = FETCHERS.get(name)
+    if fetcher is None:
+        raise CaffeCompatError(f"'{name}' cannot be fetched automatically; download it by hand: "
+                               f"{card.get('obtain') or 'the card does not say where'}")
+    return fetcher(cache)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) >= 1 and argv[0] == "fetch-nsfw":
-        cache = argv[argv.index("--cache") + 1] if "--cache" in argv else ".cache"
-        print(fetch_nsfw(cache))
-        return 0
-    print("usage: python -m caffe_compat.models fetch-nsfw [--cache DIR]", file=sys.stderr)
-    return 2
+    """``python -m caffe_compat.models fetch-nsfw [--cache DIR]``: ``caffe-compat models fetch open_nsfw``."""
+    parser = argparse.ArgumentParser(prog="python -m caffe_compat.models",
+                                     description="Fetch published Caffe models (also: caffe-compat models fetch).")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True, help="what to do")
+    fetch = verbs.add_parser("fetch-nsfw", help="download open_nsfw into DIR/nsfw (caffe-compat models fetch "
+                                                "open_nsfw)")
+    fetch.add_argument("--cache", default=".cache", metavar="DIR",
+                       help="folder to download into (default .cache; created when missing)")
+    args = parser.parse_args(argv)
+    try:
+        print(fetch_model("open_nsfw", args.cache))
+    except CaffeCompatError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

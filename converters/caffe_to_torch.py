@@ -12,12 +12,15 @@ import os
 from caffe_compat.checkpoint import save_checkpoint
 from caffe_compat.errors import ShapeMismatchError
 from caffe_compat.io import read_net
+from caffe_compat.io.netfiles import check_net_and_weights
 from caffe_compat.net import load_net
 
 
 def convert_caffe_to_torch(prototxt: str | os.PathLike, caffemodel: str | os.PathLike, output: str | os.PathLike,
                            phase: str = "test", strict: bool = True):
-    """Write the checkpoint and return the CaffeNet it holds."""
+    """Write the checkpoint and return the CaffeNet it holds (the two files given the wrong way round are
+    named as such)."""
+    check_net_and_weights(prototxt, caffemodel)
     weights = read_net(str(caffemodel))
     net = load_net(str(prototxt), weights=weights, phase=phase)
     if strict:

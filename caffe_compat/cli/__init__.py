@@ -15,10 +15,26 @@ import sys
 from caffe_compat.errors import CaffeCompatError
 
 
+def package_version() -> str:
+    """The installed distribution's version (``importlib.metadata``), else ``caffe_compat.__version__`` (a
+    checkout run without installing), else ``"unknown"``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("caffe-compat")
+    except metadata.PackageNotFoundError:
+        import caffe_compat
+
+        return getattr(caffe_compat, "__version__", "unknown")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="caffe-compat",
                                      description="Caffe-era metric learning on PyTorch / ONNX Runtime.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}",
+                        help="print the package version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                help="the command to run (COMMAND --help: its arguments)")
     sub.required = True
     package = sys.modules[__name__]
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):

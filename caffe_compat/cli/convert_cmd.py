@@ -1,7 +1,8 @@
 """``caffe-compat convert NET.prototxt W.caffemodel -o model.pt [--phase test]`` and
 ``caffe-compat convert --to-caffe model.pt -o OUT_PREFIX`` (writes OUT_PREFIX.prototxt and .caffemodel).
 
-Exit status: 0 written, 2 bad input (unreadable files, weights that do not fit the net, wrong arguments).
+Exit status: 0 written, 2 bad input (unreadable files, weights that do not fit the net, wrong arguments, an
+output folder that does not exist: it is not created).
 """
 
 from __future__ import annotations
@@ -21,17 +22,19 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from caffe_compat.errors import CaffeCompatError
+    from caffe_compat.io.atomic import require_folder
 
+    expected = 1 if args.to_caffe else 2
+    if len(args.inputs) != expected:
+        raise CaffeCompatError(f"--to-caffe takes one checkpoint, got {len(args.inputs)} files" if args.to_caffe
+                               else f"expected NET.prototxt W.caffemodel, got {len(args.inputs)} files")
+    require_folder(args.output)
     if args.to_caffe:
-        if len(args.inputs) != 1:
-            raise CaffeCompatError(f"--to-caffe takes one checkpoint, got {len(args.inputs)} files")
         from converters.torch_to_caffe import convert_torch_to_caffe
 
         prototxt, caffemodel = convert_torch_to_caffe(args.inputs[0], args.output)
         print(f"wrote {prototxt} and {caffemodel}")
         return 0
-    if len(args.inputs) != 2:
-        raise CaffeCompatError(f"expected NET.prototxt W.caffemodel, got {len(args.inputs)} files")
     from converters.caffe_to_torch import convert_caffe_to_torch
 
     net = convert_caffe_to_torch(args.inputs[0], args.inputs[1], args.output, phase=args.phase,

@@ -8,7 +8,7 @@ curves (VehicleID, Fig. 6); both are rendered to temporary files and renamed int
 everything succeeded.  ``--provider`` picks ONNX Runtime's execution provider (features; a CUDA request
 that falls back to the CPU is reported on stderr), ``--device`` where the exact k-NN of the metrics runs
 (``auto``: CUDA when torch has it; the metrics are the same on both).  Exit status: 0 done, 2 bad input
-(an unusable ``--device`` included; nothing written).
+(an unusable ``--device`` or a ``--json``/``--plot`` folder that does not exist included; nothing written).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def register(sub) -> None:
     p = sub.add_parser("evaluate",
                        help="embed a data set's test split with ONNX Runtime and evaluate (paper tables)")
     p.add_argument("model", metavar="embedder.onnx", help="model written by caffe-compat export")
-    p.add_argument("--dataset", required=True, choices=["cub200", "sop", "vehicleid"])
+    p.add_argument("--dataset", required=True, choices=["cub200", "sop", "vehicleid"],
+                   help="which data set --data-root holds (it decides the split and the paper table)")
     p.add_argument("--data-root", required=True, metavar="DIR", help="the data set in its native layout")
     p.add_argument("--provider", choices=["cuda", "cpu"], default=None,
                    help="execution provider (default: CUDA when it works, else CPU)")
@@ -44,11 +45,14 @@ def run(args) -> int:
     from caffe_compat.evaluate.plots import plot_cmc, plot_recall_at_k
     from caffe_compat.export import evaluate_onnx
     from caffe_compat.export.notices import cli_warnings
-    from caffe_compat.io.atomic import atomic_path
+    from caffe_compat.io.atomic import atomic_path, require_folder
 
     if args.batch_size < 1:
         raise CaffeCompatError(f"--batch-size must be >= 1, got {args.batch_size}")
     device = parse_device(args.device, option="--device")
+    for output in (args.json, args.plot):
+        if output:
+            require_folder(output)
     split = None
     if args.split:
         split = args.split if args.dataset == "vehicleid" else args.split[-1]

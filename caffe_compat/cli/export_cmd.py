@@ -20,7 +20,7 @@ never opened, so a training prototxt exports without its training data.
 
 Exit status: 0 written (and verified), 1 verification above tolerance on any input (nothing written), 2 bad
 input (unknown blob: the message lists the available ones; unreadable files; unexportable layer; a bad
-``--verify-input``), nothing written.
+``--verify-input``; a ``-o`` folder that does not exist), nothing written.
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ def run(args) -> int:
     from caffe_compat.export import export_onnx, verify_onnx
     from caffe_compat.export.notices import cli_warnings
     from caffe_compat.export.verify import check_verify_input_path
+    from caffe_compat.io.atomic import require_folder
 
-    target = Path(args.path)
+    target = require_folder(args.path)
     args.verify = bool(args.verify or args.verify_inputs)
     inputs = _verify_inputs(args.verify_inputs, check_verify_input_path)  # missing files fail before the export
     path = target.with_name(f".{target.name}.verify{os.getpid()}.onnx") if args.verify else target

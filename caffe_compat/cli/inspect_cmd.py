@@ -1,12 +1,15 @@
 """``caffe-compat inspect NET.prototxt [--weights W.caffemodel] [--json]``.
 
-Exit status: 0 consistent, 1 when the weights check finds missing or mismatched blobs or cannot check some
+Exit status: 0 consistent, 1 when the net defines no layers (a warning on stderr: an empty or wrong file)
+or the weights check finds missing or mismatched blobs or cannot check some
 (shapes unknown without ``--input-shape``), 2 when a file is
 unreadable or the net is invalid (a layer type neither Caffe 1.0 nor a registered port knows, shapes or
 parameters Caffe would refuse), with one line naming the file or layer on stderr.
 """
 
 from __future__ import annotations
+
+import sys
 
 from caffe_compat.cli.output import dump_json, print_table
 
@@ -49,7 +52,7 @@ def run(args) -> int:
     report = inspect_net(net, weights, input_shapes=parse_input_shapes(args.input_shape))
     if args.json:
         dump_json(report)
-    else:
+    elif net.layer:
         rows = [[r["name"], r["type"], ",".join(r["bottoms"]) + " -> " + ",".join(r["tops"]),
                  " ".join(_shape(s) for s in r["top_shapes"]), " ".join(_shape(s) for s in r["param_shapes"]),
                  f"{r['params']:,}"] for r in report["layers"]]
@@ -71,5 +74,9 @@ def run(args) -> int:
             for kind in ("missing", "mismatched", "unchecked", "extra"):
                 for item in check[kind]:
                     print(f"  {kind}: layer '{item['layer']}': {item['reason']}")
+    if not net.layer:
+        print(f"caffe-compat inspect: warning: {args.net} defines no layers (an empty net: is it the right file?)",
+              file=sys.stderr)
+        return 1
     check = report.get("weights_check")
     return 0 if check is None or check["consistent"] else 1

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 def register(sub) -> None:
     p = sub.add_parser("reproduce", help="train -> snapshot -> ONNX -> ONNX Runtime evaluation -> paper tables")
-    p.add_argument("dataset", choices=["cub200", "sop", "vehicleid", "digits"])
+    p.add_argument("dataset", choices=["cub200", "sop", "vehicleid", "digits"],
+                   help="the paper's data set to reproduce, or digits (the embedded toy data, no download)")
     p.add_argument("--data-root", help="the data set in its native layout (digits: generated when omitted)")
     p.add_argument("--weights", help="initialisation caffemodel (e.g. bvlc_googlenet.caffemodel)")
     p.add_argument("--loss", action="append", dest="losses", metavar="LOSS",

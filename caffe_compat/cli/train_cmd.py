@@ -16,6 +16,8 @@ Data parallel: ``torchrun --nproc_per_node N -m caffe_compat.cli train SOLVER.pr
 layers over the N ranks, the pair losses see the gathered global batch, and rank 0 alone writes the
 snapshots, the logs and the summary line (see :mod:`caffe_compat.solver.train`).
 ``--no-distributed`` trains each rank alone.
+
+The ``--log`` file's folder must exist (exit 2 before training); ``--tensorboard`` folders are created.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import os
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a Caffe net from its solver prototxt")
-    p.add_argument("solver")
+    p.add_argument("solver", help="solver prototxt naming the net (net: \"train.prototxt\")")
     p.add_argument("--weights", help="caffemodel(s) to start from (comma-separated, like caffe train)")
     p.add_argument("--snapshot", "--resume", dest="snapshot", metavar="SOLVERSTATE",
                    help="a .solverstate to resume from (with the .trainstate beside it, when train wrote one, the "
@@ -34,10 +36,12 @@ def register(sub) -> None:
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the solver's solver_mode when available)")
     p.add_argument("--iters", type=int, help="iterations to run (default: up to max_iter)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward/backward")
-    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--channels-last", action="store_true", help="NHWC memory order (values unchanged)")
     p.add_argument("--compile", action="store_true", help="torch.compile the net's forward")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--seed", type=int, help="seed of torch's generator (fillers, dropout); with --deterministic also "
+                                           "numpy's and random's")
+    p.add_argument("--deterministic", action="store_true",
+                   help="seeded runs that repeat exactly (deterministic kernels, no cuDNN autotuning)")
     p.add_argument("--log", help="CSV log of loss and lr per iteration")
     p.add_argument("--caffe-log", metavar="FILE",
                    help="also write the solver's log in Caffe's glog format (Iteration N, lr = ...; Train/Test "
@@ -53,10 +57,13 @@ def run(args) -> int:
     import contextlib
 
     from caffe_compat.evaluate.inputs import parse_device
+    from caffe_compat.io.atomic import require_folder
     from caffe_compat.solver import distributed as ddp
     from caffe_compat.solver.train import train
     from caffe_compat.tools.glog import caffe_log
 
+    if args.log:
+        require_folder(args.log)
     device = None if args.device is None else str(parse_device(args.device, option="--device", allow_auto=False))
     with contextlib.ExitStack() as stack:
         if args.caffe_log and int(os.environ.get("RANK", "0")) == 0:  # rank 0 alone logs, as train() does

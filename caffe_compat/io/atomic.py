@@ -4,7 +4,7 @@ A reader (or a crash) never sees a half-written caffemodel, solverstate, binaryp
 
 * The written file gets the permissions a plain ``open(path, "w")`` would give it: those of the file it
   replaces when one exists, else ``0o666 & ~umask`` (``mkstemp`` alone would leave ``0o600``).
-* Missing parent folders are created.
+* Missing parent folders are created (the command line refuses them first: :func:`require_folder`).
 * Failures of the write itself (a parent that cannot be created, a read-only folder, a file where a
   folder is expected, a full disk) raise :class:`~caffe_compat.errors.WriteError` naming the target and
   the operating system's reason; the temporary file is removed and an existing target is untouched.
@@ -58,6 +58,17 @@ def write_error(target: Path, exc: Exception, detail: str | None = None, with_re
     error.errno, error.strerror, error.filename = getattr(exc, "errno", None), getattr(exc, "strerror", None), str(target)
     return error
 
+
+def require_folder(path: str | os.PathLike) -> Path:
+    """``path`` as a Path when its folder exists; else WriteError naming the missing folder.  The command
+    line checks its output paths with this before any work, so a typo never creates folders silently
+    (the writers below create them for library callers)."""
+    target = Path(path)
+    folder = target.parent
+    if not folder.is_dir():
+        reason = f"{folder} is not a folder" if folder.exists() else f"folder {folder} does not exist; create it first"
+        raise WriteError(f"{target}: cannot write ({reason})")
+    return target
 
 
 @contextmanager

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from caffe_compat.errors import ParseError
+from caffe_compat.errors import FormatError, ParseError
 from caffe_compat.io.dialects import normalize_binary_dialect, to_binary_dialect
 from caffe_compat.io.protofiles import (decode_prototxt, looks_binary, parse_binary, parse_text, read_bytes,
                                         write_message)
+from caffe_compat.io.sniff import is_net_text, minimal_solver, not_text_message, solver_net_of
 from caffe_compat.io.upgrade import upgrade_net, upgrade_solver
 from caffe_compat.proto import caffe_pb2
 
@@ -41,23 +42,55 @@ def read_net(path_or_text, upgrade: bool = True) -> caffe_pb2.NetParameter:
     """A NetParameter from a prototxt (text) or caffemodel (binary) path, bytes, or prototxt text.
 
     Text or binary is detected from the content.  Legacy V0/V1 nets and net-level inputs are upgraded
-    as Caffe upgrades them (see :mod:`caffe_compat.io.upgrade`) unless ``upgrade=False``.
+    as Caffe upgrades them (see :mod:`caffe_compat.io.upgrade`) unless ``upgrade=False``.  A solver
+    prototxt raises FormatError naming it as a solver and its net.
     """
     source, data = _source_and_data(path_or_text)
     net = caffe_pb2.NetParameter()
-    if isinstance(data, str):
-        parse_text(data, net, source)
-    elif looks_binary(data):
+    if isinstance(data, bytes) and looks_binary(data):
         parse_binary(data, net, source)
         if upgrade:
             upgrade_net(net, source)
         normalize_binary_dialect(net)
         return net
-    else:
-        parse_text(decode_prototxt(data, source), net, source)
+    _parse_net_text(data if isinstance(data, str) else decode_prototxt(data, source), net, source)
     if upgrade:
         upgrade_net(net, source)
     return net
+
+
+def _parse_net_text(text: str, net: caffe_pb2.NetParameter, source: str) -> None:
+    """parse_text, except that a solver prototxt is named as such (FormatError) instead of its first
+    unknown field."""
+    try:
+        parse_text(text, net, source)
+    except ParseError:
+        named = solver_net_of(text)
+        if named is None:
+            raise
+        raise FormatError(f"{source}: this is a solver (SolverParameter), not a net; its net is {named}") \
+            from None
+
+
+def check_net_and_weights(prototxt, caffemodel) -> None:
+    """Refuse a binary net definition before either file is parsed: a text ``caffemodel`` with it means
+    the two were given the wrong way round (FormatError saying so), else ParseError saying what the
+    binary file looks like.  Arguments that are not existing files (messages, text) pass unchecked."""
+    net_data = _file_bytes(prototxt)
+    if net_data is None or not looks_binary(net_data):
+        return
+    weights_data = _file_bytes(caffemodel)
+    if weights_data is not None and not looks_binary(weights_data):
+        raise FormatError(f"{prototxt} and {caffemodel} look swapped: {prototxt} is binary (weights) and "
+                          f"{caffemodel} is text (a net prototxt); give the net prototxt first, then the "
+                          f"caffemodel")
+    raise ParseError(not_text_message(str(prototxt), net_data, "the net definition must be a text prototxt"))
+
+
+def _file_bytes(path) -> bytes | None:
+    if isinstance(path, (str, os.PathLike)) and "\n" not in str(path) and os.path.isfile(path):
+        return read_bytes(path)
+    return None
 
 
 def write_net(net: caffe_pb2.NetParameter, path: str | os.PathLike, binary: bool | None = None) -> None:
@@ -68,10 +101,23 @@ def write_net(net: caffe_pb2.NetParameter, path: str | os.PathLike, binary: bool
 
 
 def read_solver(path_or_text, upgrade: bool = True) -> caffe_pb2.SolverParameter:
-    """A SolverParameter from a solver prototxt; ``solver_type`` is upgraded to ``type``."""
+    """A SolverParameter from a solver prototxt; ``solver_type`` is upgraded to ``type``.  A net prototxt
+    raises FormatError showing a minimal solver naming it; a binary file raises ParseError saying what it
+    looks like (a caffemodel, a .solverstate, ...)."""
     source, data = _source_and_data(path_or_text)
+    if isinstance(data, bytes) and looks_binary(data):
+        raise ParseError(not_text_message(source, data, "a solver is a text prototxt naming its net (give a "
+                                                        "caffemodel to train with --weights)"))
+    text = data if isinstance(data, str) else decode_prototxt(data, source)
     solver = caffe_pb2.SolverParameter()
-    parse_text(data if isinstance(data, str) else decode_prototxt(data, source), solver, source)
+    try:
+        parse_text(text, solver, source)
+    except ParseError:
+        if not is_net_text(text):
+            raise
+        net = "NET.prototxt" if source.startswith("<") else source
+        raise FormatError(f"{source}: this is a net (NetParameter), not a solver; train takes a solver file "
+                          f"naming the net, e.g. a solver.prototxt holding: {minimal_solver(net)}") from None
     if upgrade:
         upgrade_solver(solver, source)
     return solver

@@ -9,14 +9,18 @@ import sys
 
 import pytest
 
-from tests.conftest import fixture_path
+from tests.conftest import REPO, fixture_path
 
 ZOO = fixture_path("layer_zoo/deploy.prototxt")
 
 
-def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "caffe_compat.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+def run_cli(*args, cwd=None, env=None, module="caffe_compat.cli") -> subprocess.CompletedProcess:
+    """``python -m caffe_compat.cli ARGS`` (or another ``module``) of this checkout, also from another
+    ``cwd``; ``env``: extra environment variables."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=120, env=environment)
 
 
 def assert_usage_error(done: subprocess.CompletedProcess, command: str, message: str) -> None:
@@ -83,7 +87,7 @@ def test_inspect_unknown_layer_type_exits_2_naming_layer_and_type(tmp_path):
 
 
 @pytest.mark.parametrize("make_target, reason", [
-    (lambda d: "/proc/nonexist/y", "cannot create folder /proc/nonexist: No such file or directory"),
+    (lambda d: "/proc/nonexist/y", "folder /proc/nonexist does not exist; create it first"),
     (lambda d: (d / "a_file").write_text("x") and d / "a_file" / "y.prototxt", "{parent} is not a folder"),
     (lambda d: (d / "out" / "sub").mkdir(parents=True) or d / "out", "Is a directory"),
 ])
@@ -101,5 +105,5 @@ def test_upgrade_to_unwritable_path(tmp_path, make_target, reason):
 def test_upgrade_unwritable_solver_output(tmp_path):
     source = fixture_path("solvers/nesterov/solver.prototxt")
     done = run_cli("upgrade", "--solver", source, "/proc/nonexist/solver.prototxt")
-    assert_usage_error(done, "upgrade", "/proc/nonexist/solver.prototxt: cannot write (cannot create folder "
-                                        "/proc/nonexist: No such file or directory)")
+    assert_usage_error(done, "upgrade", "/proc/nonexist/solver.prototxt: cannot write (folder /proc/nonexist does "
+                                        "not exist; create it first)")

@@ -179,14 +179,21 @@ def test_card_named_on_the_command_line(cards, tmp_path, capsys):
     assert status == 0  # a card without expected blobs has nothing to disagree with
 
 
+def table_rows(out: str) -> dict[str, str]:
+    """``{card: its row}`` of the table ``models list`` prints (up to the blank line)."""
+    lines = out.split("\n\n")[0].splitlines()
+    assert lines[0].split() == ["card", "files", "digests", "fetch"]
+    return {line.split()[0]: line for line in lines[2:]}
+
+
 def test_list_prints_every_card_with_its_digests(cards, capsys):
     assert main(["models", "list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["card", "files", "digests", "where", "to", "get", "it"]
-    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    out = capsys.readouterr().out
+    rows = {name: row.split() for name, row in table_rows(out).items()}
     assert set(rows) == {"other", "tiny"}
-    assert rows["tiny"][1:3] == ["tiny.caffemodel", "sha256,"] and rows["tiny"][3:5] == ["sha1,", "md5"]
-    assert rows["other"][1:3] == ["other.caffemodel", "-"]
+    assert rows["tiny"][1:3] == ["tiny.caffemodel", "sha256,"] and rows["tiny"][3:] == ["sha1,", "md5", "by", "hand"]
+    assert rows["other"][1:] == ["other.caffemodel", "-", "by", "hand"]
+    assert out.split("\n\n")[1].splitlines() == ["where to get them:", "  other: nowhere", "  tiny: written by the test"]
 
 
 @pytest.mark.parametrize("state", ["missing", "empty"])
@@ -218,7 +225,7 @@ def test_a_broken_card_exits_2(cards, capsys):
 
 def test_list_shows_the_shipped_cards(capsys):
     assert main(["models", "list"]) == 0
-    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    rows = table_rows(capsys.readouterr().out)
     assert set(rows) >= {"bvlc_googlenet", "vgg_cnn_m_1024", "fappy_cub200", "fappy_sop", "fappy_vehicleid",
                          "open_nsfw"}
     assert " sha1 " in rows["bvlc_googlenet"] and " sha256 " in rows["open_nsfw"]

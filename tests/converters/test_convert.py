@@ -104,6 +104,7 @@ def test_cli_round_trip_and_exit_codes(tmp_path, capsys):
     proto, weights = _files("nets/googlenet_small")
     assert main(["convert", proto, weights, "-o", str(tmp_path / "g.pt")]) == 0
     assert "409,372 values" in capsys.readouterr().out
+    (tmp_path / "back").mkdir()
     assert main(["convert", "--to-caffe", str(tmp_path / "g.pt"), "-o", str(tmp_path / "back" / "g")]) == 0
     assert (tmp_path / "back" / "g.prototxt").is_file() and (tmp_path / "back" / "g.caffemodel").is_file()
     capsys.readouterr()
