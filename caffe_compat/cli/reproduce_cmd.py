@@ -51,6 +51,6 @@ def run(args) -> int:
     print()
     print(summary["table"])
     out = args.out or f"runs/{args.dataset}"
-    print(f"wrote {out}/results.md, results.json, run.json and the plots {', '.join(summary['plots'])} "
-          f"({summary['wall_seconds']:.0f} s on {device})")
+    print(f"wrote {out}/results.md, results.json, run.json and the plots {', '.join(summary['plots'])}")
+    print(f"{summary['closing']} on {device}")
     return 0

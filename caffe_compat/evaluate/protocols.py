@@ -113,16 +113,20 @@ def _row(cells) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def retrieval_table(results: Mapping[str, Mapping[str, dict]], digits: int = 1) -> str:
+def retrieval_table(results: Mapping[str, Mapping[str, dict]], digits: int = 1,
+                    titles: Mapping[str, str] | None = None) -> str:
     """Table 1 layout: one row per method, Recall@K (%) for CUB-200-2011 (K = 1..32, then NMI) and
-    SOP (K = 1, 10, 100, 1000); ``results[method]["cub200" | "sop"]`` are protocol dicts."""
+    SOP (K = 1, 10, 100, 1000); ``results[method]["cub200" | "sop"]`` are protocol dicts.  ``titles``
+    renames a protocol's column group (default :data:`DATASET_TITLES`), e.g. for another data set
+    evaluated with the CUB-200-2011 protocol."""
     datasets = [d for d in ("cub200", "sop") if any(d in r for r in results.values())]
     if not datasets:
         raise EvaluationInputError("no cub200 or sop result to tabulate")
+    names = {**DATASET_TITLES, **(titles or {})}
     header, rule = ["Method"], ["---"]
     for d in datasets:
         ks = CUB200_KS if d == "cub200" else SOP_KS
-        header += [f"{DATASET_TITLES[d]} R@{k}" if i == 0 else f"R@{k}" for i, k in enumerate(ks)]
+        header += [f"{names[d]} R@{k}" if i == 0 else f"R@{k}" for i, k in enumerate(ks)]
         header += ["NMI"] if d == "cub200" else []
         rule += ["---:"] * (len(ks) + (d == "cub200"))
     lines = [_row(header), _row(rule)]
@@ -159,11 +163,13 @@ def reid_table(results: Mapping[str, Mapping[str, dict]], digits: int = 1, with_
     return "\n".join(lines)
 
 
-def paper_tables(results: Mapping[str, Mapping[str, dict]], digits: int = 1, with_std: bool = False) -> str:
-    """Markdown for Table 1 (if any CUB/SOP result) and Table 2 (if any VehicleID result)."""
+def paper_tables(results: Mapping[str, Mapping[str, dict]], digits: int = 1, with_std: bool = False,
+                 titles: Mapping[str, str] | None = None) -> str:
+    """Markdown for Table 1 (if any CUB/SOP result) and Table 2 (if any VehicleID result); ``titles``:
+    see :func:`retrieval_table`."""
     parts = []
     if any(d in r for r in results.values() for d in ("cub200", "sop")):
-        parts.append("Table 1. Recall@K (%) of fine-grained image retrieval\n\n" + retrieval_table(results, digits))
+        parts.append("Table 1. Recall@K (%) of fine-grained image retrieval\n\n" + retrieval_table(results, digits, titles))
     if any("vehicleid" in r for r in results.values()):
         parts.append("Table 2. Match rate (%) of vehicle re-identification\n\n" + reid_table(results, digits, with_std))
     if not parts:

@@ -14,13 +14,22 @@ retrains them.  So a lower ``--max-iter`` never evaluates weights of a later ite
 given with ``data_root`` is read (every split's list) before anything is written, so a wrong one leaves
 no ``OUT/`` behind.
 
-The summary files sit in ``OUT/``: ``results.md`` (Table 1/2 layout, mean over seeds, with the Recall@1 /
-top-1 spread), ``results.json``, ``run.json`` (configuration, git revision and whether the working tree
-was dirty, library versions, figures, each run's original training time (all its segments), whether it
-was resumed from a snapshot or reused from an earlier invocation, this invocation's wall time, and the
-``preprocessing`` of the training batches (resize, crop, mirror, mean values, scale) with a note on how
-the authors' data layer differs, see :func:`~caffe_compat.reproduce.setups.training_preprocessing`),
-``training_loss.png`` and ``recall_at_k.png`` (or ``cmc.png`` for VehicleID).
+The summary files sit in ``OUT/``: ``results.md`` (the data set's name -- the toy set is called
+"digits, CUB layout", not after the data set whose layout it copies --, the Table 1/2 layout of the
+means over seeds, then Recall@1 / MAP@R / precision@1 / NMI (top-1 / top-5 for VehicleID) as mean ±
+sample standard deviation over the seeds, see :mod:`caffe_compat.reproduce.report`), ``results.json``
+(every run's metrics and the same summary), ``run.json`` (configuration, git revision and whether the
+working tree was dirty, library versions, figures, each run's original training time (all its
+segments), whether it was resumed from a snapshot or reused from an earlier invocation, this
+invocation's wall time, and the ``preprocessing`` of the training batches (resize, crop, mirror, mean
+values, scale) with a note on how the authors' data layer differs, see
+:func:`~caffe_compat.reproduce.setups.training_preprocessing`), ``training_loss.png`` (a panel per
+loss, a line per seed) and ``recall_at_k.png`` (mean over seeds, error bars of the sample std; or
+``cmc.png`` for VehicleID).
+
+With ``progress`` the terminal says what is on disk before starting, then ``run k of n: <loss> seed
+<s>`` for each run: reused from disk (snapshot, ONNX and metrics of an earlier invocation), resuming
+from a snapshot, or training; the caller prints ``"closing"`` (how many were reused, resumed, trained).
 """
 
 from __future__ import annotations
@@ -36,9 +45,11 @@ import numpy as np
 
 from caffe_compat.errors import CaffeCompatError
 from caffe_compat.io.atomic import write_text_atomic
+from caffe_compat.reproduce.report import (SPREAD, closing_summary, headline, metric_columns, results_json,
+                                           results_markdown, seed_spread, write_figures)
 from caffe_compat.reproduce.setups import SETUPS, training_preprocessing
-from caffe_compat.reproduce.training import (check_run_dir, clear_run_dir, prototxt_root, read_settings,
-                                             run_settings, train_run)
+from caffe_compat.reproduce.training import (check_run_dir, clear_run_dir, latest_snapshot, prototxt_root,
+                                             read_settings, run_settings, train_run)
 
 #: Toy data used by the embedded default (`reproduce digits`).
 DIGITS_CLASSES, DIGITS_IMAGES_PER_CLASS = 40, 40
@@ -125,84 +136,34 @@ def evaluate_run(setup, caffemodel: str, run_dir: Path, root: Path, device: str,
     return metrics
 
 
-def _headline(setup, metrics: dict) -> float:
-    if setup.protocol == "vehicleid":
-        return metrics["splits"]["small"]["top_1"]["mean"]
-    return metrics["recall_at_k"]["1"]
+def _headline_text(setup, metrics: dict) -> str:
+    return f"{metric_columns(setup)[0][1]} {100 * headline(setup, metrics):.1f}%"
 
 
-def _mean_result(setup, runs: list[dict]) -> dict:
-    """Average protocol dicts over seeds (numbers averaged leaf by leaf)."""
-    def average(items):
-        first = items[0]
-        if isinstance(first, dict):
-            return {k: average([i[k] for i in items]) for k in first if all(k in i for i in items)}
-        if isinstance(first, (int, float)) and not isinstance(first, bool):
-            return float(np.mean(items))
-        if isinstance(first, list) and first and isinstance(first[0], (int, float)):
-            return [float(v) for v in np.mean(np.asarray(items, dtype=float), axis=0)]
-        return first
-    return average([r["metrics"] for r in runs])
+def _data_note(setup, generated: bool) -> str:
+    """results.md's line on the data actually used (the toy set is not the data set whose layout it has)."""
+    if setup.toy_kind is None:
+        return ""
+    source = (f"scikit-learn's handwritten digits, generated as a CUB-200-2011-style tree ({DIGITS_CLASSES} "
+              f"classes = digit x colour/rotation style, {DIGITS_IMAGES_PER_CLASS} images each; the first half "
+              f"of the classes train, the others test)" if generated else "the given CUB-style tree")
+    return (f"Data: {source}, evaluated with the CUB-200-2011 protocol (Recall@K, NMI, MAP@R). It is not "
+            f"CUB-200-2011: these figures are not comparable with the paper's.")
 
 
-def _plots(setup, out_dir: Path, per_loss: dict) -> list[str]:
-    written = []
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return written
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for loss, runs in per_loss.items():
-        curves = []
-        for run in runs:
-            data = np.atleast_1d(np.genfromtxt(run["train"]["log"], delimiter=",", names=True))
-            _, last = np.unique(data["iter"][::-1], return_index=True)  # last row of each iteration
-            rows = np.sort(len(data) - 1 - last)
-            curves.append(np.atleast_1d(data["loss"][rows]))
-        length = min(len(c) for c in curves)
-        mean = np.mean([c[:length] for c in curves], axis=0)
-        window = max(1, min(10, length // 10))
-        smooth = np.convolve(mean, np.ones(window) / window, mode="valid")
-        iters = np.arange(len(smooth)) + window  # iteration at the end of each window
-        ax.plot(iters, smooth, label=f"{loss} (mean of {len(runs)} seeds)", linewidth=1.2)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel(f"training loss, running mean of {window}")
-    ax.set_yscale("log")
-    ax.set_title(f"{setup.name}: training loss")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "training_loss.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(str(path))
-    from caffe_compat.evaluate.plots import plot_cmc, plot_recall_at_k
-
-    means = {loss: _mean_result(setup, runs) for loss, runs in per_loss.items()}
-    if setup.protocol == "vehicleid":
-        curves = {loss: m["splits"]["small"]["cmc"] for loss, m in means.items()}
-        written.append(str(plot_cmc(curves, out_dir / "cmc.png", title=f"{setup.name}: CMC, small test list")))
-    else:
-        curves = {loss: {int(k): v for k, v in m["recall_at_k"].items()} for loss, m in means.items()}
-        written.append(str(plot_recall_at_k(curves, out_dir / "recall_at_k.png", title=f"{setup.name}: Recall@K")))
-    return written
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(text, flush=True)
 
 
-def _table(setup, per_loss: dict) -> str:
-    from caffe_compat.evaluate.protocols import paper_tables
-
-    means = {loss: {setup.protocol: _mean_result(setup, runs)} for loss, runs in per_loss.items()}
-    table = paper_tables(means, digits=1, with_std=setup.protocol == "vehicleid")
-    metric = "top-1 (small)" if setup.protocol == "vehicleid" else "Recall@1"
-    lines = [f"\n{metric} over seeds (mean ± std, %):\n", "| Method | seeds | " + metric + " | per seed |",
-             "|---|---:|---:|---|"]
-    for loss, runs in per_loss.items():
-        values = np.array([_headline(setup, r["metrics"]) for r in runs]) * 100
-        lines.append(f"| {loss} | {len(values)} | {values.mean():.1f} ± {values.std():.1f} | "
-                     + ", ".join(f"{v:.1f}" for v in values) + " |")
-    return table + "\n".join(lines) + "\n"
+def _on_disk(run_dir: Path, settings: dict, max_iter: int, fresh: bool) -> str:
+    """What a run directory offers: ``"finished"`` (metrics.json with these settings), ``"snapshot"``
+    (a snapshot at or before ``max_iter`` to resume from) or ``"nothing"`` (also always under --fresh)."""
+    if fresh:
+        return "nothing"
+    if (run_dir / "metrics.json").exists() and read_settings(run_dir) == settings:
+        return "finished"
+    return "snapshot" if latest_snapshot(run_dir, max_iter) is not None else "nothing"
 
 
 def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=None, delta_min=None,
@@ -210,7 +171,7 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
               snapshot_every: int = 0, batch_size: int | None = None, per_label: int | None = None,
               progress: bool = True, fresh: bool = False) -> dict:
     """Run every (loss, seed) of ``dataset`` and write the summary files; return run.json's content
-    plus ``"table"`` (the markdown table).  ``batch_size`` / ``per_label`` override the paper's batch
+    plus ``"table"`` (results.md) and ``"closing"`` (:func:`~caffe_compat.reproduce.report.closing_summary`).  ``batch_size`` / ``per_label`` override the paper's batch
     (e.g. a small batch for a CPU smoke run of the full-size nets).  ``device``: ``"auto"``, ``"cpu"``,
     ``"cuda"`` or ``"cuda:N"`` (checked; training and the k-NN of the evaluation run there).  ``fresh``:
     discard the requested runs' directories and retrain them (see the module docstring)."""
@@ -272,16 +233,27 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
                                          extra={"data_root": data_id})
         if not fresh:
             check_run_dir(run_dir, settings[run_dir])
+    state = {run_dir: _on_disk(run_dir, settings[run_dir], max_iter, fresh) for _, _, run_dir in planned}
+    found = [sum(1 for v in state.values() if v == kind) for kind in ("finished", "snapshot")]
+    _say(progress, f"reproduce {dataset}: {len(planned)} runs ({len(losses)} loss(es) x {len(seeds)} seed(s), "
+                   f"{max_iter} iterations each) in {out_dir}; on disk: {found[0]} finished (reused), "
+                   f"{found[1]} with a snapshot to resume from" + (" (--fresh: all retrained)" if fresh else ""))
     per_loss: dict[str, list[dict]] = {}
-    for loss, seed, run_dir in planned:
+    for number, (loss, seed, run_dir) in enumerate(planned, 1):
+        name = f"run {number} of {len(planned)}: {loss} seed {seed}"
         done = run_dir / "metrics.json"
         if fresh:
             clear_run_dir(run_dir)
-        elif done.exists() and read_settings(run_dir) == settings[run_dir]:
+        elif state[run_dir] == "finished":
             run = json.loads(done.read_text())
             run["reused"] = True
             per_loss.setdefault(loss, []).append(run)
+            _say(progress, f"{name}: reused from disk ({Path(run['train']['caffemodel']).name}, embedder.onnx and "
+                           f"metrics.json: {_headline_text(setup, run['metrics'])})")
             continue
+        snapshot = latest_snapshot(run_dir, max_iter) if state[run_dir] == "snapshot" else None
+        _say(progress, f"{name}: " + ("training" if snapshot is None else
+                                      f"resuming from {snapshot.name} on disk"))
         train = train_run(setup, loss, seed, train_records, run_dir, device=device, max_iter=max_iter,
                           weights=weights, delta_min=delta_min, workers=workers,
                           snapshot_every=snapshot_every, progress=progress, settings=settings[run_dir])
@@ -293,29 +265,20 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
         write_text_atomic(done, json.dumps(run, indent=2) + "\n")
         run["reused"] = False
         per_loss.setdefault(loss, []).append(run)
-        if progress:
-            resumed = "" if train["resumed_from"] is None else f", resumed from iteration {train['resumed_from']}"
-            print(f"{dataset} {loss} seed {seed}: {'top-1' if setup.protocol == 'vehicleid' else 'R@1'} "
-                  f"{100 * _headline(setup, metrics):.1f}% ({train['seconds']:.0f} s training{resumed})", flush=True)
-    table = _table(setup, per_loss)
-    heading = f"# {dataset}: {max_iter} iterations per run\n\n"
-    if dataset == "digits":
-        heading += ("The digits toy set is evaluated in the CUB-200-2011 layout and protocol, hence the "
-                    "column titles.\n\n")
-    write_text_atomic(out_dir / "results.md", heading + table)
-    results = {loss: [{"seed": r["seed"], "metrics": r["metrics"]} for r in runs] for loss, runs in per_loss.items()}
-    write_text_atomic(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
-    plots = _plots(setup, out_dir, per_loss)
-    figures = {loss: {"mean": float(np.mean([_headline(setup, r["metrics"]) for r in runs])),
-                      "std": float(np.std([_headline(setup, r["metrics"]) for r in runs])),
-                      "per_seed": [_headline(setup, r["metrics"]) for r in runs]} for loss, runs in per_loss.items()}
+        resumed = "" if train["resumed_from"] is None else f", resumed from iteration {train['resumed_from']}"
+        _say(progress, f"{name}: {_headline_text(setup, metrics)} ({train['seconds']:.0f} s training{resumed})")
+    markdown = results_markdown(setup, per_loss, max_iter=max_iter, seeds=seeds, data_note=_data_note(setup, generated))
+    write_text_atomic(out_dir / "results.md", markdown)
+    write_text_atomic(out_dir / "results.json", json.dumps(results_json(setup, per_loss), indent=2) + "\n")
+    plots = write_figures(setup, out_dir, per_loss, {(loss, seed): run_dir for loss, seed, run_dir in planned})
+    figures = {loss: seed_spread([headline(setup, r["metrics"]) for r in runs]) for loss, runs in per_loss.items()}
     git = git_state()
     summary = {
         "dataset": dataset, "data_root": str(root), "losses": losses, "seeds": seeds, "max_iter": max_iter,
         "device": device, "weights": weights, "delta_min": delta_min, "fresh": bool(fresh),
         "git_revision": git["revision"], "git_dirty": git["dirty"],
         "versions": _versions(), "headline_metric": "top_1_small" if setup.protocol == "vehicleid" else "recall_at_1",
-        "figures": figures, "plots": plots, "wall_seconds": time.perf_counter() - started,
+        "figures": figures, "spread": SPREAD, "plots": plots, "wall_seconds": time.perf_counter() - started,
         "training_seconds": {loss: [r["train"]["seconds"] for r in runs] for loss, runs in per_loss.items()},
         "runs": [{"loss": r["loss"], "seed": r["seed"], "iterations": r["train"]["iterations"],
                   "training_seconds": r["train"]["seconds"], "resumed_from": r["train"].get("resumed_from"),
@@ -329,5 +292,6 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
         "preprocessing": {**training_preprocessing(setup), "test": preprocessing(setup)},
     }
     write_text_atomic(out_dir / "run.json", json.dumps(summary, indent=2) + "\n")
-    summary["table"] = table
+    summary["table"] = markdown
+    summary["closing"] = closing_summary(summary["runs"], summary["wall_seconds"])
     return summary

@@ -39,7 +39,15 @@ class ReproduceSetup:
     mirror: bool = True
     losses: tuple[str, ...] = ("fappy", "contrastive", "triplet", "lifted", "histogram")
     toy_kind: str | None = None    # make_toy_data kind when the data set is generated
+    title: str | None = None       # the data set's name in tables and plots (default: the protocol's)
     notes: dict = field(default_factory=dict)
+
+    @property
+    def display_name(self) -> str:
+        """What tables and plots call the data set: ``title``, else the real data set's name."""
+        from caffe_compat.evaluate.protocols import DATASET_TITLES
+
+        return self.title or DATASET_TITLES[self.protocol]
 
 
 SETUPS = {
@@ -54,7 +62,8 @@ SETUPS = {
     "digits": ReproduceSetup("digits", "digits", read_cub200, "train", ("test",), "cub200", "fc_embedding",
                              resize=0, crop=32, batch_size=64, per_label=8, max_iter=200,
                              mean_value=(128.0, 128.0, 128.0), scale=1 / 64, mirror=False,
-                             losses=("fappy", "contrastive", "triplet", "histogram"), toy_kind="cub"),
+                             losses=("fappy", "contrastive", "triplet", "histogram"), toy_kind="cub",
+                             title="digits, CUB layout"),
 }
 
 
