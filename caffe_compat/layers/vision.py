@@ -170,6 +170,12 @@ def ave_pool_divisor(size: int, out: int, kernel: int, stride: int, pad: int) ->
 _CAFFE_MAX_START = -torch.finfo(torch.float32).max
 
 
+def _max_start(dtype: torch.dtype) -> float:
+    """-FLT_MAX, or the lowest finite value of a narrower type (bf16 and fp16 under autocast cannot hold
+    -FLT_MAX; their lowest finite value plays its part: only padding's -inf stays below it)."""
+    return max(_CAFFE_MAX_START, -torch.finfo(dtype).max)
+
+
 def _window_slices(offset_h: int, offset_w: int, stride, out) -> tuple:
     """Index of the (N, C, out_h, out_w) elements at window offset ``(offset_h, offset_w)`` of a padded plane."""
     return (slice(None), slice(None), slice(offset_h, offset_h + (out[0] - 1) * stride[0] + 1, stride[0]),
@@ -196,7 +202,7 @@ def max_pool_winners(x: torch.Tensor, kernel, stride, pad, out) -> torch.Tensor:
     pads = (pad[1], ends[1], pad[0], ends[0])
     padded = F.pad(x, pads, value=-math.inf) if any(pads) else x
     shape = (x.shape[0], x.shape[1], out[0], out[1])
-    best = torch.full(shape, _CAFFE_MAX_START, dtype=x.dtype, device=x.device)
+    best = torch.full(shape, _max_start(x.dtype), dtype=x.dtype, device=x.device)
     winner = torch.full(shape, -1, dtype=torch.int64, device=x.device)
     rows = torch.arange(out[0], device=x.device) * stride[0] - pad[0]
     cols = torch.arange(out[1], device=x.device) * stride[1] - pad[1]
@@ -218,7 +224,7 @@ def _plane_winner(x: torch.Tensor) -> torch.Tensor:
     top = clean.amax(dim=2, keepdim=True)
     position = torch.arange(flat.shape[2], device=x.device)
     first = torch.where(clean == top, position, flat.shape[2]).amin(dim=2, keepdim=True)
-    return torch.where(top > _CAFFE_MAX_START, first, -1).unsqueeze(-1)
+    return torch.where(top > _max_start(top.dtype), first, -1).unsqueeze(-1)
 
 
 def max_pool_bottom_diff(top_diff: torch.Tensor, winner: torch.Tensor, size) -> torch.Tensor:
