@@ -16,9 +16,9 @@ from __future__ import annotations
 import csv
 import os
 import re
-import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -457,7 +457,6 @@ def _label_shuffling_solver(tmp, name: str) -> str:
     return str(tmp / f"{name}_solver.prototxt")
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
 def test_cli_train_under_torchrun(tmp_path, capsys):
     from caffe_compat.cli import main
     from caffe_compat.io import read_weights
@@ -467,7 +466,8 @@ def test_cli_train_under_torchrun(tmp_path, capsys):
     single_out = capsys.readouterr().out
     assert "trained 2 iterations" in single_out
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([shutil.which("torchrun"), "--standalone", "--nproc_per_node", "2", "-m", "caffe_compat.cli",
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # = the torchrun script, found without PATH
+    proc = subprocess.run([*torchrun, "--standalone", "--nproc_per_node", "2", "-m", "caffe_compat.cli",
                            "train", _label_shuffling_solver(tmp_path, "ddp"), "--weights", init],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
