@@ -38,7 +38,7 @@ def run(args) -> int:
     say("Performing Forward")
 
     def initial(loss):
-        from caffe_compat.tools.glog import g6
+        from caffe_compat.io.glog import g6
 
         say(f"Initial loss: {g6(loss)}")
         say("Performing Backward")
@@ -46,7 +46,7 @@ def run(args) -> int:
         say(f"Testing for {args.iterations} iterations.")
 
     def iteration(j, ms):
-        from caffe_compat.tools.glog import g6
+        from caffe_compat.io.glog import g6
 
         say(f"Iteration: {j} forward-backward time: {g6(ms)} ms.")
 

@@ -60,7 +60,7 @@ def run(args) -> int:
     from caffe_compat.io.atomic import require_folder
     from caffe_compat.solver import distributed as ddp
     from caffe_compat.solver.train import train
-    from caffe_compat.tools.glog import caffe_log
+    from caffe_compat.io.glog import caffe_log
 
     if args.log:
         require_folder(args.log)

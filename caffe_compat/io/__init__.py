@@ -1,5 +1,5 @@
 """Caffe's file formats (no torch here): prototxt/caffemodel, solver, solverstate, binaryproto, LMDB
-Datum; legacy upgrades; shape inference; the pycaffe-style ``caffe.io`` helpers (Transformer,
+Datum, glog-format logs; legacy upgrades; shape inference; the pycaffe-style ``caffe.io`` helpers (Transformer,
 load_image, resize_image, oversample, the BlobProto converters) when present."""
 
 from caffe_compat.io.blobs import (array_to_blob, blob_shape, blob_to_array, blob_to_array_as,

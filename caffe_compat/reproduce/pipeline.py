@@ -156,14 +156,16 @@ def _say(progress: bool, text: str) -> None:
         print(text, flush=True)
 
 
-def _on_disk(run_dir: Path, settings: dict, max_iter: int, fresh: bool) -> str:
-    """What a run directory offers: ``"finished"`` (metrics.json with these settings), ``"snapshot"``
-    (a snapshot at or before ``max_iter`` to resume from) or ``"nothing"`` (also always under --fresh)."""
+def _on_disk(run_dir: Path, settings: dict, max_iter: int, fresh: bool) -> tuple[str, Path | None]:
+    """What a run directory offers: ``("finished", None)`` (metrics.json with these settings),
+    ``("snapshot", path)`` (the latest snapshot at or before ``max_iter``, to resume from) or
+    ``("nothing", None)`` (also always under --fresh)."""
     if fresh:
-        return "nothing"
+        return "nothing", None
     if (run_dir / "metrics.json").exists() and read_settings(run_dir) == settings:
-        return "finished"
-    return "snapshot" if latest_snapshot(run_dir, max_iter) is not None else "nothing"
+        return "finished", None
+    snapshot = latest_snapshot(run_dir, max_iter)
+    return ("nothing", None) if snapshot is None else ("snapshot", snapshot)
 
 
 def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=None, delta_min=None,
@@ -234,7 +236,7 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
         if not fresh:
             check_run_dir(run_dir, settings[run_dir])
     state = {run_dir: _on_disk(run_dir, settings[run_dir], max_iter, fresh) for _, _, run_dir in planned}
-    found = [sum(1 for v in state.values() if v == kind) for kind in ("finished", "snapshot")]
+    found = [sum(1 for kind, _ in state.values() if kind == wanted) for wanted in ("finished", "snapshot")]
     _say(progress, f"reproduce {dataset}: {len(planned)} runs ({len(losses)} loss(es) x {len(seeds)} seed(s), "
                    f"{max_iter} iterations each) in {out_dir}; on disk: {found[0]} finished (reused), "
                    f"{found[1]} with a snapshot to resume from" + (" (--fresh: all retrained)" if fresh else ""))
@@ -244,14 +246,14 @@ def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=Non
         done = run_dir / "metrics.json"
         if fresh:
             clear_run_dir(run_dir)
-        elif state[run_dir] == "finished":
+        elif state[run_dir][0] == "finished":
             run = json.loads(done.read_text())
             run["reused"] = True
             per_loss.setdefault(loss, []).append(run)
             _say(progress, f"{name}: reused from disk ({Path(run['train']['caffemodel']).name}, embedder.onnx and "
                            f"metrics.json: {_headline_text(setup, run['metrics'])})")
             continue
-        snapshot = latest_snapshot(run_dir, max_iter) if state[run_dir] == "snapshot" else None
+        snapshot = state[run_dir][1]
         _say(progress, f"{name}: " + ("training" if snapshot is None else
                                       f"resuming from {snapshot.name} on disk"))
         train = train_run(setup, loss, seed, train_records, run_dir, device=device, max_iter=max_iter,

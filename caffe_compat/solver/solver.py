@@ -54,7 +54,7 @@ from caffe_compat.proto import caffe_pb2
 from caffe_compat.pycaffe import SolverNet
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
-from caffe_compat.tools.glog import g6 as _g6  # a number as glog/iostream prints it
+from caffe_compat.io.glog import g6 as _g6  # a number as glog/iostream prints it
 
 __all__ = ["Solver", "learnable_blobs"]
 

@@ -5,10 +5,9 @@
 * :mod:`~caffe_compat.tools.features` — ``extract_features``: named blobs into LMDB (Datum), ``.npy`` or HDF5;
 * :mod:`~caffe_compat.tools.parse_log` — ``tools/extra/parse_log.py`` and the training-curve PNG of
   ``plot_training_log.py``;
-* :mod:`~caffe_compat.tools.glog` — glog's line format (written by ``caffe-compat train --caffe-log``,
-  read by ``parse_log``);
 * :mod:`~caffe_compat.tools.netsetup` — what the tools share: Caffe's ``-gpu``/``-phase``/``-stage``
   flags, building the net with its weights, feeding Input layers from files.
 
-``python/draw_net.py`` is :mod:`caffe_compat.draw` (pycaffe's ``caffe.draw`` API names).
+``python/draw_net.py`` is :mod:`caffe_compat.draw` (pycaffe's ``caffe.draw`` API names).  glog's line
+format, which the solver writes and ``parse_log`` reads, is a file format: :mod:`caffe_compat.io.glog`.
 """

@@ -3,7 +3,7 @@ PNG of ``tools/extra/plot_training_log.py.example``.
 
 The log is Caffe's (``caffe train ... 2>&1 | tee log``, or glog's ``caffe.INFO``) or ours (``caffe-compat
 train --caffe-log LOG``): glog lines with the ``I1124 21:48:49.577123 ...`` prefix or newer glog's
-``I20261124 21:48:49.577123 ...`` (:mod:`caffe_compat.tools.glog`).  As Caffe's script:
+``I20261124 21:48:49.577123 ...`` (:mod:`caffe_compat.io.glog`).  As Caffe's script:
 
 * ``Seconds`` count from the first line containing ``Solving`` (the solver's ``Solving <net>``; without
   one, from the first line with a glog prefix); lines before the first ``Iteration N`` are skipped and
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caffe_compat.errors import DataError
-from caffe_compat.tools.glog import parse_line
+from caffe_compat.io.glog import parse_line
 
 __all__ = ["TrainingLog", "parse_log", "plot_training_log", "save_csv_files"]
 

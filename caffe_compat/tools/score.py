@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError
-from caffe_compat.tools.glog import g6
+from caffe_compat.io.glog import g6
 from caffe_compat.tools.netsetup import as_tensors
 
 __all__ = ["ScoreOutput", "ScoreResult", "score_net"]

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from caffe_compat.errors import CaffeCompatError
-from caffe_compat.tools.glog import g6
+from caffe_compat.io.glog import g6
 from caffe_compat.tools.netsetup import as_tensors, synchronize
 
 __all__ = ["LayerTiming", "TimingResult", "time_net"]

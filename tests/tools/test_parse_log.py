@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from caffe_compat.cli import main
-from caffe_compat.tools.glog import parse_line
+from caffe_compat.io.glog import parse_line
 from caffe_compat.tools.parse_log import parse_log
 from tests.conftest import fixture_path
 
@@ -111,7 +111,7 @@ def _solver_dir(tmp_path: Path, test: bool) -> Path:
 def _our_log(tmp_path: Path, test: bool):
     from caffe_compat.solver import Solver
     from caffe_compat.solver.train import train
-    from caffe_compat.tools.glog import caffe_log
+    from caffe_compat.io.glog import caffe_log
 
     folder = _solver_dir(tmp_path, test)
     inputs = np.load(fixture_path("solvers/sgd_step_momentum/inputs.npz"))

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from caffe_compat.cli import main
-from caffe_compat.tools.glog import g6
+from caffe_compat.io.glog import g6
 from caffe_compat.tools.netsetup import build_net
 from tests.conftest import fixture_path
 
