@@ -43,3 +43,11 @@ class WriteError(CaffeCompatError, OSError):
 
     def __str__(self) -> str:  # the message, not OSError's "[Errno N] ..." form built from errno/strerror
         return str(self.args[0]) if self.args else super().__str__()
+
+
+class NotRegularFileError(ParseError, DataError):
+    """A path a model, list, state file or the command line names is not a regular file (a FIFO, a device,
+    a socket or a directory), or is larger than its format allows: names the path, what it is, and the
+    field or layer that named it.  Checked with ``os.stat`` before anything is opened, so a FIFO never
+    blocks and ``/dev/zero`` is never read.  It is both a ParseError and a DataError, so callers that
+    caught either for the same file keep catching it."""

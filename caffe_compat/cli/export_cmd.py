@@ -56,12 +56,13 @@ def _preprocessing(text):
     from pathlib import Path
 
     from caffe_compat.errors import CaffeCompatError
+    from caffe_compat.io.safe_open import read_regular_text
 
     if text is None:
         return None
     source = Path(text) if text.strip().endswith(".json") else None
     try:
-        value = json.loads(source.read_text() if source is not None else text)
+        value = json.loads(read_regular_text(source, "--preprocessing") if source is not None else text)
     except OSError as exc:
         raise CaffeCompatError(f"{text}: cannot read the preprocessing file ({exc.strerror})") from None
     except json.JSONDecodeError as exc:

@@ -18,10 +18,14 @@ import cv2
 import numpy as np
 
 from caffe_compat.errors import DataError
+from caffe_compat.io.safe_open import check_regular_file
 
 
-def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, new_width: int = 0) -> np.ndarray:
-    """Decode ``path`` like Caffe's ``ReadImageToCVMat(path, new_height, new_width, color)``."""
+def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, new_width: int = 0,
+                   what: str | None = None) -> np.ndarray:
+    """Decode ``path`` like Caffe's ``ReadImageToCVMat(path, new_height, new_width, color)``; a path that
+    is not a regular file (a FIFO, a device) raises NotRegularFileError naming ``what`` named it."""
+    check_regular_file(path, what)
     flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
     image = cv2.imread(str(path), flag)
     if image is None:

@@ -51,14 +51,16 @@ from typing import Callable
 import numpy as np
 
 from caffe_compat.errors import DataError
+from caffe_compat.io.safe_open import read_regular_bytes, read_regular_text
 
 
-def read_list_entries(list_file: str | os.PathLike) -> list[tuple[int, str, int]]:
-    """``(line number, path, label)`` of every non-blank line of a Caffe list file (numbers from 1)."""
+def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> list[tuple[int, str, int]]:
+    """``(line number, path, label)`` of every non-blank line of a Caffe list file (numbers from 1); a list
+    that is not a regular file raises NotRegularFileError naming ``what`` named it."""
     entries = []
     path = Path(list_file)
     try:
-        lines = path.read_text().splitlines()
+        lines = read_regular_text(path, what).splitlines()
     except FileNotFoundError:
         raise DataError(f"{path}: no such list file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -76,9 +78,9 @@ def read_list_entries(list_file: str | os.PathLike) -> list[tuple[int, str, int]
     return entries
 
 
-def read_list_file(list_file: str | os.PathLike) -> list[tuple[str, int]]:
+def read_list_file(list_file: str | os.PathLike, what: str | None = None) -> list[tuple[str, int]]:
     """Caffe's list format: ``path label`` per line; the label is the last space-separated field."""
-    return [(name, label) for _, name, label in read_list_entries(list_file)]
+    return [(name, label) for _, name, label in read_list_entries(list_file, what)]
 
 
 def match_ext(filename: str, encoding: str) -> bool:
@@ -155,7 +157,7 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
     from caffe_compat.io import make_datum
 
     try:
-        raw = image_path.read_bytes()
+        raw = read_regular_bytes(image_path, where)
     except FileNotFoundError:
         raise _Skip("file not found") from None
     except OSError as exc:

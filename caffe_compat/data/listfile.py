@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Sequence
 
 from caffe_compat.errors import DataError
+from caffe_compat.io.safe_open import check_regular_file, read_regular_text
 
 
 def require_file(path: Path, what: str) -> Path:
-    """``path`` if it is a file, else a :class:`DataError` naming it and what it should hold."""
+    """``path`` if it is a regular file, else a :class:`DataError` naming it and what it should hold
+    (:class:`~caffe_compat.errors.NotRegularFileError` for a FIFO, a device, a socket or a directory)."""
+    check_regular_file(path, what)
     if not path.is_file():
         raise DataError(f"{path}: file not found ({what})")
     return path
@@ -31,7 +34,7 @@ def read_table(path: Path, fields: Sequence[str], header: bool = False) -> list[
     path = Path(path)
     require_file(path, " ".join(fields))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text ({exc})") from None
     rows: list[tuple[int, list[str]]] = []
@@ -68,6 +71,8 @@ def parse_int(value: str, path: Path, number: int, field: str) -> int:
 
 def checked_image(image: Path, list_file: Path, number: int, check: bool) -> Path:
     """``image``; with ``check`` a :class:`DataError` naming ``list_file:number`` if it does not exist."""
+    if check:
+        check_regular_file(image, f"{list_file}:{number}")
     if check and not image.is_file():
         raise DataError(f"{list_file}:{number}: image file not found: {image}")
     return image

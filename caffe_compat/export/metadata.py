@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from caffe_compat.errors import CaffeCompatError, FormatError
+from caffe_compat.io.safe_open import check_regular_file
 
 FORMAT = "caffe-compat-onnx/1"
 PREPROCESSING_KEYS = ("channel_order", "resize", "crop_size", "mean_value", "mean_file", "scale", "input_blob")
@@ -66,6 +67,7 @@ def read_mean_file(path, where: str) -> np.ndarray:
     from caffe_compat.io import read_blob
 
     path = Path(path)
+    check_regular_file(path, f"{where}: mean_file")
     if not path.is_file():
         raise FormatError(f"{where}: mean_file '{path}' not found (read relative to the working directory "
                           f"{Path.cwd()}, as Caffe does)")

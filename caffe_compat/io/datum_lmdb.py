@@ -45,6 +45,7 @@ import numpy as np
 
 from caffe_compat.errors import DataError, FormatError
 from caffe_compat.io.protofiles import parse_binary
+from caffe_compat.io.safe_open import check_regular_file
 from caffe_compat.proto import caffe_pb2
 
 
@@ -65,10 +66,13 @@ def _data_file(path: Path) -> tuple[Path, bool]:
     """``(data file, subdir)`` of the database at ``path`` (a folder holding ``data.mdb``, or the
     ``subdir=False`` data file itself); DataError when there is none."""
     if path.is_dir():
+        check_regular_file(path / "data.mdb", f"the LMDB {path}")
         if (path / "data.mdb").is_file():
             return path / "data.mdb", True
-    elif path.is_file():
-        return path, False
+    else:
+        check_regular_file(path, "an LMDB data file")
+        if path.is_file():
+            return path, False
     raise DataError(f"{path}: not an LMDB database (no data.mdb in {path.absolute()})")
 
 

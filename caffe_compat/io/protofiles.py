@@ -18,6 +18,7 @@ from google.protobuf import text_format
 from caffe_compat.errors import ParseError
 from caffe_compat.io.atomic import write_bytes_atomic, write_text_atomic
 from caffe_compat.io.fast_text import merge_fast
+from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, read_regular_bytes
 
 PROTOBUF_LIMIT = 2**31 - 1
 
@@ -102,9 +103,11 @@ def looks_binary(data: bytes) -> bool:
     return bool(_CONTROL_BYTES.search(head))  # every binary Caffe message has a tag or length byte < 0x20
 
 
-def read_bytes(path: str | os.PathLike) -> bytes:
+def read_bytes(path: str | os.PathLike, what: str | None = None) -> bytes:
+    """The bytes of a protobuf file (prototxt, caffemodel, solverstate, binaryproto): a regular file of at
+    most protobuf's 2 GB (NotRegularFileError otherwise, naming ``what`` named it), else ParseError."""
     try:
-        return Path(path).read_bytes()
+        return read_regular_bytes(path, what, PROTOBUF_MAX_BYTES)
     except FileNotFoundError:
         raise ParseError(f"{path}: no such file") from None
     except IsADirectoryError:

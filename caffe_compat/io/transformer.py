@@ -52,6 +52,9 @@ __all__ = ["Transformer", "array_to_blobproto", "arraylist_to_blobprotovector_st
 def load_image(filename: str, color: bool = True) -> np.ndarray:
     import cv2
 
+    from caffe_compat.io.safe_open import check_regular_file
+
+    check_regular_file(filename, "load_image")
     image = cv2.imread(str(filename), cv2.IMREAD_UNCHANGED)
     if image is None:
         raise DataError(f"{filename}: cannot read image (missing file or unsupported format)")

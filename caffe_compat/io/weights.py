@@ -30,6 +30,7 @@ import numpy as np
 
 from caffe_compat.io.blobs import blob_shape, is_legacy
 from caffe_compat.io.protofiles import looks_binary
+from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
 from caffe_compat.proto import caffe_pb2
 
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
@@ -101,6 +102,7 @@ def _stored(blob: caffe_pb2.BlobProto) -> StoredBlob:
 
 
 def _read_mapped(path: Path) -> list[tuple[str, list[StoredBlob]]]:
+    check_regular_file(path, None, PROTOBUF_MAX_BYTES)  # Caffe's reader stops at protobuf's 2 GB too
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size

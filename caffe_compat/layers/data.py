@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError, ShapeMismatchError
+from caffe_compat.io.safe_open import check_regular_file, read_regular_text
 from caffe_compat.layers.fillers import fill_blob
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.proto import caffe_pb2
@@ -210,6 +211,7 @@ def _transformer(param, phase: str):
     mean = None
     if t.HasField("mean_file"):
         path = Path(t.mean_file)
+        check_regular_file(path, f"layer '{param.name}' ({param.type}) transform_param.mean_file")
         if not path.is_file():
             raise DataError(f"layer '{param.name}' ({param.type}): mean_file '{t.mean_file}' not found (Caffe opens "
                             f"it relative to the working directory {Path.cwd()})")
@@ -379,7 +381,7 @@ class ImageData(_RecordLayer):
                               f"({self.new_width}) must be set together or both left 0 (Caffe CHECKs: 'Current "
                               f"implementation requires new_height and new_width to be set at the same time.')")
         try:
-            self.lines = read_list_file(p.source)
+            self.lines = read_list_file(p.source, "image_data_param.source")
         except CaffeCompatError as exc:
             raise type(exc)(f"layer '{self.layer_name}' (ImageData): {exc} (relative to {Path.cwd()})") from None
         if not self.lines:
@@ -407,7 +409,9 @@ class ImageData(_RecordLayer):
 
         name = self.lines[self.order[index]][0]
         image = load_image_bgr(self.root_folder + name, color=self.is_color, new_height=self.new_height,
-                               new_width=self.new_width)
+                               new_width=self.new_width,
+                               what=f"layer '{self.layer_name}' (ImageData) {self.param.image_data_param.source} "
+                                    f"entry {self.order[index] + 1}")
         return np.ascontiguousarray(image.transpose(2, 0, 1))
 
     def _advance(self) -> None:
@@ -466,7 +470,8 @@ class HDF5Data(_SourceLayer):
         if self.batch_size < 1:
             raise FormatError(f"layer '{self.layer_name}' (HDF5Data): hdf5_data_param.batch_size must be positive")
         try:
-            self.files = Path(p.source).read_text().split()
+            self.files = read_regular_text(p.source, f"layer '{self.layer_name}' (HDF5Data) hdf5_data_param.source"
+                                           ).split()
         except OSError:
             raise DataError(f"layer '{self.layer_name}' (HDF5Data): cannot read source list '{p.source}' (relative "
                             f"to {Path.cwd()})") from None
@@ -489,6 +494,7 @@ class HDF5Data(_SourceLayer):
     def _load(self, path: str) -> None:
         h5py = _h5py()
         arrays = []
+        check_regular_file(path, f"layer '{self.layer_name}' (HDF5Data) list {self.param.hdf5_data_param.source}")
         try:
             with h5py.File(path, "r") as f:
                 for top in self.param.top:

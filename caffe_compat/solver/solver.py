@@ -49,6 +49,7 @@ from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
 from caffe_compat.io import (array_to_blob, blob_to_array, read_net, read_solver, read_solverstate, upgrade_solver,
                              write_net, write_solverstate)
 from caffe_compat.io.blobs import set_packed_floats
+from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
 from caffe_compat.net import CaffeNet
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.pycaffe import SolverNet
@@ -202,6 +203,8 @@ class Solver:
             where = self.solver_path if self.solver_path is not None else "solver (SolverParameter message)"
             raise FormatError(f"{where}: the net file of its '{field}' field, {path!r}, was not found (looked in "
                               + " and ".join(folders) + ")")
+        where = self.solver_path if self.solver_path is not None else "solver"
+        check_regular_file(resolved, f"{where} field '{field}'")
         return read_net(resolved)
 
     def _train_net(self, seed: int) -> SolverNet:
@@ -532,6 +535,7 @@ class Solver:
             if not os.path.isabs(learned) and not os.path.exists(learned):
                 beside = Path(state_file).resolve().parent / Path(learned).name
                 learned = str(beside) if beside.exists() else learned
+            check_regular_file(learned, f"{state_file} learned_net", PROTOBUF_MAX_BYTES)
             self.net.load_caffemodel(learned)
         self.optimizer.set_history([blob_to_array(b, source=f"{state_file} history") for b in state.history])
         self.iter = int(state.iter)

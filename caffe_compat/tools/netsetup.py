@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.io.safe_open import check_regular_file
 
 __all__ = ["as_tensors", "build_net", "load_inputs", "resolve_device", "split_list", "synchronize"]
 
@@ -89,6 +90,7 @@ def build_net(model, weights=None, *, phase: str = "test", level: int | None = N
 
 
 def _read_array(path: Path, key: str | None, blob: str) -> np.ndarray:
+    check_regular_file(path, f"the array for blob '{blob}'")
     try:
         data = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:

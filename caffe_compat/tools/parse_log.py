@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caffe_compat.errors import DataError
+from caffe_compat.io.safe_open import read_regular_text
 from caffe_compat.io.glog import parse_line
 
 __all__ = ["TrainingLog", "parse_log", "plot_training_log", "save_csv_files"]
@@ -122,7 +123,7 @@ def parse_log(path, year: int | None = None) -> TrainingLog:
     """The train and test tables of the log at ``path`` (module docstring)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_regular_text(path, "the log", encoding="utf-8", errors="replace")
         if year is None:
             year = _dt.datetime.fromtimestamp(path.stat().st_mtime).year
     except OSError as exc:

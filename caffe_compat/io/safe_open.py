@@ -1,0 +1,82 @@
+"""Only regular files: every path a net, solver, solverstate, list or the command line names is checked
+here before it is opened.
+
+:func:`check_regular_file` uses ``os.stat`` (never ``open``), so a FIFO named where a file is expected
+is refused at once instead of blocking in ``open()`` forever, and a device (``/dev/zero``) is refused
+instead of being read until memory runs out.  Directories and sockets are refused too, and a format
+with a size limit (protobuf's 2 GB message) is checked against ``st_size``.  A missing path passes: the
+caller's own open reports it the way it always has.  :func:`read_regular_bytes` and
+:func:`read_regular_text` check and then read at most the bound, so a file that grows (or is swapped)
+between the check and the read still cannot be read without limit.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from caffe_compat.errors import NotRegularFileError
+
+__all__ = ["PROTOBUF_MAX_BYTES", "check_regular_file", "read_regular_bytes", "read_regular_text"]
+
+#: The largest message protobuf parses (2 GB, ``INT_MAX`` bytes): prototxt, caffemodel, solverstate,
+#: binaryproto.
+PROTOBUF_MAX_BYTES = 2 ** 31 - 1
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _named(path, what: str | None) -> str:
+    return f"{path}" + (f" (named by {what})" if what else "")
+
+
+def check_regular_file(path: str | os.PathLike, what: str | None = None,
+                       max_bytes: int | None = None) -> os.stat_result | None:
+    """The ``os.stat`` of ``path`` (following links), or None when it does not exist (or cannot be
+    stat'ed: the caller's open names that).  NotRegularFileError when it is a directory, a FIFO, a device
+    or a socket, or is larger than ``max_bytes``; ``what`` (e.g. ``"layer 'loss' (InfogainLoss)
+    infogain_loss_param.source"``) says which field or layer named it."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):  # missing, a dangling link, no permission, a NUL byte in the name
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(f"{_named(path, what)}: is {_kind(st.st_mode)}, expected a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise NotRegularFileError(f"{_named(path, what)}: {st.st_size} bytes, more than the {max_bytes} this "
+                                  f"format allows")
+    return st
+
+
+def read_regular_bytes(path: str | os.PathLike, what: str | None = None, max_bytes: int | None = None) -> bytes:
+    """The bytes of ``path`` once :func:`check_regular_file` accepts it; never more than ``max_bytes``
+    (NotRegularFileError if the file grew past it).  Missing files raise the usual OSError."""
+    check_regular_file(path, what, max_bytes)
+    with open(path, "rb") as fh:
+        if max_bytes is None:
+            return fh.read()
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise NotRegularFileError(f"{_named(path, what)}: more than the {max_bytes} bytes this format allows")
+    return data
+
+
+def read_regular_text(path: str | os.PathLike, what: str | None = None, max_bytes: int | None = None,
+                      encoding: str | None = None, errors: str | None = None) -> str:
+    """:func:`read_regular_bytes` decoded (universal newlines, like ``Path.read_text``)."""
+    import io
+
+    data = read_regular_bytes(path, what, max_bytes)
+    return io.TextIOWrapper(io.BytesIO(data), encoding=encoding, errors=errors).read()
