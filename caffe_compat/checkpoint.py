@@ -96,7 +96,10 @@ def load_checkpoint(path: str | os.PathLike, device=None):
     """The CaffeNet stored by :func:`save_checkpoint` (loaded with ``weights_only=True``), on ``device``."""
     from caffe_compat.net import CaffeNet
 
+    from caffe_compat.io.safe_open import check_regular_file
+
     path = Path(path)
+    check_regular_file(path, "the checkpoint")
     if not path.is_file():
         raise CaffeCompatError(f"{path}: no such checkpoint file")
     try:

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from caffe_compat.errors import CaffeCompatError, FormatError
-from caffe_compat.io.safe_open import check_regular_file
+from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
 
 FORMAT = "caffe-compat-onnx/1"
 PREPROCESSING_KEYS = ("channel_order", "resize", "crop_size", "mean_value", "mean_file", "scale", "input_blob")
@@ -264,6 +264,8 @@ def read_metadata(model_or_path) -> dict:
         model = model_or_path
     else:
         where = str(model_or_path) if not isinstance(model_or_path, bytes) else "model bytes"
+        if not isinstance(model_or_path, bytes):
+            check_regular_file(model_or_path, "the ONNX model", PROTOBUF_MAX_BYTES)
         try:
             model = onnx.load_model_from_string(model_or_path) if isinstance(model_or_path, bytes) else onnx.load(
                 str(model_or_path), load_external_data=False)

@@ -37,6 +37,10 @@ def make_session(model, provider: str | None = "cpu", threads: int = 0):
     if threads:
         options.intra_op_num_threads = int(threads)
     source = str(model) if isinstance(model, (str, Path)) else model
+    if isinstance(source, str):
+        from caffe_compat.io.safe_open import check_regular_file
+
+        check_regular_file(source, "the ONNX model")
     want_cuda = provider != "cpu" and PROVIDERS["cuda"] in ort.get_available_providers()
     providers = [PROVIDERS["cuda"], PROVIDERS["cpu"]] if want_cuda else [PROVIDERS["cpu"]]
     if want_cuda:

@@ -263,3 +263,16 @@ def test_cli_dev_zero_as_net_is_one_line_exit_2(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and "/dev/zero" in done.stderr, done.stderr
 
+
+
+def test_fifo_as_checkpoint_onnx_model_and_log(tmp_path):
+    from caffe_compat.checkpoint import load_checkpoint
+    from caffe_compat.tools.parse_log import parse_log
+
+    fifo = _fifo(tmp_path, "model.pt")
+    raises_at_once(fifo, lambda: load_checkpoint(fifo))
+    raises_at_once(fifo, lambda: parse_log(fifo))
+    onnx = pytest.importorskip("onnx")  # noqa: F841 - read_metadata needs it
+    from caffe_compat.export.metadata import read_metadata
+
+    raises_at_once(fifo, lambda: read_metadata(fifo))
