@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
-from caffe_compat.io.safe_open import check_regular_file
 from caffe_compat.export.metadata import read_metadata
 from caffe_compat.export.onnx_export import build_embedder, example_input
 from caffe_compat.export.runtime import EmbedderSession
@@ -48,7 +47,6 @@ def _layout(meta: dict) -> str:
 def check_verify_input_path(path) -> Path:
     """``path`` as a Path if it names a readable file, else :class:`CaffeCompatError` (cheap; no decoding)."""
     path = Path(path)
-    check_regular_file(path, "--verify-input")
     if not path.exists():
         raise CaffeCompatError(f"{path}: verification input not found (expected a .npy/.npz array or an image file)")
     if not path.is_file():
