@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 from google.protobuf import message as _pb_message
 from google.protobuf import text_format

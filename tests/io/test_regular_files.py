@@ -13,7 +13,7 @@ import pytest
 from google.protobuf import text_format
 
 from caffe_compat.errors import CaffeCompatError, NotRegularFileError
-from caffe_compat.io import read_net, read_solver, read_solverstate, write_blob, write_lmdb, make_datum
+from caffe_compat.io import read_net, read_solver, read_solverstate, write_blob
 from caffe_compat.io.safe_open import check_regular_file, read_regular_bytes
 from caffe_compat.proto import caffe_pb2
 from tests.cli.test_cli_errors import run_cli
