@@ -8,11 +8,17 @@ A reader (or a crash) never sees a half-written caffemodel, solverstate, binaryp
 * Failures of the write itself (a parent that cannot be created, a read-only folder, a file where a
   folder is expected, a full disk) raise :class:`~caffe_compat.errors.WriteError` naming the target and
   the operating system's reason; the temporary file is removed and an existing target is untouched.
+* The temporary file is named ``.<target name>.caffe-compat-tmp.<pid>.<random>.tmp`` (:data:`TMP_MARK`,
+  the writing process's id).  A process killed mid-write (SIGKILL, power loss) cannot remove it; the
+  next write of the same target removes such leftovers (:func:`remove_stale_temporaries`): files of
+  exactly that pattern whose process is gone (or whose pid now belongs to a process started after the
+  file was last written).  Nothing else in the folder is touched.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -22,6 +28,80 @@ from pathlib import Path
 from caffe_compat.errors import WriteError
 
 _UMASK_LOCK = threading.Lock()
+
+TMP_MARK = "caffe-compat-tmp"  # in every temporary name: ``.<target name>.caffe-compat-tmp.<pid>.<random>.tmp``
+_TMP_TAIL = r"\." + re.escape(TMP_MARK) + r"\.(?P<pid>[0-9]+)\.[A-Za-z0-9_]+\.tmp"
+_CLOCK_SLACK_S = 2.0  # process start times are in clock ticks; file times may be coarser
+
+
+def temporary_prefix(target_name: str) -> str:
+    """The start of this process's temporary names for ``target_name``."""
+    return f".{target_name}.{TMP_MARK}.{os.getpid()}."
+
+
+def temporary_pattern(target_name_regex: str) -> re.Pattern:
+    """The names of our temporaries for targets whose names match ``target_name_regex`` (whole name)."""
+    return re.compile(r"\.(?:" + target_name_regex + r")" + _TMP_TAIL)
+
+
+def _process_start(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch) where Linux's /proc tells; else None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 (starttime), counted after the ")" that ends field 2
+        with open("/proc/stat", encoding="ascii", errors="replace") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _owner_alive(pid: int, written: float) -> bool:
+    """Whether the process that wrote a temporary (last written at ``written``) may still be writing it.
+    In doubt (no permission to ask, no start time to compare), alive."""
+    if pid == os.getpid():
+        return True  # another thread of this process may be writing it
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    except OSError:
+        return True
+    start = _process_start(pid)
+    # the pid was reused: its process started after the temporary was last written
+    return start is None or written >= start - _CLOCK_SLACK_S
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, target_name_regex: str) -> list[Path]:
+    """Remove, from ``folder``, leftover temporaries of :func:`atomic_path` for targets whose names match
+    ``target_name_regex`` (a regular expression for the whole target name), whose writing process is
+    gone.  Only regular files named exactly by our pattern are considered; errors (a folder that cannot
+    be listed, a file removed meanwhile) are ignored.  Returns the removed paths."""
+    pattern = temporary_pattern(target_name_regex)
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None:
+            continue
+        path = Path(folder) / name
+        try:
+            info = path.lstat()
+            if not stat.S_ISREG(info.st_mode) or _owner_alive(int(match["pid"]), info.st_mtime):
+                continue
+            path.unlink()
+        except (OSError, ValueError):
+            continue
+        removed.append(path)
+    return removed
 
 
 def current_umask() -> int:
@@ -76,7 +156,8 @@ def atomic_path(path: str | os.PathLike):
     """Yield a temporary path in the target's directory; on success it is renamed to ``path``.
 
     Creating the folder or the temporary file, and the final rename, raise WriteError; errors raised by
-    the caller's own code inside the ``with`` block propagate unchanged (the temporary file is removed)."""
+    the caller's own code inside the ``with`` block propagate unchanged (the temporary file is removed).
+    Stale temporaries of the same target name, left by killed processes, are removed first."""
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -85,9 +166,10 @@ def atomic_path(path: str | os.PathLike):
                            with_reason=False) from None
     except OSError as exc:
         raise write_error(target, exc, f"cannot create folder {exc.filename or target.parent}") from None
+    remove_stale_temporaries(target.parent, re.escape(target.name))
     mode = _new_file_mode(target)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(target.name), suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise write_error(target, exc, f"cannot create a file in {target.parent}") from None
     os.close(fd)

@@ -39,6 +39,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -48,6 +49,7 @@ import torch
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
 from caffe_compat.io import (array_to_blob, blob_to_array, read_net, read_solver, read_solverstate, upgrade_solver,
                              write_net, write_solverstate)
+from caffe_compat.io.atomic import remove_stale_temporaries
 from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
 from caffe_compat.net import CaffeNet
@@ -497,11 +499,16 @@ class Solver:
 
     def snapshot(self) -> tuple[str, str]:
         """Write ``<prefix>_iter_<iter>.caffemodel`` then ``.solverstate`` (each atomically: a crash never
-        leaves a half-written file under either name).  Returns both paths."""
+        leaves a half-written file under either name).  Returns both paths.
+
+        Temporaries of any ``<prefix>_iter_<N>.*`` snapshot left in the folder by a killed run (whose
+        process is gone) are removed first (:func:`~caffe_compat.io.atomic.remove_stale_temporaries`)."""
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
             raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
         model_path = self.snapshot_filename(".caffemodel")
         state_path = self.snapshot_filename(".solverstate")
+        folder, base = os.path.split(self.param.snapshot_prefix)
+        remove_stale_temporaries(folder or ".", re.escape(base) + r"_iter_[0-9]+\.[A-Za-z0-9]+")
         net_param = self.net.to_netparameter()
         if self.param.snapshot_diff:
             self._add_diffs(net_param)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
+import subprocess
+import sys
 
 import pytest
 
 from caffe_compat.errors import CaffeCompatError, WriteError
-from caffe_compat.io.atomic import atomic_path, current_umask, write_bytes_atomic, write_text_atomic
+from caffe_compat.io.atomic import (TMP_MARK, atomic_path, current_umask, remove_stale_temporaries, temporary_pattern,
+                                    write_bytes_atomic, write_text_atomic)
 
 
 @pytest.fixture
@@ -79,3 +83,72 @@ def test_failed_write_leaves_the_existing_target_untouched(tmp_path):
             raise RuntimeError("writer failed")  # the caller's own error propagates unchanged
     assert target.read_text() == "original"
     assert [p.name for p in tmp_path.iterdir()] == ["keep.prototxt"]
+
+
+# ----------------------------------------------------------------------------- stale temporaries
+
+def _dead_pid() -> int:
+    """The id of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_temporaries_are_named_with_our_mark_and_pid(tmp_path):
+    with atomic_path(tmp_path / "w.caffemodel") as tmp:
+        assert TMP_MARK in tmp.name
+        assert tmp.name.startswith(f".w.caffemodel.{TMP_MARK}.{os.getpid()}.") and tmp.name.endswith(".tmp")
+        assert temporary_pattern(re.escape("w.caffemodel")).fullmatch(tmp.name)
+        tmp.write_bytes(b"x")
+    assert [p.name for p in tmp_path.iterdir()] == ["w.caffemodel"]
+
+
+def test_a_write_removes_only_its_targets_stale_temporaries(tmp_path):
+    dead = _dead_pid()
+    ours_dead = tmp_path / f".w.caffemodel.{TMP_MARK}.{dead}.abc_123.tmp"
+    live_writer = tmp_path / f".w.caffemodel.{TMP_MARK}.{os.getppid()}.livewr.tmp"  # a live process's
+    mine = tmp_path / f".w.caffemodel.{TMP_MARK}.{os.getpid()}.other1.tmp"  # another thread of this process
+    reused = tmp_path / f".w.caffemodel.{TMP_MARK}.{os.getppid()}.reused.tmp"  # written before that pid started
+    keep = [
+        tmp_path / f".w.caffemodel.{dead}.abc.tmp",  # the old naming: not recognisably ours
+        tmp_path / f".w.caffemodel.{TMP_MARK}.{dead}.abc.tmp.bak",  # not exactly our pattern
+        tmp_path / f".w.caffemodel.{TMP_MARK}.notapid.abc.tmp",
+        tmp_path / f".x.caffemodel.{TMP_MARK}.{dead}.abc.tmp",  # another target's
+        tmp_path / f".w.caffemodelx.{TMP_MARK}.{dead}.abc.tmp",
+        tmp_path / f"w.caffemodel.{TMP_MARK}.{dead}.abc.tmp",  # not hidden
+        tmp_path / "unrelated.txt",
+        live_writer, mine,
+    ]
+    for path in [ours_dead, reused, *keep]:
+        path.write_bytes(b"leftover")
+    os.utime(reused, (1_000_000, 1_000_000))  # 1970: older than any live process
+    (tmp_path / f".w.caffemodel.{TMP_MARK}.{dead}.adir1.tmp").mkdir()  # a folder: never removed
+    keep.append(tmp_path / f".w.caffemodel.{TMP_MARK}.{dead}.adir1.tmp")
+    write_bytes_atomic(tmp_path / "w.caffemodel", b"new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([p.name for p in keep] + ["w.caffemodel"])
+
+
+def test_remove_stale_temporaries_takes_a_name_pattern_and_reports(tmp_path):
+    dead = _dead_pid()
+    stale = [tmp_path / f".snap_iter_{i}.caffemodel.{TMP_MARK}.{dead}.r{i}.tmp" for i in (3, 40)]
+    other = tmp_path / f".other_iter_3.caffemodel.{TMP_MARK}.{dead}.r.tmp"
+    for path in [*stale, other]:
+        path.write_bytes(b"")
+    removed = remove_stale_temporaries(tmp_path, r"snap_iter_[0-9]+\.[A-Za-z0-9]+")
+    assert sorted(removed) == sorted(stale)
+    assert [p.name for p in tmp_path.iterdir()] == [other.name]
+    assert remove_stale_temporaries(tmp_path / "missing", ".*") == []  # an unreadable folder: nothing
+
+
+def test_a_solver_snapshot_removes_stale_temporaries_of_its_prefix(tmp_path):
+    from tests.solver.caffe_cases import make_solver
+    dead = _dead_pid()
+    stale = [tmp_path / f".snap_iter_{i}.{ext}.{TMP_MARK}.{dead}.r.tmp"
+             for i, ext in ((7, "caffemodel"), (7, "solverstate"), (9, "trainstate"))]
+    keep = [tmp_path / f".other_iter_7.caffemodel.{TMP_MARK}.{dead}.r.tmp", tmp_path / ".snap_iter_7.caffemodel.x.tmp"]
+    for path in [*stale, *keep]:
+        path.write_bytes(b"")
+    solver = make_solver("sgd_step_momentum", snapshot_prefix=str(tmp_path / "snap"))
+    solver.snapshot()  # iteration 0: none of the stale temporaries has its name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [p.name for p in keep] + ["snap_iter_0.caffemodel", "snap_iter_0.solverstate"])

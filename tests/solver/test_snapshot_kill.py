@@ -1,6 +1,7 @@
 """A process killed (SIGKILL) while it writes a snapshot leaves the previous snapshot pair valid, and
 nothing under the new names except files that were written completely: each snapshot file is written
-under a temporary name, flushed to disk and renamed."""
+under a temporary name, flushed to disk and renamed.  The killed write's temporary is removed by the
+next run's snapshot."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import numpy as np
 import pytest
 
 from caffe_compat.io import read_net, read_solverstate
-from tests.solver.caffe_cases import make_solver
+from caffe_compat.io.atomic import TMP_MARK
+from tests.solver.caffe_cases import feed, make_solver
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = "sgd_step_momentum"
@@ -69,10 +71,11 @@ def test_sigkill_during_snapshot_keeps_the_previous_pair(tmp_path, stall, surviv
     finished = {name for name in os.listdir(tmp_path) if not name.startswith(".")}
     assert finished == survivors
     # the interrupted file exists only as a hidden temporary, never under its final name
-    assert any(name.startswith(".snap_iter_3.") and name.endswith(".tmp") for name in os.listdir(tmp_path))
+    leftovers = [name for name in os.listdir(tmp_path) if name.startswith(".snap_iter_3.") and name.endswith(".tmp")]
+    assert len(leftovers) == 1 and f".{TMP_MARK}.{child.pid}." in leftovers[0]  # recognisably ours, with its pid
     # the previous pair is complete: resuming from it restores iteration 2 and its weights
     state_path = tmp_path / "snap_iter_2.solverstate"
-    resumed = make_solver(CASE)
+    resumed = make_solver(CASE, snapshot_prefix=prefix)
     resumed.restore(state_path)
     assert resumed.iter == read_solverstate(state_path).iter == 2
     stored = {layer.name: layer for layer in read_net(str(tmp_path / "snap_iter_2.caffemodel")).layer}
@@ -81,3 +84,10 @@ def test_sigkill_during_snapshot_keeps_the_previous_pair(tmp_path, stall, surviv
             np.testing.assert_array_equal(blob.detach().numpy().ravel(), np.asarray(proto.data))
     if stall == 2:  # the caffemodel of iteration 3 had been renamed into place whole before the kill
         assert len(read_net(str(tmp_path / "snap_iter_3.caffemodel")).layer) == len(stored)
+    # the resumed run's snapshots remove the killed run's temporary: nothing but finished files remains
+    feed(resumed, CASE, 2)
+    resumed.step(1)
+    resumed.snapshot()
+    names = set(os.listdir(tmp_path))
+    assert names == survivors | {"snap_iter_3.caffemodel", "snap_iter_3.solverstate"}, names
+    assert read_solverstate(tmp_path / "snap_iter_3.solverstate").iter == 3
