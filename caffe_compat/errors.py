@@ -51,3 +51,10 @@ class NotRegularFileError(ParseError, DataError):
     field or layer that named it.  Checked with ``os.stat`` before anything is opened, so a FIFO never
     blocks and ``/dev/zero`` is never read.  It is both a ParseError and a DataError, so callers that
     caught either for the same file keep catching it."""
+
+
+class WeightsMismatchWarning(UserWarning):
+    """A caffemodel and the net it is loaded into disagree on layer names: source layers with blobs that
+    the net lacks (ignored, as Caffe's "Ignoring source layer X"), and net layers with blobs that the
+    caffemodel does not cover (left at their fillers).  ``strict=True`` (``--strict``) makes it a
+    :class:`FormatError`."""

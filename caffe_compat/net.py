@@ -59,8 +59,10 @@ when the caller's input tensors require grad.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import warnings
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
@@ -68,13 +70,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
+from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError, WeightsMismatchWarning
 from caffe_compat.io import read_net, write_net
 from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.io.weights import StoredBlob, read_weights
 from caffe_compat.layers import layer_class
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
 from caffe_compat.proto import caffe_pb2
+
+log = logging.getLogger("caffe_compat.net")
 
 __all__ = ["Blobs", "CaffeNet", "LayerStep", "load_net"]
 
@@ -162,10 +166,12 @@ class CaffeNet(nn.Module):
     ``net``: a NetParameter, a prototxt path or prototxt text (legacy formats are upgraded).
     ``phase``: ``"train"`` or ``"test"``; ``level``/``stages``: the NetState (``stages`` are added to the
     net's own ``state.stage``, ``level`` replaces its level when given).  ``weights``: caffemodel path or
-    NetParameter copied in by layer name.  ``seed``: seed of the generator used by the fillers.
+    NetParameter copied in by layer name (name mismatches warn, or raise with ``strict=True``: see
+    :meth:`load_caffemodel`).  ``seed``: seed of the generator used by the fillers.
     """
 
-    def __init__(self, net, phase: str = "test", level: int | None = None, stages=(), weights=None, seed: int = 0):
+    def __init__(self, net, phase: str = "test", level: int | None = None, stages=(), weights=None, seed: int = 0,
+                 strict: bool = False):
         super().__init__()
         source = _as_netparameter(net)
         state = make_state(source, phase, level, stages)
@@ -186,7 +192,7 @@ class CaffeNet(nn.Module):
         stored = None if weights is None else read_weights(weights)
         self.reinitialize(seed, skip=self._supplied_by(stored))
         if stored is not None:
-            self.load_caffemodel(stored)
+            self._load_stored([(weights, stored)], strict)
         self.train(self.phase == "train")
 
     # ------------------------------------------------------------------------------ building
@@ -424,16 +430,69 @@ class CaffeNet(nn.Module):
         return frozenset(by_name[name] for name, blobs in stored
                          if name in by_name and len(blobs) == len(self.layers[by_name[name]].caffe_blobs()))
 
-    @torch.no_grad()
-    def load_caffemodel(self, model) -> None:
+    def load_caffemodel(self, model, strict: bool = False) -> None:
         """Copy weights by layer name from a caffemodel path (or a NetParameter, or what
         :func:`~caffe_compat.io.weights.read_weights` returned), like Caffe's ``CopyTrainedLayersFrom``:
         layers absent from the model keep their values, model layers absent from the net are ignored; a
         blob count or shape mismatch raises ShapeMismatchError (legacy 4-D blob dims are accepted when they
         equal the net's shape padded with leading 1s).  ``double_data`` wins over ``data``, as in
-        ``Blob::FromProto``; values are rounded to the net's dtype."""
-        stored = model if isinstance(model, list) else read_weights(model)
+        ``Blob::FromProto``; values are rounded to the net's dtype.
+
+        Name mismatches are reported (:meth:`load_caffemodels`): one
+        :class:`~caffe_compat.errors.WeightsMismatchWarning` naming the ignored source layers with blobs
+        and the net layers with blobs left at their fillers; with ``strict=True`` a FormatError instead
+        (nothing is copied then)."""
+        self._load_stored([(model, model if isinstance(model, list) else read_weights(model))], strict)
+
+    def load_caffemodels(self, models, strict: bool = False) -> None:
+        """:meth:`load_caffemodel` of each model in turn (Caffe's ``weights: "a,b"``), reported once: a net
+        layer is left at its fillers only when no model covers it.  Source layers without blobs that the
+        net lacks (a train net's data or loss layers) are only logged, as Caffe logs them."""
+        self._load_stored([(model, model if isinstance(model, list) else read_weights(model)) for model in models],
+                          strict)
+
+    def _load_stored(self, loaded, strict: bool) -> None:
+        """The one place weights are copied: ``loaded`` is ``[(model as given, read_weights(model))]``."""
+        if not loaded:
+            return
         by_name = self.module_names
+        ignored, covered = [], set()
+        for model, stored in loaded:
+            for name, blobs in stored:
+                if name in by_name:
+                    covered.add(by_name[name])
+                elif blobs:
+                    ignored.append((model, name))
+                else:
+                    log.info("Ignoring source layer %s", name)
+        shared = {(key, i): owner for key, i, owner, _ in self._shared}
+        left = [step.name for step in self.steps
+                if step.module_key is not None and step.module_key not in covered
+                and any(shared.get((step.module_key, i)) not in covered
+                        for i in range(len(self.layers[step.module_key].caffe_blobs())))]
+        if ignored or left:
+            self._report_mismatch([model for model, _ in loaded], ignored, left, strict)
+        with torch.no_grad():
+            for _, stored in loaded:
+                self._copy_stored(stored, by_name)
+
+    def _report_mismatch(self, models, ignored, left, strict: bool) -> None:
+        def label(model):
+            return os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<weights>"
+        files = ", ".join(label(m) for m in models)
+        parts = []
+        if ignored:
+            names = ", ".join(f"'{n}'" + (f" ({label(m)})" if len(models) > 1 else "") for m, n in ignored)
+            parts.append(f"ignoring source layers the net lacks: {names}")
+        if left:
+            parts.append(f"net layers left at their fillers (not in the weights): {', '.join(repr(n) for n in left)}")
+        text = f"{files}: weights do not match net '{self.name}': {'; '.join(parts)}"
+        if strict:
+            raise FormatError(text)
+        # stacklevel: this, _load_stored, the public method (or __init__), its caller
+        warnings.warn(text + " (strict=True / --strict makes this an error)", WeightsMismatchWarning, stacklevel=4)
+
+    def _copy_stored(self, stored, by_name) -> None:
         for name, blobs in stored:
             key = by_name.get(name)
             if key is None:
@@ -652,6 +711,8 @@ def _in_float32(layer, bottoms: list) -> tuple:
 
 
 def load_net(prototxt, weights=None, phase: str = "test", level: int | None = None, stages=(),
-             seed: int = 0) -> CaffeNet:
-    """``CaffeNet`` from a prototxt (path, text or NetParameter) and an optional caffemodel."""
-    return CaffeNet(prototxt, phase=phase, level=level, stages=stages, weights=weights, seed=seed)
+             seed: int = 0, strict: bool = False) -> CaffeNet:
+    """``CaffeNet`` from a prototxt (path, text or NetParameter) and an optional caffemodel.  Layers of the
+    caffemodel the net lacks, and net layers with blobs it does not cover, give one
+    :class:`~caffe_compat.errors.WeightsMismatchWarning`; ``strict=True`` makes that a FormatError."""
+    return CaffeNet(prototxt, phase=phase, level=level, stages=stages, weights=weights, seed=seed, strict=strict)

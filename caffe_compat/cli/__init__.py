@@ -2,7 +2,9 @@
 
 Each module ``caffe_compat/cli/<name>_cmd.py`` defines ``register(subparsers)``, which adds its
 sub-command and sets ``func``.  Errors from the user's input (:class:`CaffeCompatError`) print one line
-and exit with status 2, with no traceback.
+and exit with status 2, with no traceback.  A :class:`~caffe_compat.errors.WeightsMismatchWarning` (a
+caffemodel whose layer names do not match the net's) prints as one line ``caffe-compat <command>:
+warning: ...``; the commands that load weights take ``--strict`` to make it an error (exit 2).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import warnings
+from contextlib import contextmanager
 
-from caffe_compat.errors import CaffeCompatError
+from caffe_compat.errors import CaffeCompatError, WeightsMismatchWarning
 
 
 def package_version() -> str:
@@ -43,11 +47,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def _weights_warnings(command: str):
+    """Print each WeightsMismatchWarning as one stderr line (other warnings as before)."""
+    with warnings.catch_warnings():
+        previous = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, WeightsMismatchWarning):
+                print(f"caffe-compat {command}: warning: {message}", file=sys.stderr, flush=True)
+            else:
+                previous(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        status = args.func(args)
+        with _weights_warnings(args.command):
+            status = args.func(args)
     except CaffeCompatError as exc:
         print(f"caffe-compat {args.command}: error: {exc}", file=sys.stderr)
         return 2

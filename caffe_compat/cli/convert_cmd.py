@@ -1,8 +1,9 @@
 """``caffe-compat convert NET.prototxt W.caffemodel -o model.pt [--phase test]`` and
 ``caffe-compat convert --to-caffe model.pt -o OUT_PREFIX`` (writes OUT_PREFIX.prototxt and .caffemodel).
 
-Exit status: 0 written, 2 bad input (unreadable files, weights that do not fit the net, wrong arguments, an
-output folder that does not exist: it is not created).
+Exit status: 0 written, 2 bad input (unreadable files, weights that do not fit the net, net layers with
+blobs the caffemodel does not cover unless ``--allow-missing``, caffemodel layers the net lacks with
+``--strict``, wrong arguments, an output folder that does not exist: it is not created).
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, help="checkpoint path, or the output prefix with --to-caffe")
     p.add_argument("--to-caffe", action="store_true", help="convert a checkpoint back to .prototxt + .caffemodel")
     p.add_argument("--phase", choices=("train", "test"), default="test", help="phase the net is built in")
-    p.add_argument("--allow-missing", action="store_true",
-                   help="accept a caffemodel without weights for some learnable layers (they keep filler values)")
+    names = p.add_mutually_exclusive_group()
+    names.add_argument("--allow-missing", action="store_true",
+                       help="accept a caffemodel without weights for some learnable layers (they keep filler values)")
+    names.add_argument("--strict", action="store_true",
+                       help="also refuse (exit 2) caffemodel layers with blobs that the net lacks (by default they "
+                            "are ignored, as Caffe does, with a warning)")
     p.set_defaults(func=run)
 
 
@@ -38,7 +43,7 @@ def run(args) -> int:
     from converters.caffe_to_torch import convert_caffe_to_torch
 
     net = convert_caffe_to_torch(args.inputs[0], args.inputs[1], args.output, phase=args.phase,
-                                 strict=not args.allow_missing)
+                                 strict=not args.allow_missing, strict_weights=args.strict)
     count = sum(t.numel() for blobs in net.params.values() for t in blobs)
     print(f"wrote {args.output}: net '{net.name}', phase {net.phase}, {len(net.steps)} layers, {count:,} values")
     return 0

@@ -1,5 +1,5 @@
 """``caffe-compat export NET.prototxt (--weights W.caffemodel | --checkpoint model.pt) -o embedder.onnx
---output BLOB [--normalize] [--opset N] [--fp16] [--batch dynamic|N] [--preprocessing JSON] [--verify]
+--output BLOB [--strict] [--normalize] [--opset N] [--fp16] [--batch dynamic|N] [--preprocessing JSON] [--verify]
 [--verify-input PATH ...] [--tolerance T]``
 
 Calls :func:`caffe_compat.export.export_onnx`; ``--verify`` then runs :func:`verify_onnx` (onnx.checker,
@@ -20,7 +20,8 @@ never opened, so a training prototxt exports without its training data.
 
 Exit status: 0 written (and verified), 1 verification above tolerance on any input (nothing written), 2 bad
 input (unknown blob: the message lists the available ones; unreadable files; unexportable layer; a bad
-``--verify-input``; a ``-o`` folder that does not exist), nothing written.
+``--verify-input``; a ``-o`` folder that does not exist; with ``--strict``, ``--weights`` whose layer names
+do not match the net), nothing written.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def register(sub) -> None:
                    help="embedding blob to cut at (default fc_embedding)")
     p.add_argument("--normalize", action="store_true", help="append row-wise L2 normalisation")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    p.add_argument("--strict", action="store_true",
+                   help="with --weights: refuse (exit 2) a caffemodel whose layer names do not match the net "
+                        "(layers the net lacks, or net layers with blobs it does not cover); without it, a warning")
     p.add_argument("--fp16", action="store_true", help="float16 weights and arithmetic (float32 input/output)")
     p.add_argument("--batch", default="dynamic", help="'dynamic' (default) or a fixed batch size")
     p.add_argument("--preprocessing", metavar="JSON",
@@ -103,7 +107,7 @@ def run(args) -> int:
         with cli_warnings("export"):
             export_onnx(args.prototxt, weights=args.weights, checkpoint=args.checkpoint, output_blob=args.blob,
                         path=path, normalize=args.normalize, opset=args.opset, fp16=args.fp16, batch=args.batch,
-                        preprocessing=_preprocessing(args.preprocessing))
+                        preprocessing=_preprocessing(args.preprocessing), strict=args.strict)
         if args.verify:
             report = verify_onnx(path, prototxt=args.prototxt, weights=args.weights, checkpoint=args.checkpoint,
                                  tolerance=args.tolerance, inputs=inputs or None, random=True)

@@ -2,7 +2,8 @@
 
 Exit status: 0 consistent, 1 when the net defines no layers (a warning on stderr: an empty or wrong file)
 or the weights check finds missing or mismatched blobs or cannot check some
-(shapes unknown without ``--input-shape``), 2 when a file is
+(shapes unknown without ``--input-shape``), 2 with ``--strict`` when layer names of the net and the
+``--weights`` do not match (caffemodel layers the net lacks, net layers it does not cover), 2 when a file is
 unreadable or the net is invalid (a layer type neither Caffe 1.0 nor a registered port knows, shapes or
 parameters Caffe would refuse), with one line naming the file or layer on stderr.
 """
@@ -18,6 +19,9 @@ def register(sub) -> None:
     p = sub.add_parser("inspect", help="layer table, shapes, parameter counts; check a caffemodel against a net")
     p.add_argument("net", help="prototxt (any Caffe version) or caffemodel")
     p.add_argument("--weights", help="caffemodel to check against the net by layer name and shape")
+    p.add_argument("--strict", action="store_true",
+                   help="with --weights: exit 2 (an error naming the layers) when layer names do not match: "
+                        "caffemodel layers with blobs the net lacks, or net layers with blobs it does not cover")
     p.add_argument("--input-shape", action="append", default=[], metavar="BLOB=N,C,H,W",
                    help="shape of a blob the net cannot infer (e.g. the top of a Python data layer); repeatable")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -39,6 +43,20 @@ def parse_input_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _refuse_name_mismatch(path, net, check) -> None:
+    """FormatError naming the caffemodel layers the net lacks and the net layers it does not cover."""
+    from caffe_compat.errors import FormatError
+
+    parts = []
+    if check["extra"]:
+        parts.append(f"ignoring source layers the net lacks: {', '.join(repr(i['layer']) for i in check['extra'])}")
+    if check["missing"]:
+        parts.append("net layers left at their fillers (not in the weights): "
+                     f"{', '.join(repr(i['layer']) for i in check['missing'])}")
+    if parts:
+        raise FormatError(f"{path}: weights do not match net '{net.name}': {'; '.join(parts)}")
+
+
 def _shape(s):
     return "?" if s is None else "x".join(str(d) for d in s) or "scalar"
 
@@ -50,6 +68,8 @@ def run(args) -> int:
     net = read_net(args.net)
     weights = read_net(args.weights) if args.weights else None
     report = inspect_net(net, weights, input_shapes=parse_input_shapes(args.input_shape))
+    if args.strict and weights is not None:
+        _refuse_name_mismatch(args.weights, net, report["weights_check"])
     if args.json:
         dump_json(report)
     elif net.layer:

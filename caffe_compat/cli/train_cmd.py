@@ -30,6 +30,9 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train a Caffe net from its solver prototxt")
     p.add_argument("solver", help="solver prototxt naming the net (net: \"train.prototxt\")")
     p.add_argument("--weights", help="caffemodel(s) to start from (comma-separated, like caffe train)")
+    p.add_argument("--strict", action="store_true",
+                   help="with --weights: refuse (exit 2) caffemodels whose layer names do not match the train net "
+                        "(layers the net lacks, or net layers with blobs none covers); without it, a warning")
     p.add_argument("--snapshot", "--resume", dest="snapshot", metavar="SOLVERSTATE",
                    help="a .solverstate to resume from (with the .trainstate beside it, when train wrote one, the "
                         "run continues exactly as if uninterrupted in --deterministic mode)")
@@ -71,7 +74,7 @@ def run(args) -> int:
         summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
                         amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
                         tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
-                        distributed=args.distributed)
+                        distributed=args.distributed, strict_weights=args.strict)
     main = ddp.is_main_process()
     ddp.shutdown_distributed()
     if not main:

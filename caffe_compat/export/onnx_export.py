@@ -73,13 +73,16 @@ def _batch_size(batch) -> int | None:
 
 
 def build_embedder(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
-                   normalize: bool = False, fp16: bool = False, image_size=None, test_net=None) -> Embedder:
+                   normalize: bool = False, fp16: bool = False, image_size=None, test_net=None,
+                   strict: bool = False) -> Embedder:
     """The :class:`Embedder` an export traces (float32 reference when ``fp16`` is False).  ``image_size``
-    (``(H, W)`` or ``(C, H, W)``) sizes the Input that stands for a data layer the prototxt reads."""
+    (``(H, W)`` or ``(C, H, W)``) sizes the Input that stands for a data layer the prototxt reads.
+    ``strict``: caffemodel layer names that do not match the net raise a FormatError (else a
+    :class:`~caffe_compat.errors.WeightsMismatchWarning`)."""
     if weights is not None and checkpoint is not None:
         raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
     test_net = test_net or TestPhaseNet(prototxt, checkpoint)
-    net = test_net.build(weights, output_blob, image_size)
+    net = test_net.build(weights, output_blob, image_size, strict=strict)
     cut_steps(net, output_blob)  # raises FormatError listing the blobs when the name is unknown
     if fp16:
         net = net.half()
@@ -130,8 +133,9 @@ def _unexportable_layer(embedder: Embedder, example: torch.Tensor, opset: int, c
 
 def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
                 path="embedder.onnx", normalize: bool = False, opset: int = 17, fp16: bool = False,
-                batch="dynamic", preprocessing: dict | None = None) -> Path:
-    """Write the embedder ONNX file (see the module docstring) and return its path."""
+                batch="dynamic", preprocessing: dict | None = None, strict: bool = False) -> Path:
+    """Write the embedder ONNX file (see the module docstring) and return its path.  ``strict``: refuse
+    (FormatError) a caffemodel whose layer names do not match the net (see :func:`build_embedder`)."""
     import onnx
 
     from caffe_compat.io.atomic import write_bytes_atomic
@@ -149,7 +153,7 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
             spec, assumed = preprocessing_from_data_layer(data_layer)
             origin = f"data layer '{data_layer.name}' ({data_layer.type})"
     embedder = build_embedder(prototxt, weights, checkpoint, output_blob, normalize, fp16,
-                              image_size=_image_size(spec), test_net=test_net)
+                              image_size=_image_size(spec), test_net=test_net, strict=strict)
     net, input_blob = embedder.net, embedder.input_blob
     if input_blob == output_blob:
         raise FormatError(f"output blob '{output_blob}' is the net's input")

@@ -151,15 +151,16 @@ class TestPhaseNet:
         found = [layer for layer in self.cut(output_blob) if id(layer) in sources]
         return found[0] if found else None
 
-    def build(self, weights=None, output_blob: str | None = None, image_size=None):
-        """The TEST-phase :class:`~caffe_compat.net.CaffeNet` (deploy cut when it has data layers)."""
+    def build(self, weights=None, output_blob: str | None = None, image_size=None, strict: bool = False):
+        """The TEST-phase :class:`~caffe_compat.net.CaffeNet` (deploy cut when it has data layers).  Caffemodel
+        layer names that do not match the (cut) net warn, or raise a FormatError with ``strict``."""
         from caffe_compat.net import CaffeNet
         from caffe_compat.proto import caffe_pb2
 
         if weights is not None:
             weights = _existing(weights, "caffemodel")
         if not self.sources:
-            net = CaffeNet(self.prototxt, phase="test", weights=weights)
+            net = CaffeNet(self.prototxt, phase="test", weights=weights, strict=strict)
         else:
             if output_blob is None:
                 raise FormatError(f"{self.where}: its TEST-phase net reads data layers "
@@ -181,14 +182,15 @@ class TestPhaseNet:
                 shape = data_input_shape(layer, image_size, self.where)
                 stand_in = param.layer.add(name=layer.name, type="Input", top=tops)
                 stand_in.input_param.shape.add().dim.extend(shape)
-            net = CaffeNet(param, phase="test", weights=weights)
+            net = CaffeNet(param, phase="test", weights=weights, strict=strict)
         if self.stored is not None:
             net.load_caffemodel(self.stored.to_netparameter())
         return net.eval()
 
 
-def load_test_net(prototxt=None, weights=None, checkpoint=None, output_blob: str | None = None, image_size=None):
+def load_test_net(prototxt=None, weights=None, checkpoint=None, output_blob: str | None = None, image_size=None,
+                  strict: bool = False):
     """A TEST-phase :class:`~caffe_compat.net.CaffeNet` (see the module docstring)."""
     if weights is not None and checkpoint is not None:
         raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
-    return TestPhaseNet(prototxt, checkpoint).build(weights, output_blob, image_size)
+    return TestPhaseNet(prototxt, checkpoint).build(weights, output_blob, image_size, strict=strict)

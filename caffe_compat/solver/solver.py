@@ -86,10 +86,13 @@ class Solver:
     (a list, or Caffe's comma-separated string) copied into the TRAIN net after the solver's own
     ``weights``.  ``device``: default ``cuda:<device_id>`` when ``solver_mode: GPU`` and CUDA is
     available, else CPU.  ``solver_type`` overrides ``type`` (pycaffe's ``SGDSolver(...)`` etc.).
+    Caffemodel layer names that do not match the TRAIN net give one
+    :class:`~caffe_compat.errors.WeightsMismatchWarning` for all the weights; ``strict_weights=True``
+    makes that a FormatError (see :meth:`~caffe_compat.net.CaffeNet.load_caffemodels`).
     """
 
     def __init__(self, solver, weights=None, device=None, solver_type: str | None = None,
-                 snapshot_prefix: str | None = None):
+                 snapshot_prefix: str | None = None, strict_weights: bool = False):
         self.param = self._read_param(solver)
         if solver_type is not None:
             self.param.type = solver_type
@@ -109,8 +112,9 @@ class Solver:
         if seed >= 0:
             torch.manual_seed(seed)
         self.net = self._train_net(max(seed, 0))
-        for path in list(self.param.weights) + self._weight_list(weights):
-            self.net.load_caffemodel(self._resolve(path))
+        paths = list(self.param.weights) + self._weight_list(weights)
+        if paths:
+            self.net.load_caffemodels([self._resolve(path) for path in paths], strict=strict_weights)
         self.net.to(self.device)
         self.test_nets = [n.to(self.device) for n in self._test_nets(max(seed, 0))]
         if len(self.param.test_iter) != len(self.test_nets):

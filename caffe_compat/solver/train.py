@@ -627,7 +627,8 @@ def _rank_device(solver, device):
 def train(solver, data=None, *, iters: int | None = None, weights=None, resume=None, device=None,
           amp: str | None = None, channels_last: bool = False, compile: bool = False, progress: bool = True,
           csv_log=None, tensorboard=None, deterministic: bool = False, seed: int | None = None,
-          test_data=None, distributed: bool | None = None, shard_data: bool | None = None) -> TrainSummary:
+          test_data=None, distributed: bool | None = None, shard_data: bool | None = None,
+          strict_weights: bool = False) -> TrainSummary:
     """Train ``solver`` (a :class:`Solver` or a solver prototxt path) — see the module docstring.
 
     ``iters``: iterations to run (default: up to ``max_iter``).  ``weights``/``resume``: a caffemodel to
@@ -636,14 +637,16 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
     it (a Caffe snapshot) the data streams and RNGs restart with a warning, as Caffe's own resume does
     (module docstring, "Resuming").  ``test_data``: one iterable per TEST net.
     ``distributed``/``shard_data``: data-parallel training (module docstring); ``distributed=False``
-    trains alone even under torchrun.
+    trains alone even under torchrun.  ``strict_weights``: ``weights`` whose layer names do not match the
+    TRAIN net raise a FormatError instead of a :class:`~caffe_compat.errors.WeightsMismatchWarning`.
     """
     if amp is not None and amp not in AMP_DTYPES:
         raise FormatError(f"amp must be one of {sorted(AMP_DTYPES)} or None, got {amp!r}")
     if not _wants_distributed(distributed):
         return _train(solver, data, _ALONE, iters=iters, weights=weights, resume=resume, device=device, amp=amp,
                       channels_last=channels_last, compile=compile, progress=progress, csv_log=csv_log,
-                      tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data)
+                      tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data,
+                      strict_weights=strict_weights)
     device = _rank_device(solver, device)
     ddp.init_distributed(device=device)
     filt = _RankZeroOnly()
@@ -654,7 +657,8 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
     try:
         return _train(solver, data, shard_data, iters=iters, weights=weights, resume=resume, device=device,
                       amp=amp, channels_last=channels_last, compile=compile, progress=progress, csv_log=csv_log,
-                      tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data)
+                      tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data,
+                      strict_weights=strict_weights)
     except BaseException as exc:
         if ddp.is_distributed():
             log.error("rank %d: training stopped: %s: %s", ddp.rank(), type(exc).__name__, exc)
@@ -668,7 +672,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
 
 
 def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, channels_last, compile, progress,
-           csv_log, tensorboard, deterministic, seed, test_data) -> TrainSummary:
+           csv_log, tensorboard, deterministic, seed, test_data, strict_weights=False) -> TrainSummary:
     distributed = shard_data is not _ALONE and ddp.is_distributed() and ddp.world_size() > 1
     main = not distributed or ddp.is_main_process()
     if deterministic:
@@ -678,7 +682,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     built_here = not isinstance(solver, Solver)
     if built_here:
         source_name = solver if isinstance(solver, (str, os.PathLike)) else "the solver"
-        solver = Solver(solver, weights=weights, device=device)
+        solver = Solver(solver, weights=weights, device=device, strict_weights=strict_weights)
         if data is None and _train_net_reads_only_inputs(solver):
             names = ", ".join(solver.net.input_names)
             raise CaffeCompatError(
@@ -689,8 +693,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
                 f"solver.step()); or give the net a data layer (Data, ImageData, HDF5Data, MemoryData, the "
                 f"LabelShufflingLayer port)")
     elif weights is not None:
-        for path in Solver._weight_list(weights):
-            solver.net.load_caffemodel(path)
+        solver.net.load_caffemodels(Solver._weight_list(weights), strict=strict_weights)
     if resume is not None:
         solver.restore(resume)
     run = None
