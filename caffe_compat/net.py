@@ -73,7 +73,7 @@ from torch import nn
 from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError, WeightsMismatchWarning
 from caffe_compat.io import read_net, write_net
 from caffe_compat.io.blobs import set_packed_floats
-from caffe_compat.io.weights import StoredBlob, read_weights
+from caffe_compat.io.weights import StoredBlob, mismatch_message, read_weights
 from caffe_compat.layers import layer_class
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
 from caffe_compat.proto import caffe_pb2
@@ -480,13 +480,8 @@ class CaffeNet(nn.Module):
         def label(model):
             return os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<weights>"
         files = ", ".join(label(m) for m in models)
-        parts = []
-        if ignored:
-            names = ", ".join(f"'{n}'" + (f" ({label(m)})" if len(models) > 1 else "") for m, n in ignored)
-            parts.append(f"ignoring source layers the net lacks: {names}")
-        if left:
-            parts.append(f"net layers left at their fillers (not in the weights): {', '.join(repr(n) for n in left)}")
-        text = f"{files}: weights do not match net '{self.name}': {'; '.join(parts)}"
+        names = [f"'{n}'" + (f" ({label(m)})" if len(models) > 1 else "") for m, n in ignored]
+        text = mismatch_message(files, self.name, names, [f"'{n}'" for n in left])
         if strict:
             raise FormatError(text)
         # stacklevel: this, _load_stored, the public method (or __init__), its caller

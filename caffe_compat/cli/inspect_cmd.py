@@ -46,15 +46,11 @@ def parse_input_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
 def _refuse_name_mismatch(path, net, check) -> None:
     """FormatError naming the caffemodel layers the net lacks and the net layers it does not cover."""
     from caffe_compat.errors import FormatError
+    from caffe_compat.io.weights import mismatch_message
 
-    parts = []
-    if check["extra"]:
-        parts.append(f"ignoring source layers the net lacks: {', '.join(repr(i['layer']) for i in check['extra'])}")
-    if check["missing"]:
-        parts.append("net layers left at their fillers (not in the weights): "
-                     f"{', '.join(repr(i['layer']) for i in check['missing'])}")
-    if parts:
-        raise FormatError(f"{path}: weights do not match net '{net.name}': {'; '.join(parts)}")
+    if check["extra"] or check["missing"]:
+        raise FormatError(mismatch_message(path, net.name, [f"'{i['layer']}'" for i in check["extra"]],
+                                           [f"'{i['layer']}'" for i in check["missing"]]))
 
 
 def _shape(s):

@@ -226,3 +226,15 @@ def _shape_dims(buf, pos: int, end: int) -> list[int]:
             if p != stop:
                 raise ValueError("packed dims overrun")
     return dims
+
+
+def mismatch_message(files: str, net_name: str, ignored: list[str], left: list[str]) -> str:
+    """The text of a WeightsMismatchWarning / strict FormatError: ``files`` (the caffemodel(s)), the
+    ``ignored`` source layers the net lacks and the net layers ``left`` at their fillers (both already
+    formatted, e.g. ``'conv2'``)."""
+    parts = []
+    if ignored:
+        parts.append(f"ignoring source layers the net lacks: {', '.join(ignored)}")
+    if left:
+        parts.append(f"net layers left at their fillers (not in the weights): {', '.join(left)}")
+    return f"{files}: weights do not match net '{net_name}': {'; '.join(parts)}"
