@@ -108,7 +108,11 @@ def main() -> None:
         worker(args.worker, args.size, args.pml_cap_gb)
         return
 
-    header = "| size | implementation | time (s) | peak RSS (MB) | extra over baseline (MB) | P@1 | MAP@R | time / ours | extra mem / ours |"
+    from _common import print_header
+
+    print_header("pytorch-metric-learning's AccuracyCalculator (same run); memory ratio likewise peer ÷ ours")
+    header = ("| size | implementation | time (s) | peak RSS (MB) | extra over baseline (MB) | P@1 | MAP@R "
+              "| time: peer ÷ ours | extra mem: peer ÷ ours |")
     print(header)
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for size in args.sizes.split(","):

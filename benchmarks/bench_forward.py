@@ -1,7 +1,8 @@
 """CPU forward throughput of converted Caffe nets against OpenCV dnn, measured in the same run.
 
 Nets: the full-width GoogLeNet embedding net (``../shared/caffe_reference/large/googlenet_full``, output
-``fc_embedding``, batch 8 and 32) and open_nsfw (``.cache/nsfw``, ResNet-50-1by2 with separate
+``fc_embedding``, batch 8 and 32) and open_nsfw (``--nsfw-dir``, default ``.cache/nsfw``, where
+``caffe-compat models fetch open_nsfw`` puts it; ResNet-50-1by2 with separate
 BatchNorm + Scale layers, output ``prob``, batch 1 and 8); 3×224×224 inputs, the same random array
 fed to both.  Peer: OpenCV 4.x ``cv2.dnn.readNetFromCaffe`` (OpenCV backend, CPU target), which runs the
 same Caffe files.  Our variants: ``CaffeNet`` eager, eager with ``channels_last`` (weights and input),
@@ -11,11 +12,11 @@ Thread count ``n`` (``--threads``, default 1) is set for both: ``torch.set_num_t
 ``cv2.setNumThreads(n)``.  Every forward runs under ``torch.inference_mode()``.  Each runner is called once
 untimed (warm-up; for the compiled variants this is where compilation happens, and its time is printed
 apart), then the runners are timed round-robin ``--repeats`` times, so that load from other processes
-hits every runner alike; the table shows the median.  ``vs OpenCV`` = OpenCV ms / our ms (> 1 means
-faster than OpenCV).  The last column gives, per compared blob (GoogLeNet: ``fc_embedding``;
-open_nsfw: the logits ``fc_nsfw`` and ``prob``, which random inputs saturate), the largest absolute
-difference between our blob and OpenCV's, from one extra untimed call; OpenCV's row shows its largest
-absolute value for scale.  A variant that cannot run
+hits every runner alike; the table shows the median.  ``OpenCV÷ours`` = OpenCV ms / our ms (> 1 means
+faster than OpenCV), the convention of every ratio here (``--profile``'s too).  The last column gives,
+per compared blob (GoogLeNet: ``fc_embedding``; open_nsfw: the logits ``fc_nsfw`` and ``prob``, which
+random inputs saturate), the largest absolute difference between our blob and OpenCV's, from one extra
+untimed call; OpenCV's row shows its largest absolute value for scale.  A variant that cannot run
 (e.g. ``torch.compile`` failing on this box) shows ``n/a (reason)``.
 
 ``--profile`` adds, per net at the first batch size, the forward time split by Caffe layer type for
@@ -23,7 +24,7 @@ the eager CaffeNet (each layer timed alone) and for OpenCV (``getPerfProfile``; 
 into its predecessor reports ~0 and its cost appears under that predecessor's type).
 
     python benchmarks/bench_forward.py [--threads 1] [--repeats 5] [--quick]
-        [--nets googlenet_full open_nsfw] [--no-compile] [--profile]
+        [--nets googlenet_full open_nsfw] [--no-compile] [--profile] [--nsfw-dir DIR]
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ from typing import Callable
 import cv2
 import numpy as np
 import torch
+from _common import fmt_ratio, print_header
 
 from caffe_compat.net import CaffeNet
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOGLENET = ROOT.parent / "shared" / "caffe_reference" / "large" / "googlenet_full"
+#: Default of --nsfw-dir: the folder ``caffe-compat models fetch open_nsfw`` (default cache .cache) fills.
 NSFW = ROOT / ".cache" / "nsfw"
 
 
@@ -60,11 +63,21 @@ class NetSpec:
     quick_batches: tuple[int, ...]
 
 
-NETS = {
-    "googlenet_full": NetSpec("googlenet_full", GOOGLENET / "deploy.prototxt", GOOGLENET / "weights.caffemodel",
-                              "fc_embedding", ("fc_embedding",), (8, 32), (8,)),
-    "open_nsfw": NetSpec("open_nsfw", NSFW / "deploy.prototxt", NSFW / "resnet_50_1by2_nsfw.caffemodel",
-                         "prob", ("fc_nsfw", "prob"), (1, 8), (1,)),
+def net_specs(nsfw_dir: Path = NSFW) -> dict[str, NetSpec]:
+    return {
+        "googlenet_full": NetSpec("googlenet_full", GOOGLENET / "deploy.prototxt", GOOGLENET / "weights.caffemodel",
+                                  "fc_embedding", ("fc_embedding",), (8, 32), (8,)),
+        "open_nsfw": NetSpec("open_nsfw", nsfw_dir / "deploy.prototxt", nsfw_dir / "resnet_50_1by2_nsfw.caffemodel",
+                             "prob", ("fc_nsfw", "prob"), (1, 8), (1,)),
+    }
+
+
+NETS = net_specs()
+
+#: How to get a missing net's files.
+MISSING_HINT = {
+    "googlenet_full": "the shared Caffe reference fixtures (../shared/caffe_reference/large) are not there",
+    "open_nsfw": "fetch it with `caffe-compat models fetch open_nsfw --cache DIR` and pass --nsfw-dir DIR/nsfw",
 }
 
 
@@ -222,11 +235,11 @@ def opencv_profile(cv_net, x: np.ndarray, repeats: int) -> dict[str, float]:
 
 def print_profile(spec: NetSpec, batch: int, ours: dict[str, float], theirs: dict[str, float]) -> None:
     print(f"\n{spec.name}, batch {batch}: ms per forward by layer type (eager CaffeNet vs OpenCV getPerfProfile)")
-    print(f"{'layer type':<16}{'CaffeNet ms':>13}{'OpenCV ms':>11}{'ratio':>8}")
+    print(f"{'layer type':<16}{'CaffeNet ms':>13}{'OpenCV ms':>11}{'OpenCV÷ours':>13}")
     kinds = sorted(set(ours) | set(theirs), key=lambda k: -max(ours.get(k, 0.0), theirs.get(k, 0.0)))
     for kind in kinds:
         a, b = ours.get(kind, 0.0) * 1e3, theirs.get(kind, 0.0) * 1e3
-        ratio = f"{a / b:>8.2f}" if b > 1e-3 else f"{'-':>8}"
+        ratio = fmt_ratio(b, a, 13) if b > 1e-3 and a > 1e-3 else f"{'-':>13}"
         print(f"{kind:<16}{a:>13.1f}{b:>11.1f}{ratio}")
     print(f"{'total':<16}{sum(ours.values()) * 1e3:>13.1f}{sum(theirs.values()) * 1e3:>11.1f}")
 
@@ -263,16 +276,21 @@ def main() -> None:
     parser.add_argument("--nets", nargs="+", choices=sorted(NETS), default=list(NETS))
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     parser.add_argument("--profile", action="store_true", help="per-layer-type times, eager vs OpenCV")
+    parser.add_argument("--nsfw-dir", type=Path, default=NSFW,
+                        help="folder with open_nsfw's deploy.prototxt and resnet_50_1by2_nsfw.caffemodel "
+                             "(default: .cache/nsfw, where `caffe-compat models fetch open_nsfw` puts them)")
     args = parser.parse_args()
+    nets = net_specs(args.nsfw_dir)
+    print_header("OpenCV dnn on the same Caffe files (same run); ours = CaffeNet variants")
     repeats = 2 if args.quick else args.repeats
     torch.set_num_threads(args.threads)
     cv2.setNumThreads(args.threads)
 
     rows, notes = [], []
     for name in args.nets:
-        spec = NETS[name]
+        spec = nets[name]
         if not spec.weights.exists():
-            print(f"{name}: skipped, {spec.weights} is missing")
+            print(f"{name}: skipped, {spec.weights} is missing; {MISSING_HINT[name]}")
             continue
         runners = [opencv_runner(spec)]
         for compiled in ((False,) if args.no_compile else (False, True)):
@@ -289,13 +307,13 @@ def main() -> None:
 
     print(f"\nCPU forward, {args.threads} thread(s), median of {repeats} round-robin repeats after 1 warm-up; "
           f"torch {torch.__version__}, OpenCV {cv2.__version__}")
-    print(f"{'net':<16}{'batch':>6}  {'variant':<32}{'ms/batch':>10}{'images/s':>10}{'vs OpenCV':>11}"
+    print(f"{'net':<16}{'batch':>6}  {'variant':<32}{'ms/batch':>10}{'images/s':>10}{'OpenCV÷ours':>12}"
           f"  max|ours - OpenCV| per blob")
     for name, batch, variant, ms, ips, ratio, diff in rows:
         if ms is None:
-            print(f"{name:<16}{batch:>6}  {variant:<32}{'-':>10}{'-':>10}{'-':>11}  {diff}")
+            print(f"{name:<16}{batch:>6}  {variant:<32}{'-':>10}{'-':>10}{'-':>12}  {diff}")
             continue
-        r = f"{ratio:>11.2f}" if ratio is not None else f"{'-':>11}"
+        r = f"{ratio:>11.2f}x" if ratio is not None else f"{'-':>12}"
         print(f"{name:<16}{batch:>6}  {variant:<32}{ms:>10.1f}{ips:>10.1f}{r}  {diff}")
     for note in notes:
         print(f"  note: {note} (not in the timing)")

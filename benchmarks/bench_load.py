@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from _common import REPO, fmt_ratio, print_header
+
 SHARED = REPO.parent / "shared" / "caffe_reference"
 
 
@@ -83,8 +83,9 @@ def main() -> None:
     if large.exists():
         models.append(("GoogLeNet full (26 MB)", large / "deploy.prototxt", large / "weights.caffemodel"))
     rows = [("reader", reader), ("NetParameter", netparameter), ("torch module", ours_torch)]
+    print_header("OpenCV dnn readNetFromCaffe; ours = each reader")
     print(f"OpenCV {cv2.__version__}, one thread, median of {args.repeats}; ratio = OpenCV time / ours")
-    header = f"{'model':24s} {'OpenCV ms':>9s}" + "".join(f" {name + ' ms':>17s} {'ratio':>6s}" for name, _ in rows)
+    header = f"{'model':24s} {'OpenCV ms':>9s}" + "".join(f" {name + ' ms':>17s} {'CV÷ours':>8s}" for name, _ in rows)
     print(header)
     print("-" * len(header))
     for name, deploy, weights in models:
@@ -92,7 +93,7 @@ def main() -> None:
         line = f"{name:24s} {t_cv * 1e3:9.1f}"
         for _, fn in rows:
             t = median_time(lambda: fn(deploy, weights), args.repeats)
-            line += f" {t * 1e3:17.1f} {t_cv / t:5.2f}x"
+            line += f" {t * 1e3:17.1f} {fmt_ratio(t_cv, t)}"
         print(line)
 
 

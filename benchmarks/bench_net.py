@@ -2,7 +2,9 @@
 
 Peer measured in the same run: the same layer ports called in a bare loop over the layers (no blob
 bookkeeping, no split views), i.e. the overhead CaffeNet adds.  Real Caffe's times (README section 6,
-same net, single thread, a 2-vCPU EPYC VM) are printed as an external reference, not a same-run peer.
+same net, single thread, the column of this CPU's class: 2-vCPU AMD EPYC or Intel Xeon VM) are printed
+as an external reference, not a same-run peer.  Every ratio is peer time ÷ CaffeNet time (> 1: CaffeNet
+faster).
 
     python benchmarks/bench_net.py [--batch 8] [--repeats 3]
 """
@@ -15,11 +17,11 @@ import time
 from pathlib import Path
 
 import torch
+from _common import caffe_reference, fmt_ratio, print_header
 
 from caffe_compat.net import CaffeNet
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_reference" / "large" / "googlenet_full"
-CAFFE_SECONDS = {8: (0.697, 1.659), 32: (2.824, 6.272)}  # forward, forward+backward (README section 6)
 
 
 def bare_forward(net: CaffeNet, data: torch.Tensor) -> torch.Tensor:
@@ -75,12 +77,16 @@ def main() -> None:
 
     rows = [("forward", timed(caffenet_forward, args.repeats), timed(bare_fwd, args.repeats), 0),
             ("forward+backward", timed(caffenet_backward, args.repeats), timed(bare_backward, args.repeats), 1)]
-    caffe = CAFFE_SECONDS.get(args.batch)
+    reference, note = caffe_reference()
+    caffe = (reference or {}).get("googlenet_full", {}).get(args.batch)
+    print_header("the bare loop over the same layer ports (same run); real Caffe (recorded); ours = CaffeNet")
+    print(note)
     print(f"googlenet_full, N={args.batch}, 1 thread, median of {args.repeats}")
-    print(f"{'pass':<18}{'CaffeNet s':>12}{'bare loop s':>13}{'ratio':>8}{'Caffe s (README)':>18}{'ratio':>8}")
+    print(f"{'pass':<18}{'CaffeNet s':>12}{'bare loop s':>13}{'bare÷ours':>11}{'Caffe s (README)':>18}"
+          f"{'Caffe÷ours':>12}")
     for name, ours, bare, i in rows:
-        ref = f"{caffe[i]:>18.3f}{ours / caffe[i]:>8.2f}" if caffe else f"{'-':>18}{'-':>8}"
-        print(f"{name:<18}{ours:>12.3f}{bare:>13.3f}{ours / bare:>8.2f}{ref}")
+        ref = f"{caffe[i]:>18.3f}{fmt_ratio(caffe[i], ours, 12)}" if caffe else f"{'-':>18}{'-':>12}"
+        print(f"{name:<18}{ours:>12.3f}{bare:>13.3f}{fmt_ratio(bare, ours, 11)}{ref}")
 
 
 if __name__ == "__main__":

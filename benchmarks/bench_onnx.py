@@ -25,6 +25,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _common import fmt_ratio, print_header  # noqa: E402
 from caffe_compat.export import export_onnx  # noqa: E402
 from caffe_compat.export.onnx_export import build_embedder  # noqa: E402
 from caffe_compat.export.runtime import EmbedderSession  # noqa: E402
@@ -79,16 +80,17 @@ def main() -> None:
 
     import onnxruntime
 
+    print_header("PyTorch eager on CPU (same run); ours = the exported model in ONNX Runtime")
     print(f"net: {net_dir.name} ({prototxt}), batch {args.batch}, 224x224, {args.repeats} timed runs (median), "
           f"{args.threads} intra-op threads each (os.cpu_count() = {os.cpu_count()})")
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; export took {export_seconds:.1f} s; "
           f"max |ORT - PyTorch| on this batch = {difference:.2e}{caffe_note}")
     print()
-    print("| engine | threads | s / batch | images / s | ratio vs PyTorch eager |")
+    print("| engine | threads | s / batch | images / s | PyTorch eager ÷ this |")
     print("|---|---:|---:|---:|---:|")
     for name, seconds in (("PyTorch eager CPU (peer)", eager_seconds), ("ONNX Runtime CPU", ort_seconds)):
         print(f"| {name} | {args.threads} | {seconds:.3f} | {args.batch / seconds:.1f} | "
-              f"{eager_seconds / seconds:.2f}x |")
+              f"{fmt_ratio(eager_seconds, seconds, 1)} |")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,12 @@ so that every batch has negatives).  Weights come from Caffe's fillers (seed 0);
 
 Rows: the baseline (float32, NCHW, eager) and its variants on the same device — bf16/fp16 autocast,
 channels_last, optionally torch.compile — each as iterations/s and the ratio to the baseline measured
-in the same run.  Reference, not re-measured: real Caffe (CPU, 1 thread, 2-vCPU EPYC) needs 1.659 s for
-forward+backward of the GoogLeNet part at N=8 and 6.272 s at N=32 (FAPPY and the update excluded; its
-CosineSimilarityBatch+FAPPY at B=128, delta 1e-4 took 0.714 s) (caffe_reference README, section 6).
+in the same run.  Reference, not re-measured: real Caffe (CPU, 1 thread) needs 1.659 s for
+forward+backward of the GoogLeNet part at N=8 and 6.272 s at N=32 on a 2-vCPU AMD EPYC, 3.201 s at N=8 on
+a 2-vCPU Intel Xeon (FAPPY and the update excluded; its CosineSimilarityBatch+FAPPY at B=128, delta 1e-4
+took 0.714 s / 0.943 s) (caffe_reference README, section 6): the row of this CPU's class is printed.
+Every ratio is peer time ÷ our time (> 1: ours faster): the fp32 NCHW eager baseline ÷ the variant, and
+real Caffe ÷ our fp32 baseline.
 
 Usage: ``python benchmarks/bench_train.py [--device cpu|cuda|all] [--batch N] [--iters 3] [--compile]``.
 Defaults: CUDA batch 128 (the authors'); CPU batch 8 with one thread (the team machine has 2 shared
@@ -31,13 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import caffe_reference, fmt_ratio, print_header  # noqa: E402
 from caffe_compat.io import read_net  # noqa: E402
 from caffe_compat.proto import caffe_pb2  # noqa: E402
 from caffe_compat.solver import Solver  # noqa: E402
 
 #: Our copy of the authors' CUB-200 train net (tests/zoo proves it equal to theirs, data layer aside).
 AUTHORS_NET = Path(__file__).resolve().parents[1] / "prototxt" / "cub200" / "train_fappy.prototxt"
-CAFFE_SECONDS = {8: 1.659, 32: 6.272}  # GoogLeNet fwd+bwd only (no FAPPY, no update), 1 thread
 
 
 def authors_net(batch: int) -> caffe_pb2.NetParameter:
@@ -106,7 +109,11 @@ def main() -> None:
     if "cuda" in devices and not torch.cuda.is_available():
         print("CUDA not available: CPU rows only")
         devices = [d for d in devices if d != "cuda"]
-    print("| device | batch | variant | s/iter | iter/s | images/s | ratio vs fp32 NCHW eager |")
+    print_header("fp32 NCHW eager (same run) for the variants; real Caffe (recorded) for its row")
+    reference, note = caffe_reference()
+    caffe_seconds = {n: t[1] for n, t in (reference or {}).get("googlenet_full", {}).items()}  # fwd+bwd only
+    print(note)
+    print("| device | batch | variant | s/iter | iter/s | images/s | peer ÷ ours |")
     print("|---|---|---|---|---|---|---|")
     for device in devices:
         batch = args.batch or (128 if device == "cuda" else 8)
@@ -123,12 +130,11 @@ def main() -> None:
             seconds = measure(device, batch, args.iters, **kwargs)
             base = base or seconds
             print(f"| {device} | {batch} | {name} | {seconds:.3f} | {1 / seconds:.2f} | {batch / seconds:.1f} | "
-                  f"{base / seconds:.2f}x |", flush=True)
-        if device == "cpu" and batch in CAFFE_SECONDS:
-            print(f"| cpu (real Caffe, recorded, 1 thread) | {batch} | fwd+bwd of GoogLeNet only | "
-                  f"~{CAFFE_SECONDS[batch]:.3f} | "
-                  f"{1 / CAFFE_SECONDS[batch]:.2f} | {batch / CAFFE_SECONDS[batch]:.1f} | "
-                  f"{base / CAFFE_SECONDS[batch]:.2f}x |")
+                  f"{fmt_ratio(base, seconds, 1)} |", flush=True)
+        if device == "cpu" and batch in caffe_seconds:
+            caffe = caffe_seconds[batch]
+            print(f"| cpu (real Caffe, recorded, 1 thread) | {batch} | fwd+bwd of GoogLeNet only | ~{caffe:.3f} | "
+                  f"{1 / caffe:.2f} | {batch / caffe:.1f} | {fmt_ratio(caffe, base, 1)} (Caffe ÷ our fp32) |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ the layer or field, and what was expected.
 from __future__ import annotations
 
 
+class CaffeCompatWarning(UserWarning):
+    """Base class of the project's warnings; the CLI prints each as one line on stderr
+    (:func:`caffe_compat.export.notices.cli_warnings`)."""
+
+
 class CaffeCompatError(Exception):
     """Base class of every error caused by the user's input (files, prototxt, arguments)."""
 

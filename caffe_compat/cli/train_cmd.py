@@ -60,6 +60,7 @@ def run(args) -> int:
     import contextlib
 
     from caffe_compat.evaluate.inputs import parse_device
+    from caffe_compat.export.notices import cli_warnings
     from caffe_compat.io.atomic import require_folder
     from caffe_compat.solver import distributed as ddp
     from caffe_compat.solver.train import train
@@ -69,6 +70,7 @@ def run(args) -> int:
         require_folder(args.log)
     device = None if args.device is None else str(parse_device(args.device, option="--device", allow_auto=False))
     with contextlib.ExitStack() as stack:
+        stack.enter_context(cli_warnings("train"))
         if args.caffe_log and int(os.environ.get("RANK", "0")) == 0:  # rank 0 alone logs, as train() does
             stack.enter_context(caffe_log(args.caffe_log))
         summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,

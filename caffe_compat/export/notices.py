@@ -16,11 +16,9 @@ import sys
 import warnings
 from contextlib import contextmanager
 
+from caffe_compat.errors import CaffeCompatWarning
+
 __all__ = ["CaffeCompatWarning", "PreprocessingAssumedWarning", "ProviderFallbackWarning", "cli_warnings"]
-
-
-class CaffeCompatWarning(UserWarning):
-    """Base class of the warnings :func:`cli_warnings` prints."""
 
 
 class PreprocessingAssumedWarning(CaffeCompatWarning):

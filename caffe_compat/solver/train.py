@@ -7,8 +7,10 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
 * ``data``: an iterable of batches (a DataLoader): dicts ``{blob: tensor}`` or tuples in the order of
   the net's Input tops; restarted when exhausted (epochs).  Without it the solver's own inputs/data
   layers are used.
-* ``amp``: ``"bf16"`` or ``"fp16"`` autocast for forward/backward; fp16 adds dynamic loss scaling
-  (``torch.amp.GradScaler``; a step whose gradients overflow is skipped, the iteration still counts).
+* ``amp``: ``"bf16"`` or ``"fp16"`` autocast for forward/backward; ``"bf16"`` on a CPU without bf16
+  matrix units warns once (:class:`~caffe_compat.hardware.Bf16SlowerWarning`: likely slower than float32).
+  fp16 adds dynamic loss scaling (``torch.amp.GradScaler``; a step whose gradients overflow is skipped,
+  the iteration still counts).
   Parameters, diffs and Caffe's update stay float32.
 * ``channels_last``: 4-D parameters and inputs in NHWC memory order (values unchanged).
 * ``compile``: the net's forward through ``torch.compile``.
@@ -110,6 +112,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
+from caffe_compat.hardware import warn_if_bf16_slow
 from caffe_compat.io.atomic import write_text_atomic
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.solver import distributed as ddp
@@ -713,6 +716,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     for i, source in enumerate(test_data or []):
         solver.test_data_sources[i] = feeds[f"test{i}"] = _batches(source, solver.test_nets[i].input_names)
     if amp is not None:
+        warn_if_bf16_slow(solver.device.type, amp, stacklevel=4)  # warn_if_bf16_slow <- _train <- train <- caller
         solver.autocast_dtype = AMP_DTYPES[amp]
         if amp == "fp16":
             solver.grad_scaler = torch.amp.GradScaler(solver.device.type)

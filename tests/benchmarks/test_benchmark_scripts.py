@@ -1,5 +1,6 @@
 """The benchmark scripts still run: each with its smallest settings, in a subprocess, exit 0 and its table
-printed.  Timings are not asserted (benchmarks measure; tests check numbers elsewhere)."""
+printed, headed by the CPU it ran on and the one ratio convention (peer time ÷ our time).  Timings are
+not asserted (benchmarks measure; tests check numbers elsewhere)."""
 
 from __future__ import annotations
 
@@ -10,30 +11,85 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+GOOGLENET_FULL = REPO.parent / "shared" / "caffe_reference" / "large" / "googlenet_full"
+CONVENTION = "ratio = peer time ÷ our time (> 1: ours faster); peer: "
 
 CASES = {
-    "bench_fappy.py": (["--device", "cpu", "--repeats", "1", "--no-memory"], "C++/caffe"),
+    "bench_fappy.py": (["--device", "cpu", "--repeats", "1", "--no-memory"], "C++÷ours"),
     "bench_metric_losses.py": (["--quick", "--only", "contrastive", "histogram", "--batch", "128", "--threads", "1",
-                                "--device", "cpu", "--no-memory"], "speed-up"),
+                                "--device", "cpu", "--no-memory"], "PML÷ours"),
     "bench_input_pipeline.py": (["--batches", "2", "--batch-size", "8"], "DataLoader num_workers=2"),
     "bench_onnx.py": (["--batch", "2", "--repeats", "1"], "ONNX Runtime CPU"),
 }
 
 
+def run_script(script, *args):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert_header(done.stdout)
+    return done.stdout
+
+
+def assert_header(out):
+    """The CPU line and the ratio convention come first, before any table."""
+    lines = out.splitlines()
+    assert lines[0].startswith("CPU: ") and "logical CPUs" in lines[0], out[:500]
+    assert lines[1].startswith(CONVENTION), out[:500]
+
+
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_benchmark_script_runs_and_prints_its_table(script):
     args, marker = CASES[script]
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert marker in done.stdout, done.stdout[-2000:]
-    assert "Traceback" not in done.stderr
+    out = run_script(script, *args)
+    assert marker in out, out[-2000:]
 
 
 def test_load_benchmark_runs_on_the_nsfw_model(nsfw_dir):
     assert (nsfw_dir / "deploy.prototxt").is_file()  # fetched into REPO/.cache, where the script looks
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_load.py"), "--repeats", "1",
-                           "--nsfw-cache", str(REPO / ".cache")], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "open_nsfw" in done.stdout
+    out = run_script("bench_load.py", "--repeats", "1", "--nsfw-cache", nsfw_dir.parent)
+    assert "open_nsfw" in out and "CV÷ours" in out
+
+
+def test_forward_benchmark_takes_the_nsfw_folder_and_says_when_it_is_missing(nsfw_dir, tmp_path):
+    out = run_script("bench_forward.py", "--quick", "--nets", "open_nsfw", "--no-compile", "--repeats", "1",
+                     "--nsfw-dir", nsfw_dir)
+    assert "OpenCV÷ours" in out and "open_nsfw            1  eager" in out, out[-2000:]
+    out = run_script("bench_forward.py", "--quick", "--nets", "open_nsfw", "--no-compile", "--nsfw-dir", tmp_path)
+    assert "open_nsfw: skipped" in out and "caffe-compat models fetch open_nsfw" in out and "--nsfw-dir" in out
+
+
+@pytest.mark.skipif(not (GOOGLENET_FULL / "weights.caffemodel").is_file(), reason="shared fixture missing")
+def test_net_benchmark_ratios_are_peer_over_ours():
+    out = run_script("bench_net.py", "--batch", "1", "--repeats", "1")
+    assert "bare÷ours" in out and "Caffe÷ours" in out
+
+
+@pytest.fixture
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _common
+
+    return _common
+
+
+@pytest.mark.parametrize("model, kind, fappy_1e4", [
+    ("AMD EPYC 7B13", "AMD EPYC", 0.714),
+    ("Intel(R) Xeon(R) Platinum 8581C CPU @ 2.10GHz", "Intel Xeon", 0.943),
+    ("Apple M2", None, None),
+])
+def test_caffe_reference_column_follows_the_cpu_class(common, monkeypatch, model, kind, fappy_1e4):
+    monkeypatch.setattr(common, "cpu_class", lambda: kind)
+    monkeypatch.setattr(common, "cpu_model_name", lambda: model)
+    table, note = common.caffe_reference()
+    if kind is None:
+        assert table is None and "neither" in note and model in note
+    else:
+        assert table["fappy"][(128, 512, 10, 1e-4)] == fappy_1e4 and kind in note
+
+
+def test_ratio_is_peer_over_ours(common):
+    assert common.fmt_ratio(3.0, 1.5).strip() == "2.00x"
+    assert common.fmt_ratio(None, 1.5).strip() == "-"

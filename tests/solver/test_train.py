@@ -91,6 +91,7 @@ def test_deterministic_seed_reproduces_dropout_runs(tmp_path):
     assert any(not np.array_equal(a[key], c[key]) for key in a)  # the dropout masks did change
 
 
+@pytest.mark.filterwarnings("ignore::caffe_compat.hardware.Bf16SlowerWarning")  # tested in test_bf16_cpu_warning
 def test_bf16_autocast_and_channels_last_on_cpu():
     plain = make_solver(CASE)
     train(plain, loader(), iters=3, progress=False)

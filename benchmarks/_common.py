@@ -1,0 +1,68 @@
+"""What every benchmark script shares: the ratio convention, the header line naming the CPU, and real
+Caffe's recorded times (``../shared/caffe_reference/README.md`` section 6) for the CPU class it runs on.
+
+Ratio convention, in every script: **peer time ÷ our time** (above 1: ours is faster).  Importing this
+module also puts the repository root first on ``sys.path``, so a script run as
+``python benchmarks/<script>.py`` measures this checkout's ``caffe_compat``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from caffe_compat.hardware import cpu_capability, cpu_class, cpu_model_name  # noqa: E402
+
+#: The header line every script prints; tests look for it.
+RATIO_CONVENTION = "ratio = peer time ÷ our time (> 1: ours faster)"
+
+#: Real Caffe, 1 thread, median of 5 (README section 6), per CPU class.  FAPPY rows are keyed by
+#: (B, D, run length, delta); GoogLeNet full width by batch: (forward, forward+backward) seconds.
+CAFFE_REFERENCE = {
+    "AMD EPYC": {
+        "machine": "2-vCPU AMD EPYC VM (AVX2+FMA)",
+        "fappy": {(128, 512, 10, 1e-2): 0.261, (128, 512, 10, 1e-3): 0.361, (128, 512, 10, 1e-4): 0.714,
+                  (150, 1024, 16, 1e-4): 1.607},
+        "googlenet_full": {8: (0.697, 1.659), 32: (2.824, 6.272)},
+    },
+    "Intel Xeon": {
+        "machine": "2-vCPU Intel Xeon VM (family 6 model 207, AVX-512, no AMX)",
+        "fappy": {(128, 512, 10, 1e-2): 0.307, (128, 512, 10, 1e-3): 0.390, (128, 512, 10, 1e-4): 0.943,
+                  (150, 1024, 16, 1e-4): 2.061},
+        "googlenet_full": {8: (1.344, 3.201)},
+    },
+}
+
+
+def cpu_line() -> str:
+    """``CPU: <model name> (torch CPU capability X, N logical CPUs)``."""
+    capability = cpu_capability() or "unknown"
+    return f"CPU: {cpu_model_name()} (torch CPU capability {capability}, {os.cpu_count()} logical CPUs)"
+
+
+def print_header(peer: str) -> None:
+    """The two header lines of every script: the CPU it runs on and the ratio convention with its peer."""
+    print(cpu_line())
+    print(f"{RATIO_CONVENTION}; peer: {peer}")
+
+
+def caffe_reference() -> tuple[dict | None, str]:
+    """Real Caffe's times recorded on this CPU's class, and a line saying which (or that none applies)."""
+    kind = cpu_class()
+    if kind is None:
+        return None, (f"real Caffe (README section 6) was timed on AMD EPYC and Intel Xeon VMs only; this CPU "
+                      f"({cpu_model_name()}) is neither, so no ratio against it is printed")
+    table = CAFFE_REFERENCE[kind]
+    return table, f"real Caffe reference: the {table['machine']} column of README section 6 (this CPU is {kind})"
+
+
+def fmt_ratio(peer_seconds: float | None, our_seconds: float | None, width: int = 8, digits: int = 2) -> str:
+    """``peer ÷ ours`` formatted as ``1.23x``, or ``-`` when either is missing."""
+    if not peer_seconds or not our_seconds:
+        return f"{'-':>{width}}"
+    return f"{peer_seconds / our_seconds:>{width - 1}.{digits}f}x"
