@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import os
 from pathlib import Path
 
 import torch
@@ -21,7 +22,9 @@ from _common import caffe_reference, fmt_ratio, print_header
 
 from caffe_compat.net import CaffeNet
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_reference" / "large" / "googlenet_full"
+#: The full-width GoogLeNet saved by real Caffe, in the team's shared folder (CAFFE_COMPAT_SHARED or ../shared).
+REFERENCE = (Path(os.environ.get("CAFFE_COMPAT_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
+             / "caffe_reference" / "large" / "googlenet_full")
 
 
 def bare_forward(net: CaffeNet, data: torch.Tensor) -> torch.Tensor:
@@ -52,9 +55,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--reference", type=Path, default=REFERENCE,
+                        help="folder with the full GoogLeNet's deploy.prototxt and weights.caffemodel (default: %(default)s)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    net = CaffeNet(str(REFERENCE / "deploy.prototxt"), weights=str(REFERENCE / "weights.caffemodel"))
+    if not (args.reference / "weights.caffemodel").is_file():
+        raise SystemExit(f"bench_net: {args.reference / 'weights.caffemodel'} not found (the team's shared folder: "
+                         f"set CAFFE_COMPAT_SHARED or pass --reference)")
+    net = CaffeNet(str(args.reference / "deploy.prototxt"), weights=str(args.reference / "weights.caffemodel"))
     data = torch.randn(args.batch, 3, 224, 224) * 50
     top_diff = torch.randn(args.batch, 512)
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import shared_reference
+
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
-GOOGLENET_FULL = REPO.parent / "shared" / "caffe_reference" / "large" / "googlenet_full"
 CONVENTION = "ratio = peer time ÷ our time (> 1: ours faster); peer: "
 
 CASES = {
@@ -61,9 +62,9 @@ def test_forward_benchmark_takes_the_nsfw_folder_and_says_when_it_is_missing(nsf
     assert "open_nsfw: skipped" in out and "caffe-compat models fetch open_nsfw" in out and "--nsfw-dir" in out
 
 
-@pytest.mark.skipif(not (GOOGLENET_FULL / "weights.caffemodel").is_file(), reason="shared fixture missing")
 def test_net_benchmark_ratios_are_peer_over_ours():
-    out = run_script("bench_net.py", "--batch", "1", "--repeats", "1")
+    reference = shared_reference("large/googlenet_full/weights.caffemodel").parent
+    out = run_script("bench_net.py", "--batch", "1", "--repeats", "1", "--reference", reference)
     assert "bare÷ours" in out and "Caffe÷ours" in out
 
 
