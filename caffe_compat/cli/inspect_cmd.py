@@ -59,7 +59,7 @@ def _shape(s):
 
 def run(args) -> int:
     from caffe_compat.io import read_net
-    from caffe_compat.io.report import inspect_net
+    from caffe_compat.net_report import inspect_net
 
     net = read_net(args.net)
     weights = read_net(args.weights) if args.weights else None
@@ -80,6 +80,9 @@ def run(args) -> int:
         if unresolved:
             print(f"{len(unresolved)} layers have unknown shapes (not in the totals; give --input-shape BLOB=N,C,H,W "
                   f"for the data layer's tops): {', '.join(unresolved[:5])}{', ...' if len(unresolved) > 5 else ''}")
+        if report["types_without_shape_rule"]:
+            print(f"no shape rule for layer type(s) {', '.join(report['types_without_shape_rule'])}: their outputs "
+                  f"are unknown unless given with --input-shape")
         check = report.get("weights_check")
         if check:
             print(f"weights: {check['matched_blobs']} blobs match", end="")

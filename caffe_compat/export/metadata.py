@@ -202,46 +202,37 @@ def preprocessing_from_data_layer(layer) -> tuple[dict | None, list[str]]:
     """The preprocessing a TEST-phase data layer applies, as a dict for :func:`normalize_preprocessing`, and
     the list of what had to be assumed; ``(None, [])`` when the layer says nothing about it.
 
+    The facts are the port's (``input_facts``, see :func:`~caffe_compat.export.source.data_layer_facts`):
+
     * ``transform_param`` (Data, ImageData, ...): ``crop_size``, ``mean_value``, ``mean_file``, ``scale``
-      (``mirror`` is a training augmentation: off).  The resize is ImageData's ``new_height``/``new_width``,
-      else the mean file's size (Caffe needs the stored images to have it), else unknown: images are used
-      at their stored size (noted as assumed);
+      (``mirror`` is a training augmentation: off).  The resize is the layer's (ImageData's
+      ``new_height``/``new_width``), else the mean file's size (Caffe needs the stored images to have
+      it), else unknown: images are used at their stored size (noted as assumed);
     * the FAPPY authors' ``LabelShufflingLayer`` (Python): ``mean_file`` from its ``param_str`` (subtracted
       whole, no crop) and ``scales[0]``.
     """
-    where = f"data layer '{layer.name}' ({layer.type})"
-    if layer.type == "Python" and layer.python_param.layer == "LabelShufflingLayer":
-        from caffe_compat.layers.python_ports import parse_param_str
+    from caffe_compat.export.source import data_layer_facts
 
-        params = parse_param_str(layer.python_param.param_str, layer.name)
-        spec = {"channel_order": "BGR", "crop_size": 0}
-        if params.get("mean_file"):
-            mean = _layer_mean(params["mean_file"], f"{where} param_str")
-            spec.update(mean_file=str(params["mean_file"]), resize=list(mean.shape[1:]))
-        scales = params.get("scales")
-        if isinstance(scales, (list, tuple)) and scales:
-            spec["scale"] = float(scales[0])
-        notes = [] if "resize" in spec else ["resize: none (images used at their stored size, which the "
-                                             "layer's LMDB decides and export does not open)"]
-        return spec, notes
-    if not layer.HasField("transform_param"):
+    where = f"data layer '{layer.name}' ({layer.type})"
+    facts = data_layer_facts(layer)
+    if not facts.preprocessing:
         return None, []
-    t = layer.transform_param
-    spec = {"channel_order": "BGR", "crop_size": int(t.crop_size), "mean_value": [float(v) for v in t.mean_value],
-            "scale": float(t.scale)}
-    resize = None
-    if layer.type == "ImageData" and layer.image_data_param.new_height and layer.image_data_param.new_width:
-        resize = [int(layer.image_data_param.new_height), int(layer.image_data_param.new_width)]
-    if t.mean_file:
-        mean = _layer_mean(t.mean_file, f"{where} transform_param")
-        spec["mean_file"] = str(t.mean_file)
+    spec = {"channel_order": "BGR", "crop_size": int(facts.crop)}
+    if facts.mean_value is not None:
+        spec["mean_value"] = [float(v) for v in facts.mean_value]
+    if facts.scale is not None:
+        spec["scale"] = float(facts.scale)
+    resize = list(facts.resize) if facts.resize else None
+    if facts.mean_file:
+        mean = _layer_mean(facts.mean_file, f"{where} {'param_str' if layer.type == 'Python' else 'transform_param'}")
+        spec["mean_file"] = str(facts.mean_file)
         resize = resize or [int(d) for d in mean.shape[1:]]
     notes = []
     if resize is not None:
         spec["resize"] = resize
     else:
-        notes.append("resize: none (images used at their stored size, which the layer's data source decides "
-                     "and export does not open)")
+        notes.append(f"resize: none (images used at their stored size, which {facts.stored_size_by} decides "
+                     f"and export does not open)")
     return spec, notes
 
 

@@ -11,12 +11,13 @@
 
 **Data layers are never opened** (a training prototxt exports without its training data): when the
 TEST-phase net has layers that read a data source (Data, ImageData, HDF5Data, the authors' Python
-LabelShufflingLayer, ...; every bottomless layer but Input, DummyData, MemoryData and Parameter), the net
+LabelShufflingLayer, ...: the ports that say ``reads_source``, and any bottomless layer without a port), the net
 is first cut at ``output_blob`` on the NetParameter (the layers that blob depends on, like
 :func:`~caffe_compat.export.embedder.cut_steps`), and the data layer the cut reads is replaced by an
-``Input`` layer of its top.  Its shape ``(1, C, H, W)``: C is 3 (1 for ``force_gray`` or an ImageData
-with ``is_color: false``); H×W is the ``transform_param.crop_size``, else ImageData's
-``new_height``×``new_width``, else ``image_size`` (what the preprocessing yields), else the mean file's
+``Input`` layer of its top.  Its shape ``(1, C, H, W)`` comes from what the port says of its input
+(``input_facts``, :class:`~caffe_compat.layers.facts.InputFacts`; a type without a port: its
+``transform_param``): C is 3 or 1 for gray; H×W is the crop, else the layer's resize (ImageData's
+``new_height``×``new_width``), else ``image_size`` (what the preprocessing yields), else the mean file's
 size; when none of them tells it a :class:`~caffe_compat.errors.FormatError` names the layer and asks for
 the input size.  Loss heads and label inputs are outside the cut, so they are not built either.
 """
@@ -27,10 +28,28 @@ from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 
-__all__ = ["SOURCE_FREE_TYPES", "TestPhaseNet", "load_test_net", "proto_cut"]
+__all__ = ["TestPhaseNet", "data_layer_facts", "load_test_net", "proto_cut", "reads_source"]
 
-#: Bottomless layer types that read no data source (kept as they are).
-SOURCE_FREE_TYPES = frozenset({"Input", "DummyData", "MemoryData", "Parameter"})
+
+def reads_source(layer) -> bool:
+    """A bottomless layer that reads a data set: its port says so (``reads_source``), or it has no port."""
+    from caffe_compat.layers.registry import port_for
+
+    if layer.bottom:
+        return False
+    port = port_for(layer)
+    return port is None or port.reads_source
+
+
+def data_layer_facts(layer):
+    """What data layer ``layer`` tells about its image input (its port's ``input_facts``; a type without a
+    port: what its ``transform_param`` says)."""
+    from caffe_compat.layers.facts import transform_input_facts
+    from caffe_compat.layers.registry import port_for
+
+    port = port_for(layer)
+    facts = port.input_facts(layer) if port is not None else None
+    return facts if facts is not None else transform_input_facts(layer)
 
 
 def _existing(path, what: str) -> str:
@@ -56,58 +75,26 @@ def proto_cut(layers, output_blob: str) -> list:
     return kept
 
 
-def _channels(layer) -> int:
-    if layer.HasField("transform_param") and layer.transform_param.force_gray:
-        return 1
-    if layer.type == "ImageData" and layer.image_data_param.HasField("is_color") and not layer.image_data_param.is_color:
-        return 1
-    return 3
-
-
-def _mean_file_of(layer) -> str | None:
-    if layer.HasField("transform_param") and layer.transform_param.mean_file:
-        return layer.transform_param.mean_file
-    if layer.type == "Python" and layer.python_param.param_str:
-        from caffe_compat.layers.python_ports import parse_param_str
-
-        try:
-            value = parse_param_str(layer.python_param.param_str, layer.name).get("mean_file")
-        except CaffeCompatError:
-            return None
-        return str(value) if value else None
-    return None
-
-
-def _source_of(layer) -> str:
-    for field in ("data_param", "image_data_param", "hdf5_data_param", "window_data_param"):
-        if layer.HasField(field) and getattr(layer, field).source:
-            return getattr(layer, field).source
-    if layer.type == "Python" and "source:" in layer.python_param.param_str:
-        return layer.python_param.param_str.split("source:", 1)[1].splitlines()[0].strip()
-    return "its data source"
-
-
 def data_input_shape(layer, image_size=None, where: str = "net") -> tuple[int, int, int, int]:
     """``(1, C, H, W)`` of the Input that stands for data layer ``layer`` (see the module docstring)."""
-    channels = _channels(layer)
+    facts = data_layer_facts(layer)
+    channels = facts.channels
     if image_size is not None and len(image_size) == 3:
         channels, image_size = int(image_size[0]), tuple(image_size[1:])
-    crop = layer.transform_param.crop_size if layer.HasField("transform_param") else 0
-    if crop:
-        return 1, channels, int(crop), int(crop)
-    p = layer.image_data_param
-    if layer.type == "ImageData" and p.new_height and p.new_width:
-        return 1, channels, int(p.new_height), int(p.new_width)
+    if facts.crop:
+        return 1, channels, int(facts.crop), int(facts.crop)
+    if facts.resize:
+        return 1, channels, int(facts.resize[0]), int(facts.resize[1])
     if image_size is not None:
         return 1, channels, int(image_size[0]), int(image_size[1])
-    mean_file = _mean_file_of(layer)
+    mean_file = facts.mean_file
     if mean_file and Path(mean_file).is_file():
         from caffe_compat.export.metadata import read_mean_file
 
         mean = read_mean_file(mean_file, f"{where}: data layer '{layer.name}'")
         return 1, int(mean.shape[0]), int(mean.shape[1]), int(mean.shape[2])
     raise FormatError(f"{where}: data layer '{layer.name}' ({layer.type}) takes its image size from "
-                      f"{_source_of(layer)}, which export does not open; give the input size through the "
+                      f"{facts.source}, which export does not open; give the input size through the "
                       f"preprocessing (crop_size or resize, e.g. --preprocessing '{{\"resize\": 256, "
                       f"\"crop_size\": 224}}'), or export the deploy prototxt")
 
@@ -135,8 +122,7 @@ class TestPhaseNet:
         source = read_net(self.prototxt)
         self.where = str(prototxt) if named else f"net '{source.name}'"
         self.param = filter_net(source, make_state(source, "test"))
-        self.sources = [layer for layer in self.param.layer
-                        if not layer.bottom and layer.type not in SOURCE_FREE_TYPES]
+        self.sources = [layer for layer in self.param.layer if reads_source(layer)]
 
     def cut(self, output_blob: str) -> list:
         known = list(dict.fromkeys(t for layer in self.param.layer for t in layer.top))

@@ -1,12 +1,11 @@
 """Caffe's file formats (no torch here): prototxt/caffemodel, solver, solverstate, binaryproto, LMDB
-Datum, glog-format logs; legacy upgrades; shape inference; the pycaffe-style ``caffe.io`` helpers (Transformer,
+Datum, glog-format logs; legacy upgrades; the pycaffe-style ``caffe.io`` helpers (Transformer,
 load_image, resize_image, oversample, the BlobProto converters) when present."""
 
 from caffe_compat.io.blobs import (array_to_blob, blob_shape, blob_to_array, blob_to_array_as,
                                    legacy_shape_equals, read_blob, write_blob)
 from caffe_compat.io.datum_lmdb import decode_datum, iter_lmdb, lmdb_length, make_datum, write_lmdb
 from caffe_compat.io.netfiles import read_net, read_solver, read_solverstate, write_net, write_solverstate
-from caffe_compat.io.shapes import conv_out_size, deconv_out_size, infer_shapes, pooled_size
 from caffe_compat.io.upgrade import upgrade_net, upgrade_solver
 from caffe_compat.io.weights import StoredBlob, read_weights
 
@@ -20,8 +19,8 @@ except ModuleNotFoundError as _exc:  # pragma: no cover
         raise
 
 __all__ = [
-    "StoredBlob", "array_to_blob", "blob_shape", "blob_to_array", "blob_to_array_as", "conv_out_size", "decode_datum",
-    "deconv_out_size", "infer_shapes", "iter_lmdb", "legacy_shape_equals", "lmdb_length", "make_datum",
-    "pooled_size", "read_blob", "read_net", "read_solver", "read_solverstate", "read_weights", "upgrade_net", "upgrade_solver",
+    "StoredBlob", "array_to_blob", "blob_shape", "blob_to_array", "blob_to_array_as", "decode_datum",
+    "iter_lmdb", "legacy_shape_equals", "lmdb_length", "make_datum",
+    "read_blob", "read_net", "read_solver", "read_solverstate", "read_weights", "upgrade_net", "upgrade_solver",
     "write_blob", "write_lmdb", "write_net", "write_solverstate",
 ]

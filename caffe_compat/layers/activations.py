@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError
-from caffe_compat.layers.blob_axes import broadcast_view, check_bottoms
 from caffe_compat.layers.caffe_backward import caffe_abs, caffe_relu, with_caffe_backward
+from caffe_compat.layers.facts import ONE, Shapes, broadcast_view, same_as_bottom
+from caffe_compat.layers.geometry import need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
@@ -31,12 +32,9 @@ from caffe_compat.layers.registry import CaffeLayer, register_layer
 class NeuronLayer(CaffeLayer):
     """Base of the one-bottom, one-top, same-shape layers (Caffe's ``NeuronLayer``)."""
 
-    def __init__(self, param, bottom_shapes, phase: str = "test"):
-        super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
-
-    def output_shapes(self) -> list[tuple[int, ...]]:
-        return [self.bottom_shapes[0]]
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+    infer = classmethod(same_as_bottom)
 
     def activation(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -76,14 +74,17 @@ class PReLU(NeuronLayer):
     positions with ``x <= 0``; ``torch.where(x > 0, ...)`` routes them by that very test.  Bottoms need at
     least 2 axes (Caffe's check)."""
 
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """The bottom's shape; blob 0 the slope, ``(C,)`` or ``()`` when shared."""
+        b0 = tuple(bottoms[0])
+        need_axes(layer, bottoms, 2, exact=False, what=": PReLU needs a bottom with >= 2 axes (Caffe's CHECK)")
+        return Shapes([b0], [() if layer.prelu_param.channel_shared else (b0[1],)])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        shape = self.bottom_shapes[0]
-        if len(shape) < 2:
-            raise FormatError(f"layer '{self.layer_name}': PReLU needs a bottom with >= 2 axes, got {shape}")
         self.channel_shared = bool(param.prelu_param.channel_shared)
-        slope_shape = () if self.channel_shared else (shape[1],)
-        self.slope = nn.Parameter(torch.full(slope_shape, 0.25))
+        self.slope = nn.Parameter(torch.full(self.infer(param, self.bottom_shapes).params[0], 0.25))
         self.filler = layer_filler(param.prelu_param, "filler", constant_filler(0.25))
 
     def caffe_blobs(self):
@@ -315,6 +316,8 @@ class Dropout(NeuronLayer):
 class Swish(NeuronLayer):
     """``y = x · sigmoid(beta · x)`` (``swish_param.beta``, default 1; BVLC master's ``SwishLayer``)."""
 
+    in_caffe_1_0 = False  # BVLC master, after 1.0
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         self.beta = float(param.swish_param.beta)
@@ -328,6 +331,8 @@ class Clip(NeuronLayer):
     """``y = min(max(x, min), max)`` (``clip_param.min``/``max``, both required; BVLC master's
     ``ClipLayer``).  Gradient passes where ``min <= x <= max`` (inclusive at both bounds, as Caffe),
     computed explicitly: ``clamp``'s own gradient at the bounds is torch's choice (0 since torch 2.14)."""
+
+    in_caffe_1_0 = False  # BVLC master, after 1.0
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)

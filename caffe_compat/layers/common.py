@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import DataError, FormatError
-from caffe_compat.layers.blob_axes import canonical_axis, check_bottoms, count
 from caffe_compat.layers.caffe_backward import caffe_abs
+from caffe_compat.layers.facts import NONE, ONE, BlobCount, Shapes, canonical_axis, count, same_as_bottom
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.proto import caffe_pb2
@@ -34,9 +34,21 @@ class Eltwise(CaffeLayer):
       gradient flows to that single bottom per element.
     Coefficients with PROD/MAX are an error, as in Caffe."""
 
+    bottoms = BlobCount.at_least(2)
+    tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """Bottom 0's shape; every bottom must have it (Caffe's CHECK in Reshape)."""
+        for shape in bottoms[1:]:
+            if tuple(shape) != tuple(bottoms[0]):
+                raise FormatError(f"layer '{layer.name}': Eltwise bottoms must have equal shapes, got "
+                                  f"{tuple(bottoms[0])} and {tuple(shape)}")
+        return Shapes([tuple(bottoms[0])])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 2, 1 << 30)
         p = param.eltwise_param
         self.operation = p.operation
         self.coeffs = [float(c) for c in p.coeff]
@@ -45,13 +57,7 @@ class Eltwise(CaffeLayer):
         if self.coeffs and len(self.coeffs) != len(self.bottom_shapes):
             raise FormatError(f"layer '{self.layer_name}': Eltwise has {len(self.coeffs)} coeff(s) for "
                               f"{len(self.bottom_shapes)} bottoms")
-        for shape in self.bottom_shapes[1:]:
-            if shape != self.bottom_shapes[0]:
-                raise FormatError(f"layer '{self.layer_name}': Eltwise bottoms must have equal shapes, got "
-                                  f"{self.bottom_shapes[0]} and {shape}")
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0]]
+        self.infer(param, self.bottom_shapes)
 
     def forward(self, *bottoms):
         if self.operation == _Eltwise.PROD:
@@ -76,14 +82,14 @@ class Eltwise(CaffeLayer):
 class Softmax(CaffeLayer):
     """``y = exp(x - max) / Σ exp(x - max)`` along ``softmax_param.axis`` (default 1)."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+    infer = classmethod(same_as_bottom)
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         self.axis = canonical_axis(param.softmax_param.axis, len(self.bottom_shapes[0]), self.layer_name,
                                    "softmax_param.axis")
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0]]
 
     def forward(self, x):
         return (torch.softmax(x, dim=self.axis),)
@@ -97,17 +103,25 @@ class Reduction(CaffeLayer):
     SUM ``coeff·Σx``, ASUM ``coeff·Σ|x|`` (gradient ``sign(x)``, 0 at 0), SUMSQ ``coeff·Σx²``,
     MEAN ``coeff·Σx / n``."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @staticmethod
+    def reduced_axis(layer, shape) -> int:
+        ndim = len(shape)
+        return canonical_axis(layer.reduction_param.axis, ndim, layer.name, "reduction_param.axis") if ndim else 0
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``shape[:axis]``."""
+        return Shapes([tuple(bottoms[0][:cls.reduced_axis(layer, bottoms[0])])])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         p = param.reduction_param
-        ndim = len(self.bottom_shapes[0])
-        self.axis = canonical_axis(p.axis, ndim, self.layer_name, "reduction_param.axis") if ndim else 0
+        self.axis = self.reduced_axis(param, self.bottom_shapes[0])
         self.operation = p.operation
         self.coeff = float(p.coeff)
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0][:self.axis]]
 
     def forward(self, x):
         flat = x.reshape(tuple(x.shape[:self.axis]) + (-1,))
@@ -144,32 +158,42 @@ class ArgMax(CaffeLayer):
     Ties are ordered as Caffe's ``partial_sort`` of (value, index) pairs with ``std::greater``: among
     equal values the larger index comes first.  No gradient (Caffe has no backward)."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @staticmethod
+    def top_shape(layer, shape) -> tuple[int, ...]:
+        """The top's shape (see the class docstring); FormatError unless ``1 <= top_k <=`` the values
+        compared (Caffe's CHECKs)."""
+        p = layer.argmax_param
+        axis = canonical_axis(p.axis, len(shape), layer.name, "argmax_param.axis") if p.HasField("axis") else None
+        available = shape[axis] if axis is not None else count(shape, 1)
+        if p.top_k < 1 or p.top_k > available:
+            raise FormatError(f"layer '{layer.name}': top_k {p.top_k} must be in [1, {available}]")
+        if axis is not None:
+            top = list(shape)
+            top[axis] = p.top_k
+            return tuple(top)
+        top = [1] * max(3, len(shape))
+        top[0], top[1], top[2] = shape[0], 2 if p.out_max_val else 1, p.top_k
+        return tuple(top)
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        return Shapes([cls.top_shape(layer, tuple(bottoms[0]))])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         p = param.argmax_param
         shape = self.bottom_shapes[0]
         self.out_max_val = bool(p.out_max_val)
         self.top_k = int(p.top_k)
         self.axis = canonical_axis(p.axis, len(shape), self.layer_name, "argmax_param.axis") \
             if p.HasField("axis") else None
-        available = shape[self.axis] if self.axis is not None else count(shape, 1)
-        if self.top_k < 1 or self.top_k > available:
-            raise FormatError(f"layer '{self.layer_name}': top_k {self.top_k} must be in [1, {available}]")
+        self.top_shape(param, shape)
 
     def _top_shape(self, shape) -> tuple[int, ...]:
-        if self.axis is not None:
-            top = list(shape)
-            top[self.axis] = self.top_k
-            return tuple(top)
-        top = [1] * max(3, len(shape))
-        top[0] = shape[0]
-        top[1] = 2 if self.out_max_val else 1
-        top[2] = self.top_k
-        return tuple(top)
-
-    def output_shapes(self):
-        return [self._top_shape(self.bottom_shapes[0])]
+        return self.top_shape(self.param, tuple(shape))
 
     def forward(self, x):
         x = x.detach()
@@ -192,9 +216,20 @@ class Embed(CaffeLayer):
     DCHECKs).  The index bottom gets no gradient (Caffe cannot backpropagate to it); repeated indices
     accumulate into W's gradient."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``bottom.shape + (num_output,)``; blobs W ``(input_dim, num_output)`` and b ``(num_output,)``."""
+        p = layer.embed_param
+        if p.input_dim < 1 or p.num_output < 1:
+            raise FormatError(f"layer '{layer.name}': Embed needs input_dim > 0 and num_output > 0")
+        params = [(p.input_dim, p.num_output)] + ([(p.num_output,)] if p.bias_term else [])
+        return Shapes([tuple(bottoms[0]) + (p.num_output,)], params)
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         p = param.embed_param
         self.input_dim, self.num_output = int(p.input_dim), int(p.num_output)
         if self.input_dim < 1 or self.num_output < 1:
@@ -211,9 +246,6 @@ class Embed(CaffeLayer):
         fill_blob(self.weight.data, self.weight_filler, generator)
         if self.bias is not None:
             fill_blob(self.bias.data, self.bias_filler, generator)
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0] + (self.num_output,)]
 
     def forward(self, x):
         index = x.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
@@ -237,27 +269,33 @@ class Accuracy(CaffeLayer):
     counted; ignored labels are not counted).  Optional top 1 (C,): per-class accuracy (0 for a class
     that never occurs).  Labels outside [0, C) raise :class:`DataError`.  No gradient."""
 
+    bottoms = BlobCount.exact(2)
+    tops = BlobCount(1, 2)
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """A scalar, and ``(C,)`` for the per-class top; Caffe's CHECKs on top_k and the label count."""
+        p = layer.accuracy_param
+        scores, labels = tuple(bottoms[0]), tuple(bottoms[1])
+        axis = canonical_axis(p.axis, len(scores), layer.name, "accuracy_param.axis")
+        if p.top_k > count(scores) // count(scores, 0, axis):
+            raise FormatError(f"layer '{layer.name}': top_k {p.top_k} exceeds the {scores[axis]} classes")
+        if count(scores, 0, axis) * count(scores, axis + 1) != count(labels):
+            raise FormatError(f"layer '{layer.name}': {count(labels)} labels for scores of shape {scores} "
+                              f"(need outer·inner = {count(scores, 0, axis) * count(scores, axis + 1)})")
+        return Shapes([(), (scores[axis],)][:max(1, len(layer.top))])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 2)
         p = param.accuracy_param
-        scores, labels = self.bottom_shapes
+        scores = self.bottom_shapes[0]
         self.top_k = int(p.top_k)
         self.axis = canonical_axis(p.axis, len(scores), self.layer_name, "accuracy_param.axis")
         self.ignore_label = int(p.ignore_label) if p.HasField("ignore_label") else None
         self.num_labels = scores[self.axis]
-        if self.top_k > count(scores) // count(scores, 0, self.axis):
-            raise FormatError(f"layer '{self.layer_name}': top_k {self.top_k} exceeds the {self.num_labels} classes")
-        if count(scores, 0, self.axis) * count(scores, self.axis + 1) != count(labels):
-            raise FormatError(f"layer '{self.layer_name}': {count(labels)} labels for scores of shape {scores} "
-                              f"(need outer·inner = {count(scores, 0, self.axis) * count(scores, self.axis + 1)})")
+        self.infer(param, self.bottom_shapes)
         self.num_tops = max(1, len(param.top))
-
-    def output_shapes(self):
-        shapes = [()]
-        if self.num_tops > 1:
-            shapes.append((self.num_labels,))
-        return shapes
 
     def forward(self, scores, labels):
         scores = scores.detach()
@@ -288,16 +326,22 @@ class Parameter(CaffeLayer):
     """No bottom; its single top is its learnable blob 0 of shape ``parameter_param.shape``
     (zero-initialised; Caffe's ParameterLayer has no filler)."""
 
+    bottoms = NONE
+    tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """The top is blob 0: ``parameter_param.shape``."""
+        shape = tuple(int(d) for d in layer.parameter_param.shape.dim)
+        return Shapes([shape], [shape])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 0)
-        self.blob = nn.Parameter(torch.zeros(tuple(int(d) for d in param.parameter_param.shape.dim)))
+        self.blob = nn.Parameter(torch.zeros(self.infer(param, []).params[0]))
 
     def caffe_blobs(self):
         return [self.blob]
-
-    def output_shapes(self):
-        return [tuple(self.blob.shape)]
 
     def forward(self):
         return (self.blob,)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError, ShapeMismatchError
 from caffe_compat.io.safe_open import check_regular_file, read_regular_text
+from caffe_compat.layers.facts import NONE, BlobCount, InputFacts, Shapes, transform_input_facts
 from caffe_compat.layers.fillers import fill_blob
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.proto import caffe_pb2
@@ -34,11 +36,12 @@ from caffe_compat.proto import caffe_pb2
 class _SourceLayer(CaffeLayer):
     """A layer without bottoms; a non-persistent empty buffer tracks the device the net was moved to."""
 
+    bottoms = NONE
+    tops = BlobCount.at_least(1)
+    in_caffe_1_0 = True
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        if self.bottom_shapes:
-            raise FormatError(f"layer '{self.layer_name}' ({param.type}) takes no bottom blobs, got "
-                              f"{len(self.bottom_shapes)}")
         self.register_buffer("_device_anchor", torch.zeros(0), persistent=False)
 
     @property
@@ -63,15 +66,17 @@ def _per_top(values: list, num_top: int, what: str, layer: str) -> list:
 class Input(_SourceLayer):
     """Caffe Input: declares the shapes of net inputs (see module docstring)."""
 
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``input_param.shape``: one for every top, or one per top."""
+        shapes = [tuple(int(d) for d in s.dim) for s in layer.input_param.shape]
+        if not shapes:
+            raise FormatError(f"layer '{layer.name}' (Input): input_param.shape is required")
+        return Shapes(_per_top(shapes, len(layer.top), "input_param.shape", layer.name))
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        shapes = [tuple(int(d) for d in s.dim) for s in param.input_param.shape]
-        if not shapes:
-            raise FormatError(f"layer '{self.layer_name}' (Input): input_param.shape is required")
-        self.shapes = _per_top(shapes, len(param.top), "input_param.shape", self.layer_name)
-
-    def output_shapes(self):
-        return list(self.shapes)
+        self.shapes = self.infer(param, []).tops
 
     def forward(self):
         return tuple(torch.zeros(s, dtype=self.dtype, device=self.device) for s in self.shapes)
@@ -81,31 +86,35 @@ class Input(_SourceLayer):
 class DummyData(_SourceLayer):
     """Caffe DummyData: filler-generated tops (see module docstring)."""
 
-    def __init__(self, param, bottom_shapes, phase="test"):
-        super().__init__(param, bottom_shapes, phase)
-        p = param.dummy_data_param
-        num_top = len(param.top)
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``dummy_data_param.shape`` (or the legacy num/channels/height/width), once or once per top."""
+        p = layer.dummy_data_param
+        num_top = len(layer.top)
         if p.shape and (p.num or p.channels or p.height or p.width):
-            raise FormatError(f"layer '{self.layer_name}' (DummyData): give either shape or num/channels/height/"
+            raise FormatError(f"layer '{layer.name}' (DummyData): give either shape or num/channels/height/"
                               f"width, not both")
         if p.shape:
             shapes = [tuple(int(d) for d in s.dim) for s in p.shape]
         else:
             legacy = [list(p.num), list(p.channels), list(p.height), list(p.width)]
             if any(len(v) == 0 for v in legacy):
-                raise FormatError(f"layer '{self.layer_name}' (DummyData): shape (or num, channels, height and "
+                raise FormatError(f"layer '{layer.name}' (DummyData): shape (or num, channels, height and "
                                   f"width) is required")
-            legacy = [_per_top(v, num_top, name, self.layer_name)
+            legacy = [_per_top(v, num_top, name, layer.name)
                       for v, name in zip(legacy, ("num", "channels", "height", "width"))]
             shapes = [tuple(int(v[i]) for v in legacy) for i in range(num_top)]
-        self.shapes = _per_top(shapes, num_top, "shape", self.layer_name)
+        return Shapes(_per_top(shapes, num_top, "shape", layer.name))
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        p = param.dummy_data_param
+        num_top = len(param.top)
+        self.shapes = self.infer(param, []).tops
         fillers = list(p.data_filler) or [caffe_pb2.FillerParameter(type="constant", value=0.0)]
         self.fillers = _per_top(fillers, num_top, "data_filler", self.layer_name)
         self.refill = [f.type != "constant" for f in self.fillers]
         self._generator = torch.Generator().manual_seed(0)
-
-    def output_shapes(self):
-        return list(self.shapes)
 
     def fill(self, generator=None):
         seed_source = generator if generator is not None else None
@@ -132,24 +141,28 @@ class DummyData(_SourceLayer):
 class MemoryData(_SourceLayer):
     """Caffe MemoryData fed by :meth:`set_input_arrays` (see module docstring)."""
 
+    tops = BlobCount(1, 2)
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``data (batch_size, channels, height, width)`` and ``label (batch_size,)``, all positive."""
+        p = layer.memory_data_param
+        dims = (int(p.batch_size), int(p.channels), int(p.height), int(p.width))
+        if min(dims) < 1:
+            raise FormatError(f"layer '{layer.name}' (MemoryData): batch_size, channels, height and width "
+                              f"must all be positive, got {', '.join(map(str, dims))}")
+        return Shapes([dims, dims[:1]][:len(layer.top)])
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         p = param.memory_data_param
+        self.infer(param, [])
         self.batch_size, self.channels, self.height, self.width = (int(p.batch_size), int(p.channels),
                                                                   int(p.height), int(p.width))
-        if min(self.batch_size, self.channels, self.height, self.width) < 1:
-            raise FormatError(f"layer '{self.layer_name}' (MemoryData): batch_size, channels, height and width "
-                              f"must all be positive, got {self.batch_size}, {self.channels}, {self.height}, "
-                              f"{self.width}")
-        if len(param.top) not in (1, 2):
-            raise FormatError(f"layer '{self.layer_name}' (MemoryData): has tops data and label, got "
-                              f"{len(param.top)} tops")
         self._data: torch.Tensor | None = None
         self._labels: torch.Tensor | None = None
         self.position = 0
 
-    def output_shapes(self):
-        return [(self.batch_size, self.channels, self.height, self.width), (self.batch_size,)][:len(self.param.top)]
 
     def set_input_arrays(self, data, labels) -> None:
         """Serve ``data`` (n × C × H × W) and ``labels`` (n, or n × 1 × 1 × 1) from the next forward on,
@@ -234,11 +247,20 @@ def _legacy_transform_fields(param, message, names=("scale", "mean_file", "crop_
 class _RecordLayer(_SourceLayer):
     """Shared machinery: ``batch_size`` records from ``position`` on, transformed and stacked."""
 
+    tops = BlobCount(1, 2)  # data and (optionally) label
+    reads_source = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """Unknown without opening the data set (the records decide the image size)."""
+        return Shapes([None] * len(layer.top))
+
+    @classmethod
+    def input_facts(cls, layer) -> InputFacts:
+        return transform_input_facts(layer)
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        if len(param.top) not in (1, 2):
-            raise FormatError(f"layer '{self.layer_name}' ({param.type}): has tops data and (optionally) label, got "
-                              f"{len(param.top)} tops")
         self.position = 0
         self._generator = np.random.RandomState(0)
 
@@ -362,6 +384,15 @@ class ImageData(_RecordLayer):
     shuffle/rand_skip the order is the file's, like Caffe's.
     """
 
+    @classmethod
+    def input_facts(cls, layer) -> InputFacts:
+        """The DataTransformer's facts, gray with ``is_color: false``, resized to ``new_height × new_width``."""
+        facts = transform_input_facts(layer)
+        p = layer.image_data_param
+        gray = facts.channels == 1 or (p.HasField("is_color") and not p.is_color)
+        resize = (int(p.new_height), int(p.new_width)) if p.new_height and p.new_width else None
+        return dataclasses.replace(facts, channels=1 if gray else 3, resize=resize)
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         from caffe_compat.data.imageset import read_list_file
@@ -459,6 +490,17 @@ class HDF5Data(_SourceLayer):
     around).  ``shuffle`` permutes the file order at setup and on each wrap, and the rows of each
     loaded file, from the layer's seeded RandomState.  Top shapes: ``(batch_size, *dataset.shape[1:])``.
     """
+
+    reads_source = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """Unknown without opening the files (the datasets decide the shapes)."""
+        return Shapes([None] * len(layer.top))
+
+    @classmethod
+    def input_facts(cls, layer) -> InputFacts:
+        return transform_input_facts(layer)
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)

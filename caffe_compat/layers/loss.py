@@ -46,6 +46,8 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
 from caffe_compat.layers.caffe_backward import caffe_relu
+from caffe_compat.layers.facts import BlobCount, Shapes, canonical_axis
+from caffe_compat.layers.facts import count as _count
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.proto import caffe_pb2
 
@@ -89,38 +91,26 @@ def int_labels(label: torch.Tensor) -> torch.Tensor:
     return label.detach().to(torch.long)
 
 
-def _count(shape, start: int = 0, end: int | None = None) -> int:
-    return int(math.prod(shape[start:end]))
-
-
-def _canonical_axis(axis: int, ndim: int, layer: str) -> int:
-    if not -ndim <= axis < ndim:
-        raise FormatError(f"layer '{layer}': axis {axis} is out of range for a {ndim}-axis bottom")
-    return axis % ndim
-
-
 class _LossLayer(CaffeLayer):
     """Common checks of Caffe's ``LossLayer``: two bottoms with the same first dimension."""
 
     is_loss = True
-    min_bottoms, max_bottoms, max_tops = 2, 2, 1
+    bottoms = BlobCount.exact(2)
+    tops = BlobCount(0, 1)
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """A scalar loss; Caffe's LossLayer CHECK: data and label have the same first dimension."""
+        s0, s1 = tuple(bottoms[0]), tuple(bottoms[1])
+        if (s0[:1] or (1,)) != (s1[:1] or (1,)):
+            raise FormatError(f"layer '{layer.name}': the data and label should have the same first "
+                              f"dimension, got {s0} and {s1}")
+        return Shapes([()])
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        n = len(self.bottom_shapes)
-        if not self.min_bottoms <= n <= self.max_bottoms:
-            span = f"{self.min_bottoms}" + ("" if self.min_bottoms == self.max_bottoms else f"-{self.max_bottoms}")
-            raise FormatError(f"layer '{self.layer_name}' ({param.type}) takes {span} bottoms, got {n}")
-        if len(param.top) > self.max_tops:
-            raise FormatError(f"layer '{self.layer_name}' ({param.type}) has at most {self.max_tops} top(s), "
-                              f"got {len(param.top)}")
-        s0, s1 = self.bottom_shapes[0], self.bottom_shapes[1]
-        if (s0[:1] or (1,)) != (s1[:1] or (1,)):
-            raise FormatError(f"layer '{self.layer_name}': the data and label should have the same first "
-                              f"dimension, got {s0} and {s1}")
-
-    def output_shapes(self) -> list[tuple[int, ...]]:
-        return [()]
+        self.infer(param, self.bottom_shapes)
 
     def _bad(self, message: str) -> CaffeCompatError:
         return FormatError(f"layer '{self.layer_name}' ({self.caffe_type}): {message}")
@@ -150,7 +140,7 @@ class ContrastiveLoss(_LossLayer):
     ``mdist > 0`` test (:func:`~caffe_compat.layers.caffe_backward.caffe_relu`).
     """
 
-    min_bottoms = max_bottoms = 3
+    bottoms = BlobCount.exact(3)
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
@@ -201,7 +191,7 @@ class _ClassAxisLoss(_LossLayer):
     """Shared shape logic of SoftmaxWithLoss and InfogainLoss: scores with the class axis ``axis``,
     labels holding one value per outer×inner position, optional ``ignore_label``, optional prob top."""
 
-    max_tops = 2
+    tops = BlobCount(0, 2)
     default_normalization = _Norm.VALID
     log_threshold = FLT_MIN
 
@@ -211,7 +201,7 @@ class _ClassAxisLoss(_LossLayer):
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         scores, label = self.bottom_shapes[:2]
-        self.axis = _canonical_axis(self._axis(), len(scores), self.layer_name)
+        self.axis = canonical_axis(self._axis(), len(scores), self.layer_name)
         self.num_classes = scores[self.axis]
         outer, inner = _count(scores, 0, self.axis), _count(scores, self.axis + 1)
         if outer * inner != _count(label):
@@ -223,8 +213,11 @@ class _ClassAxisLoss(_LossLayer):
         self.normalization = normalization_mode(param, self.default_normalization)
         self.with_prob = len(param.top) >= 2
 
-    def output_shapes(self) -> list[tuple[int, ...]]:
-        return [()] + ([self.bottom_shapes[0]] if self.with_prob else [])
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """A scalar loss, and the probabilities (bottom 0's shape) as an optional second top."""
+        super().infer(layer, bottoms)
+        return Shapes([(), tuple(bottoms[0])][:max(1, len(layer.top))])
 
     def _class_weights(self, labels: torch.Tensor, valid: torch.Tensor, bottoms) -> torch.Tensor:
         """Per position (M, C) weights W of ``-Σ_l W_l log p_l``."""
@@ -276,7 +269,7 @@ class InfogainLoss(_ClassAxisLoss):
     ``source_dir`` (e.g. the prototxt's folder) to resolve a relative path against it instead.
     """
 
-    max_bottoms = 3
+    bottoms = BlobCount(2, 3)
     log_threshold = LOG_THRESHOLD
 
     def __init__(self, param, bottom_shapes, phase: str = "test", source_dir: str | os.PathLike | None = None):

@@ -18,18 +18,9 @@ field its loss module has an option for; a field the layer does not use (includi
 VTHM miner runs, and ``cost`` together with ``beta``) is a :class:`~caffe_compat.errors.FormatError`
 naming the layer, the field and the fields it accepts, never silently ignored:
 
-| type | loss module | metric_loss_param fields (→ module keyword) | mining values (default first) |
-| --- | --- | --- | --- |
-| BatchContrastiveLoss | ContrastiveLoss | margin, mining, lambda | none, vthm, easy_positive, distance_weighted |
-| TripletLoss | TripletLoss | margin, mining, lambda | all, semihard, hard, vthm, easy_positive, distance_weighted, <miner>+semihard, <miner>+hard |
-| LiftedStructSimilaritySoftmaxLoss | LiftedStructLoss | margin, mining, lambda | none, vthm, easy_positive, distance_weighted |
-| HistogramLoss | HistogramLoss | num_bins | — |
-| BinomialDevianceLoss | BinomialDevianceLoss | alpha, beta, gamma, cost (→ neg_cost; not with beta), mining, lambda | none, vthm, easy_positive, distance_weighted |
-| MultiSimilarityLoss | MultiSimilarityLoss | alpha, beta, base, mining, lambda | none, vthm, easy_positive, distance_weighted |
-| RAWLoss | RAWLoss | alpha, beta, gamma, mining, lambda (→ vthm_margin) | vthm, none, easy_positive, distance_weighted |
-| MarginLoss | MarginLoss | margin, beta (initial β), num_classes, mining, lambda | distance_weighted, none, vthm, easy_positive |
-| FastAPLoss | FastAPLoss | num_bins | — |
-| SmoothAPLoss | SmoothAPLoss | temperature | — |
+Each layer type is one class below, declaring its ``spec`` (:class:`BatchLossSpec`: the loss module,
+the fields and the mining values); its docstring, :data:`BATCH_LOSSES` and the field checks are made from
+that spec, so ``help()`` on a layer class lists exactly what it accepts.
 
 ``mining`` picks the pair miner of :mod:`caffe_compat.losses.miners` put in front of the loss (its
 ``miner=`` argument): ``vthm`` (:class:`VTHMMiner`, margin ``lambda``, default 0.1; the unified-view
@@ -74,19 +65,19 @@ from __future__ import annotations
 import torch
 
 from caffe_compat.errors import FormatError
+from caffe_compat.layers.facts import BlobCount, Shapes
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.losses.cosine_similarity_batch import cosine_similarity_batch
 from caffe_compat.losses.fappy import fappy_caffe
 
 
+def scalar_loss(cls, layer, bottoms) -> Shapes:
+    """The shape rule of a loss layer: one scalar top."""
+    return Shapes([()])
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], -1)
-
-
-def _check_bottoms(layer: CaffeLayer, count: int) -> None:
-    if len(layer.bottom_shapes) != count:
-        raise FormatError(f"layer '{layer.layer_name}' ({layer.caffe_type}): needs {count} bottoms, "
-                          f"got {len(layer.bottom_shapes)}")
 
 
 @register_layer("CosineSimilarityBatch")
@@ -96,17 +87,21 @@ class CosineSimilarityBatch(CaffeLayer):
     Reads ``cosine_similarity_batch_param { pos_label neg_label }``; accepts no ``metric_loss_param`` field
     (one set is a FormatError)."""
 
+    bottoms = BlobCount.exact(2)
+    tops = BlobCount(1, 2)
+    couples_batch = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``(M, 1, 1, 1)`` for each top, M = B(B−1)/2 pairs of the batch of B."""
+        b = bottoms[0][0]
+        return Shapes([(b * (b - 1) // 2, 1, 1, 1)] * len(layer.top))
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        _check_bottoms(self, 2)
         _reject_unused(self, param.metric_loss_param, ())
         p = param.cosine_similarity_batch_param
         self.pos_label, self.neg_label = float(p.pos_label), float(p.neg_label)
-
-    def output_shapes(self):
-        b = self.bottom_shapes[0][0]
-        m = b * (b - 1) // 2
-        return [(m, 1, 1, 1)] * len(self.param.top)
 
     def forward(self, feature, label):
         cosine, pair_label = cosine_similarity_batch(_rows(feature), label.reshape(-1), self.pos_label, self.neg_label)
@@ -120,15 +115,15 @@ class FAPPYLossLayer(CaffeLayer):
     Reads ``fappy_loss_param { delta }``; accepts no ``metric_loss_param`` field (one set is a FormatError)."""
 
     is_loss = True
+    bottoms = BlobCount.exact(2)
+    tops = BlobCount(0, 1)
+    couples_batch = True
+    infer = classmethod(scalar_loss)
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        _check_bottoms(self, 2)
         _reject_unused(self, param.metric_loss_param, ())
         self.delta = float(param.fappy_loss_param.delta)
-
-    def output_shapes(self):
-        return [()]
 
     def forward(self, cosine, label):
         return (fappy_caffe(cosine.reshape(-1), label.reshape(-1), self.delta),)
@@ -228,58 +223,6 @@ class BatchLossSpec:
         return "\n".join(lines)
 
 
-BATCH_LOSSES: dict[str, BatchLossSpec] = {
-    "BatchContrastiveLoss": BatchLossSpec(
-        "ContrastiveLoss", {"margin": ("margin", "m of the dissimilar hinge (default 1.0)")}, _pair_mining(), "none"),
-    "TripletLoss": BatchLossSpec(
-        "TripletLoss", {"margin": ("margin", "triplet margin (default 0.2)")}, _triplet_mining(), "all",
-        "``mining``: ``all`` / ``semihard`` / ``hard`` set ``triplets``; a miner name sets ``miner`` (over all "
-        "triplets), ``<miner>+semihard`` / ``<miner>+hard`` both (e.g. EPS: ``easy_positive``)."),
-    "LiftedStructSimilaritySoftmaxLoss": BatchLossSpec(
-        "LiftedStructLoss", {"margin": ("margin", "m in exp(m − D) (default 1.0)")}, _pair_mining(), "none"),
-    "HistogramLoss": BatchLossSpec(
-        "HistogramLoss", {"num_bins": ("num_bins", "number of bins, Δ = 2/num_bins (default 100)")}),
-    "BinomialDevianceLoss": BatchLossSpec(
-        "BinomialDevianceLoss",
-        {"alpha": ("alpha", "α, positive-pair scale (default 2)"),
-         "beta": ("beta", "β, negative-pair scale (default α·C = 50); not together with cost"),
-         "gamma": ("gamma", "γ, similarity threshold (default 0.5)"),
-         "cost": ("neg_cost", "Yi's negative cost C, β = α·C (default 25); not together with beta")},
-        _pair_mining(), "none",
-        "Normalisation is Yi et al.'s batch-wide pair counts; the unified view's per-anchor Eq. (12) "
-        "(``normalization='anchor'``) is module-only."),
-    "MultiSimilarityLoss": BatchLossSpec(
-        "MultiSimilarityLoss",
-        {"alpha": ("alpha", "α (default 2)"), "beta": ("beta", "β (default 50; the authors' release: 40)"),
-         "base": ("base", "similarity threshold λ of the MS paper (default 0.5)")},
-        _pair_mining(), "none",
-        "``mining: \"vthm\"`` with ``lambda`` = ε is the MS paper's pair mining "
-        "(``MultiSimilarityLoss.official()`` also skips incomplete anchors: module only)."),
-    "RAWLoss": BatchLossSpec(
-        "RAWLoss",
-        {"alpha": ("alpha", "α (default 2)"), "beta": ("beta", "β (default 50)"),
-         "gamma": ("gamma", "γ (default 0.5)")},
-        _raw_mining(), "vthm",
-        "``mining: \"vthm\"`` (default) is RAW+VTHM with ``lambda`` → ``vthm_margin``; ``none`` is plain RAW "
-        "(``vthm=False``); ``distance_weighted`` is RAW+DW."),
-    "MarginLoss": BatchLossSpec(
-        "MarginLoss",
-        {"margin": ("margin", "α (default 0.2)"),
-         "beta": ("beta", "initial value of the learnable β (default 1.2)"),
-         "num_classes": ("num_classes", "one learnable β per class, as Wu et al. (labels in [0, num_classes)); "
-                                        "unset: ONE shared β for all classes")},
-        _margin_mining(), "distance_weighted",
-        "**β is one shared learnable scalar unless ``num_classes`` is set** (Wu et al. learn β per class: "
-        "set ``num_classes``).  "
-        "``mining: \"distance_weighted\"`` (default) is Wu et al.'s sampling (global torch generator); "
-        "``none`` uses every pair (``distance_weighted=False``); ``easy_positive`` is EPS + margin."),
-    "FastAPLoss": BatchLossSpec(
-        "FastAPLoss", {"num_bins": ("num_bins", "L, bin centres linspace(0, 4, L+1) (default 10)")}),
-    "SmoothAPLoss": BatchLossSpec(
-        "SmoothAPLoss", {"temperature": ("temperature", "sigmoid temperature τ (default 0.01)")}),
-}
-
-
 def _set_fields(message) -> list[str]:
     return [descriptor.name for descriptor, _ in message.ListFields()]
 
@@ -316,14 +259,23 @@ def loss_kwargs(layer: CaffeLayer, spec: BatchLossSpec, p) -> dict:
 
 
 class BatchLossLayer(CaffeLayer):
-    """Adapter: a ``caffe_compat.losses`` module as a Caffe loss layer over (embedding, label)."""
+    """Adapter: a ``caffe_compat.losses`` module as a Caffe loss layer over (embedding, label).  A subclass
+    declares ``spec``; its docstring is generated from it."""
 
     is_loss = True
+    bottoms = BlobCount.exact(2)
+    tops = BlobCount(0, 1)
+    couples_batch = True
+    infer = classmethod(scalar_loss)
     spec: BatchLossSpec
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "spec" in vars(cls) and vars(cls).get("__doc__") is None:
+            cls.__doc__ = cls.spec.docstring(cls.__name__.removesuffix("Layer"))
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        _check_bottoms(self, 2)
         import caffe_compat.losses as losses
 
         kwargs = loss_kwargs(self, self.spec, param.metric_loss_param)
@@ -335,13 +287,97 @@ class BatchLossLayer(CaffeLayer):
     def caffe_blobs(self):
         return list(self.loss.parameters())  # MarginLoss's learnable per-class beta
 
-    def output_shapes(self):
-        return [()]
-
     def forward(self, embedding, label):
         return (self.loss(_rows(embedding), label.reshape(-1)),)
 
 
-for _type, _spec in BATCH_LOSSES.items():
-    register_layer(_type)(type(f"{_type}Layer", (BatchLossLayer,),
-                               {"spec": _spec, "__doc__": _spec.docstring(_type)}))
+@register_layer("BatchContrastiveLoss")
+class BatchContrastiveLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "ContrastiveLoss", {"margin": ("margin", "m of the dissimilar hinge (default 1.0)")}, _pair_mining(), "none")
+
+
+@register_layer("TripletLoss")
+class TripletLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "TripletLoss", {"margin": ("margin", "triplet margin (default 0.2)")}, _triplet_mining(), "all",
+        "``mining``: ``all`` / ``semihard`` / ``hard`` set ``triplets``; a miner name sets ``miner`` (over all "
+        "triplets), ``<miner>+semihard`` / ``<miner>+hard`` both (e.g. EPS: ``easy_positive``).")
+
+
+@register_layer("LiftedStructSimilaritySoftmaxLoss")
+class LiftedStructSimilaritySoftmaxLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "LiftedStructLoss", {"margin": ("margin", "m in exp(m − D) (default 1.0)")}, _pair_mining(), "none")
+
+
+@register_layer("HistogramLoss")
+class HistogramLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "HistogramLoss", {"num_bins": ("num_bins", "number of bins, Δ = 2/num_bins (default 100)")})
+
+
+@register_layer("BinomialDevianceLoss")
+class BinomialDevianceLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "BinomialDevianceLoss",
+        {"alpha": ("alpha", "α, positive-pair scale (default 2)"),
+         "beta": ("beta", "β, negative-pair scale (default α·C = 50); not together with cost"),
+         "gamma": ("gamma", "γ, similarity threshold (default 0.5)"),
+         "cost": ("neg_cost", "Yi's negative cost C, β = α·C (default 25); not together with beta")},
+        _pair_mining(), "none",
+        "Normalisation is Yi et al.'s batch-wide pair counts; the unified view's per-anchor Eq. (12) "
+        "(``normalization='anchor'``) is module-only.")
+
+
+@register_layer("MultiSimilarityLoss")
+class MultiSimilarityLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "MultiSimilarityLoss",
+        {"alpha": ("alpha", "α (default 2)"), "beta": ("beta", "β (default 50; the authors' release: 40)"),
+         "base": ("base", "similarity threshold λ of the MS paper (default 0.5)")},
+        _pair_mining(), "none",
+        "``mining: \"vthm\"`` with ``lambda`` = ε is the MS paper's pair mining "
+        "(``MultiSimilarityLoss.official()`` also skips incomplete anchors: module only).")
+
+
+@register_layer("RAWLoss")
+class RAWLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "RAWLoss",
+        {"alpha": ("alpha", "α (default 2)"), "beta": ("beta", "β (default 50)"),
+         "gamma": ("gamma", "γ (default 0.5)")},
+        _raw_mining(), "vthm",
+        "``mining: \"vthm\"`` (default) is RAW+VTHM with ``lambda`` → ``vthm_margin``; ``none`` is plain RAW "
+        "(``vthm=False``); ``distance_weighted`` is RAW+DW.")
+
+
+@register_layer("MarginLoss")
+class MarginLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "MarginLoss",
+        {"margin": ("margin", "α (default 0.2)"),
+         "beta": ("beta", "initial value of the learnable β (default 1.2)"),
+         "num_classes": ("num_classes", "one learnable β per class, as Wu et al. (labels in [0, num_classes)); "
+                                        "unset: ONE shared β for all classes")},
+        _margin_mining(), "distance_weighted",
+        "**β is one shared learnable scalar unless ``num_classes`` is set** (Wu et al. learn β per class: "
+        "set ``num_classes``).  "
+        "``mining: \"distance_weighted\"`` (default) is Wu et al.'s sampling (global torch generator); "
+        "``none`` uses every pair (``distance_weighted=False``); ``easy_positive`` is EPS + margin.")
+
+
+@register_layer("FastAPLoss")
+class FastAPLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "FastAPLoss", {"num_bins": ("num_bins", "L, bin centres linspace(0, 4, L+1) (default 10)")})
+
+
+@register_layer("SmoothAPLoss")
+class SmoothAPLossLayer(BatchLossLayer):
+    spec = BatchLossSpec(
+        "SmoothAPLoss", {"temperature": ("temperature", "sigmoid temperature τ (default 0.01)")})
+
+
+#: Layer type -> spec, derived from the registered batch-loss classes.
+BATCH_LOSSES: dict[str, BatchLossSpec] = {cls.caffe_type: cls.spec for cls in BatchLossLayer.__subclasses__()}

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError
-from caffe_compat.layers.blob_axes import broadcast_view, canonical_axis, check_bottoms
 from caffe_compat.layers.cache_blocking import blocking_applies, per_sample
+from caffe_compat.layers.facts import ONE, BlobCount, Shapes, broadcast_view, canonical_axis, same_as_bottom
+from caffe_compat.layers.geometry import need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.proto import caffe_pb2
@@ -40,12 +41,22 @@ class BatchNorm(CaffeLayer):
 
     The blobs never get a gradient (Caffe forces their lr_mult to 0 and never writes their diff)."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """The bottom's shape; blobs mean ``(C,)``, variance ``(C,)``, factor ``(1,)``.  Caffe reads ``shape(1)``,
+        so the bottom needs at least 2 axes (its 1-axis branch then fails a CHECK in Reshape)."""
+        need_axes(layer, bottoms, 2, exact=False)
+        channels = bottoms[0][1]
+        return Shapes([tuple(bottoms[0])], [(channels,), (channels,), (1,)])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         p = param.batch_norm_param
         shape = self.bottom_shapes[0]
-        self.channels = 1 if len(shape) == 1 else shape[1]
+        self.channels = self.infer(param, self.bottom_shapes).params[0][0]
         self.moving_average_fraction = float(p.moving_average_fraction)
         self.eps = float(p.eps)
         self._global_stats_setting = p.use_global_stats if p.HasField("use_global_stats") else None
@@ -61,9 +72,6 @@ class BatchNorm(CaffeLayer):
 
     def caffe_blobs(self):
         return [self.mean, self.variance, self.scale_factor]
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0]]
 
     def fill(self, generator=None):
         with torch.no_grad():
@@ -140,6 +148,21 @@ def _second_bottom_axis(layer: str, shapes, axis: int, kind: str) -> int:
     return axis
 
 
+def _affine_shapes(layer, bottoms, p, kind: str, extra_bias: bool) -> tuple[int, Shapes]:
+    """Scale/Bias's shape rule: the top is bottom 0's shape; with one bottom the learned blob spans
+    ``axis .. axis+num_axes-1`` of it, with two the second bottom is that blob (which must match);
+    ``extra_bias``: Scale's ``bias_term`` adds a blob of the same shape.  Returns (axis, shapes)."""
+    if len(bottoms) == 2:
+        axis = _second_bottom_axis(layer.name, bottoms, p.axis, kind)
+        shape, blobs = tuple(bottoms[1]), []
+    else:
+        axis, shape = _param_shape(layer.name, bottoms[0], p.axis, p.num_axes, kind)
+        blobs = [shape]
+    if extra_bias:
+        blobs.append(shape)
+    return axis, Shapes([tuple(bottoms[0])], blobs)
+
+
 def _broadcast(value: torch.Tensor, ndim: int, axis: int) -> torch.Tensor:
     return value.reshape(broadcast_view(value.shape, ndim, axis))
 
@@ -154,26 +177,26 @@ class Scale(CaffeLayer):
     ``bias_term`` (false) adds a learned β of γ's shape (filler ``bias_filler``, else constant 0),
     which is blob 1 with one bottom and blob 0 with two (Caffe's order)."""
 
+    bottoms = BlobCount(1, 2)
+    tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        return _affine_shapes(layer, bottoms, layer.scale_param, "scale", layer.scale_param.bias_term)[1]
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1, 2)
         p = param.scale_param
-        if len(self.bottom_shapes) == 2:
-            self.axis = _second_bottom_axis(self.layer_name, self.bottom_shapes, p.axis, "scale")
-            shape = self.bottom_shapes[1]
-            self.scale = None
-        else:
-            self.axis, shape = _param_shape(self.layer_name, self.bottom_shapes[0], p.axis, p.num_axes, "scale")
-            self.scale = nn.Parameter(torch.ones(shape))
+        self.axis, shapes = _affine_shapes(param, self.bottom_shapes, p, "scale", p.bias_term)
+        blobs = list(shapes.params)
+        self.scale = nn.Parameter(torch.ones(blobs.pop(0))) if len(self.bottom_shapes) == 1 else None
         self.scale_filler = layer_filler(p, "filler", constant_filler(1.0))
-        self.bias = nn.Parameter(torch.zeros(shape)) if p.bias_term else None
+        self.bias = nn.Parameter(torch.zeros(blobs.pop(0))) if p.bias_term else None
         self.bias_filler = layer_filler(p, "bias_filler", caffe_pb2.FillerParameter())
 
     def caffe_blobs(self):
         return [b for b in (self.scale, self.bias) if b is not None]
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0]]
 
     def fill(self, generator=None):
         if self.scale is not None:
@@ -205,23 +228,23 @@ class Bias(CaffeLayer):
     num_axes 1, -1 = to the end, 0 = a scalar), filler ``bias_param.filler`` else constant 0.
     Two bottoms: β is the second bottom, shape ``x.shape[axis : axis+β.ndim]``."""
 
+    bottoms = BlobCount(1, 2)
+    tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        return _affine_shapes(layer, bottoms, layer.bias_param, "bias", False)[1]
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1, 2)
         p = param.bias_param
-        if len(self.bottom_shapes) == 2:
-            self.axis = _second_bottom_axis(self.layer_name, self.bottom_shapes, p.axis, "bias")
-            self.bias = None
-        else:
-            self.axis, shape = _param_shape(self.layer_name, self.bottom_shapes[0], p.axis, p.num_axes, "bias")
-            self.bias = nn.Parameter(torch.zeros(shape))
+        self.axis, shapes = _affine_shapes(param, self.bottom_shapes, p, "bias", False)
+        self.bias = nn.Parameter(torch.zeros(shapes.params[0])) if shapes.params else None
         self.filler = layer_filler(p, "filler", caffe_pb2.FillerParameter())
 
     def caffe_blobs(self):
         return [self.bias] if self.bias is not None else []
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0]]
 
     def fill(self, generator=None):
         if self.bias is not None:
@@ -257,16 +280,16 @@ class MVN(CaffeLayer):
     ``dx = (dy - mean(dy) - y·mean(dy·y)) / (σ + eps)`` (the fixtures' ``mvn_across_eps``, eps 0.01,
     tell the two apart)."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+    infer = classmethod(same_as_bottom)
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         p = param.mvn_param
         self.normalize_variance = bool(p.normalize_variance)
         self.across_channels = bool(p.across_channels)
         self.eps = float(p.eps)
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0]]
 
     def forward(self, x):
         if x.dim() < 1:
@@ -299,9 +322,12 @@ class LRN(CaffeLayer):
     Nets that keep the LRN top intact (GoogLeNet, VGG_CNN_M_1024: a pooling or convolution reads it) are
     not affected."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+    infer = classmethod(same_as_bottom)
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         p = param.lrn_param
         self.size = int(p.local_size)
         if self.size % 2 != 1:
@@ -311,9 +337,6 @@ class LRN(CaffeLayer):
         if len(self.bottom_shapes[0]) != 4:
             raise FormatError(f"layer '{self.layer_name}': LRN needs a 4-axis bottom (N, C, H, W), "
                               f"got shape {self.bottom_shapes[0]}")
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0]]
 
     def forward(self, x):
         if x.dim() != 4:

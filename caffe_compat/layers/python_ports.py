@@ -74,6 +74,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.layers.facts import NONE, BlobCount, InputFacts, Shapes
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
 _YAML_WORDS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False,
@@ -164,13 +165,27 @@ class LabelShufflingLayer(CaffeLayer):
     ``source`` = its root).  Details in the module docstring.
     """
 
+    bottoms = NONE
+    tops = BlobCount(1, 2)  # data and (optionally) label
+    reads_source = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """Unknown without opening the source (its records decide the image size)."""
+        return Shapes([None] * len(layer.top))
+
+    @classmethod
+    def input_facts(cls, layer) -> InputFacts:
+        """``mean_file`` (subtracted whole, no crop; its size is the image size), ``scales[0]``."""
+        params = parse_param_str(layer.python_param.param_str, layer.name)
+        scales = params.get("scales")
+        return InputFacts(mean_file=str(params["mean_file"]) if params.get("mean_file") else None, mean_value=None,
+                          scale=float(scales[0]) if isinstance(scales, (list, tuple)) and scales else None,
+                          source=str(params.get("source") or "its data source"), stored_size_by="the layer's LMDB")
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         name = self.layer_name
-        if self.bottom_shapes:
-            raise FormatError(f"layer '{name}' (LabelShufflingLayer) takes no bottoms")
-        if len(param.top) not in (1, 2):
-            raise FormatError(f"layer '{name}' (LabelShufflingLayer): tops are data and label, got {len(param.top)}")
         self.register_buffer("_device_anchor", torch.zeros(0), persistent=False)
         params = parse_param_str(param.python_param.param_str, name)
         self.params = params
@@ -267,7 +282,7 @@ class LabelShufflingLayer(CaffeLayer):
     def device(self) -> torch.device:
         return self._device_anchor.device
 
-    def output_shapes(self):
+    def output_shapes(self):  # the records decide the image shape
         return [(self.batch_size, *self.image_shape), (self.batch_size, 1, 1, 1)][:len(self.param.top)]
 
     def next_indices(self) -> np.ndarray:
@@ -324,15 +339,23 @@ def interpolated_histogram(values: torch.Tensor, grid: torch.Tensor, delta: floa
 class DistributionLossLayer(CaffeLayer):
     """madkn's histogram-loss Python layer on (cosine, pair_label) (see the module docstring)."""
 
+    bottoms = BlobCount.exact(2)  # cosine and pair_label
+    tops = BlobCount.exact(1)
+    couples_batch = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """A ``(1,)`` loss; the two bottoms must have the same count (the layer's check)."""
+        counts = [math.prod(s) for s in bottoms]
+        if counts[0] != counts[1]:
+            raise FormatError(f"layer '{layer.name}' (DistributionLossLayer): inputs must have the same count: "
+                              f"{counts}")
+        return Shapes([(1,)])
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         name = self.layer_name
-        if len(self.bottom_shapes) != 2:
-            raise FormatError(f"layer '{name}' (DistributionLossLayer): bottoms are cosine and pair_label, got "
-                              f"{len(self.bottom_shapes)}")
-        counts = [math.prod(s) for s in self.bottom_shapes]
-        if counts[0] != counts[1]:
-            raise FormatError(f"layer '{name}' (DistributionLossLayer): inputs must have the same count: {counts}")
+        self.infer(param, self.bottom_shapes)
         params = parse_param_str(param.python_param.param_str, name)
         self.delta = float(_required(params, "grid_delta", name))
         if not 0 < self.delta <= 2:
@@ -347,9 +370,6 @@ class DistributionLossLayer(CaffeLayer):
         # float64 constants kept off the module's buffers, so .half()/.to(dtype) on the net cannot round them
         self.grid = torch.from_numpy(np.arange(-1.0, 1.0 + self.delta, self.delta))
         self.loss_matrix = distribution_loss_matrix(self.grid, self.kind, self.margin, self.alpha)
-
-    def output_shapes(self):
-        return [(1,)]
 
     def forward(self, cosine, pair_label):
         x = cosine.reshape(-1).to(torch.float64)

@@ -16,6 +16,21 @@ Contract of a port (``caffe_compat.net.CaffeNet`` relies on it):
   construction (used for shape checks and by nets that chain layers).
 * ``fill(self, generator)``: initialise blobs with Caffe's fillers (see ``layers/fillers.py``).
 * ``is_loss``: True for loss layers (their top 0 gets loss_weight 1 by default, as in Caffe).
+
+The type's facts are class attributes and classmethods of the port, read through the registry by
+everything else (no table restates them; see :mod:`caffe_compat.layers.facts`):
+
+* ``bottoms`` / ``tops``: :class:`~caffe_compat.layers.facts.BlobCount`, Caffe's ``ExactNumBottomBlobs``
+  etc.; checked here, once, for every port (:meth:`CaffeLayer.check_blob_counts`);
+* ``infer(layer, bottom_shapes)``: the type's shape rule, torch-free (tuples in, a
+  :class:`~caffe_compat.layers.facts.Shapes` out): ``inspect``'s shape inference calls it without building
+  the port, and the default :meth:`CaffeLayer.output_shapes` calls it with the port's own parameter, so a
+  rule is written once; ``None`` (the default) means the type has no rule;
+* ``couples_batch``: its output depends on the whole batch (pair cosines, a loss over all pairs), so a
+  distributed run gathers its bottoms across ranks;
+* ``reads_source``: a bottomless layer reading a data set (export stands an ``Input`` in for it), with
+  ``input_facts(layer)`` describing its image input;
+* ``in_caffe_1_0``: BVLC Caffe 1.0 registers this type.
 * ``share_caffe_blob(index, tensor)``: make blob ``index`` the given tensor (weight sharing through
   ``ParamSpec.name``).  The default finds the attribute holding ``caffe_blobs()[index]`` (a parameter or
   buffer of the layer or of a submodule) and rebinds it; override it only if a port stores blobs in an
@@ -43,6 +58,7 @@ import torch
 from torch import nn
 
 from caffe_compat.errors import UnknownLayerError
+from caffe_compat.layers.facts import ANY, BlobCount, InputFacts, Shapes
 
 _REGISTRY: dict[str, type["CaffeLayer"]] = {}
 
@@ -54,12 +70,22 @@ class CaffeLayer(nn.Module):
     caffe_type: str = ""
     #: Loss layers get ``loss_weight`` 1 on their first top unless the prototxt says otherwise.
     is_loss: bool = False
+    #: Caffe's bottom / top blob counts (``ExactNumBottomBlobs``, ``MinTopBlobs``, ...).
+    bottoms: BlobCount = ANY
+    tops: BlobCount = ANY
+    #: The output depends on the whole batch (DDP gathers the bottoms across ranks).
+    couples_batch: bool = False
+    #: A bottomless layer that reads a data set (export replaces it by an Input; see ``input_facts``).
+    reads_source: bool = False
+    #: BVLC Caffe 1.0 registers this type.
+    in_caffe_1_0: bool = False
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__()
         self.param = param
         self.layer_name = param.name
         self.bottom_shapes = [tuple(int(d) for d in s) for s in bottom_shapes]
+        self.check_blob_counts(param, len(self.bottom_shapes), check_tops=bool(param.top))
         self.phase = phase  # also sets the torch training flag (see the ``phase`` property)
 
     @property
@@ -79,12 +105,36 @@ class CaffeLayer(nn.Module):
         ``"test"`` (what phase-dependent ports read at call time)."""
         return "train" if self.training else "test"
 
+    @classmethod
+    def check_blob_counts(cls, layer, num_bottoms: int, check_tops: bool = True) -> None:
+        """FormatError naming the layer and type unless Caffe accepts its bottom and top counts (a port
+        built on its own, outside a net, may leave its tops unnamed: ``check_tops=False``)."""
+        where = f"layer '{layer.name}' ({layer.type})"
+        cls.bottoms.check(num_bottoms, where, "bottom")
+        if check_tops:
+            cls.tops.check(len(layer.top), where, "top")
+
+    @classmethod
+    def infer(cls, layer, bottoms) -> Shapes | None:
+        """The type's shape rule: top shapes, learnable blob shapes and multiply-adds for a
+        LayerParameter and its bottom shapes (tuples; none is None), or None when the type has no rule."""
+        return None
+
+    @classmethod
+    def input_facts(cls, layer) -> InputFacts | None:
+        """For a ``reads_source`` layer: what it tells about the images it feeds (None otherwise)."""
+        return None
+
     def caffe_blobs(self) -> list[torch.Tensor]:
         """The layer's blobs in Caffe order (what a caffemodel stores for it)."""
         return []
 
     def output_shapes(self) -> list[tuple[int, ...]]:
-        raise NotImplementedError(f"{type(self).__name__} does not report its output shapes")
+        """The tops' shapes for the bottom shapes given at construction: the type's shape rule."""
+        shapes = self.infer(self.param, self.bottom_shapes)
+        if shapes is None:
+            raise NotImplementedError(f"{type(self).__name__} has no shape rule (define infer or output_shapes)")
+        return list(shapes.tops)
 
     def fill(self, generator: torch.Generator | None = None) -> None:
         """Initialise the blobs with the layer's Caffe fillers (no-op for layers without blobs)."""
@@ -157,6 +207,34 @@ def registered_types() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def registered_ports() -> dict[str, type[CaffeLayer]]:
+    """Registry key -> port class, for the tables derived from the ports' facts."""
+    _load_builtin_ports()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def port_for(layer) -> type[CaffeLayer] | None:
+    """The registered port of a LayerParameter, or None (no error: for tools that accept unported types)."""
+    _load_builtin_ports()
+    return _REGISTRY.get(registry_key(layer))
+
+
+#: Caffe 1.0 types without a port yet (each leaves this list when its port is registered; a test checks
+#: that no type here is registered).  ``Python`` is Caffe 1.0's too: its ports are keyed by module.layer.
+CAFFE_1_0_UNPORTED = ("Filter", "HDF5Output", "Im2col", "LSTM", "LSTMUnit", "Python", "RNN", "WindowData")
+
+
+def caffe_1_0_types() -> frozenset[str]:
+    """The layer types Caffe 1.0 registers (its LayerRegistry): the ports that say so, and the unported."""
+    return frozenset({key for key, cls in registered_ports().items() if cls.in_caffe_1_0}
+                     | set(CAFFE_1_0_UNPORTED))
+
+
+def couples_batch_types() -> tuple[str, ...]:
+    """Registry keys of the ports whose output couples the batch (gathered across ranks by DDP)."""
+    return tuple(key for key, cls in registered_ports().items() if cls.couples_batch)
+
+
 def _load_builtin_ports() -> None:
-    # Importing the family modules registers their ports (done lazily to keep imports cheap).
+    # The family modules register their ports when caffe_compat.layers is imported.
     import caffe_compat.layers  # noqa: F401

@@ -1,4 +1,4 @@
-"""Caffe's blob-shape layers: Concat, Slice, Split, Flatten, Reshape, Crop, Tile, Silence.
+"""Caffe's blob-shape layers: Concat, Slice, Split, Flatten, Reshape, Crop, Tile, Silence, BatchReindex.
 
 They only move values, so their gradients are autograd's (sums for Split's copies, zero-padding for
 Slice/Crop).  Tops are views or new tensors; no port writes its bottom.  Output shapes follow the
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from caffe_compat.errors import FormatError
-from caffe_compat.layers.blob_axes import canonical_axis, check_bottoms, count
+from caffe_compat.errors import DataError, FormatError
+from caffe_compat.layers.facts import NONE, ONE, BlobCount, Shapes, canonical_axis, count
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
 
@@ -20,23 +20,33 @@ class Concat(CaffeLayer):
     """Concatenate the bottoms along ``concat_param.axis`` (default 1; the legacy ``concat_dim``, if
     set, wins as in Caffe).  All other axes must agree."""
 
+    bottoms = BlobCount.at_least(1)
+    tops = ONE
+    in_caffe_1_0 = True
+
+    @staticmethod
+    def concat_axis(layer, ndim: int) -> int:
+        p = layer.concat_param
+        axis = int(p.concat_dim) if p.HasField("concat_dim") else int(p.axis)
+        return canonical_axis(axis, ndim, layer.name, "concat_param.axis")
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """Bottom 0's shape with the axis summed; every other axis must agree (Caffe's CHECKs)."""
+        first = tuple(bottoms[0])
+        axis = cls.concat_axis(layer, len(first))
+        for shape in bottoms[1:]:
+            if len(shape) != len(first) or any(a != b for i, (a, b) in enumerate(zip(shape, first)) if i != axis):
+                raise FormatError(f"layer '{layer.name}': cannot concatenate shapes {first} and {tuple(shape)} "
+                                  f"along axis {axis}")
+        out = list(first)
+        out[axis] = sum(s[axis] for s in bottoms)
+        return Shapes([tuple(out)])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1, 1 << 30)
-        p = param.concat_param
-        ndim = len(self.bottom_shapes[0])
-        axis = int(p.concat_dim) if p.HasField("concat_dim") else int(p.axis)
-        self.axis = canonical_axis(axis, ndim, self.layer_name, "concat_param.axis")
-        first = self.bottom_shapes[0]
-        for shape in self.bottom_shapes[1:]:
-            if len(shape) != ndim or any(a != b for i, (a, b) in enumerate(zip(shape, first)) if i != self.axis):
-                raise FormatError(f"layer '{self.layer_name}': cannot concatenate shapes {first} and {shape} "
-                                  f"along axis {self.axis}")
-
-    def output_shapes(self):
-        shape = list(self.bottom_shapes[0])
-        shape[self.axis] = sum(s[self.axis] for s in self.bottom_shapes)
-        return [tuple(shape)]
+        self.axis = self.concat_axis(param, len(self.bottom_shapes[0]))
+        self.infer(param, self.bottom_shapes)
 
     def forward(self, *bottoms):
         if len(bottoms) == 1:
@@ -50,36 +60,51 @@ class Slice(CaffeLayer):
     the tops.  ``slice_point`` (strictly increasing, one fewer than the tops) gives the cut positions;
     without points the axis is divided equally (it must be divisible by the number of tops)."""
 
+    bottoms = ONE
+    tops = BlobCount.at_least(1)
+    in_caffe_1_0 = True
+
+    @staticmethod
+    def slice_axis(layer, ndim: int) -> int:
+        p = layer.slice_param
+        axis = int(p.slice_dim) if p.HasField("slice_dim") else int(p.axis)
+        return canonical_axis(axis, ndim, layer.name, "slice_param.axis")
+
+    @staticmethod
+    def slice_sizes(layer, axis: int, length: int) -> list[int]:
+        """The tops' sizes along the axis: from ``slice_point`` (Caffe's CHECKs: one fewer than the tops,
+        strictly increasing inside the axis), else equal parts (the length must divide)."""
+        points = [int(v) for v in layer.slice_param.slice_point]
+        num_tops = max(1, len(layer.top))
+        if points:
+            if len(points) != num_tops - 1:
+                raise FormatError(f"layer '{layer.name}': {len(points)} slice_point(s) for "
+                                  f"{num_tops} tops (need {num_tops - 1})")
+            edges = [0] + points + [length]
+            sizes = [b - a for a, b in zip(edges, edges[1:])]
+            if any(s <= 0 for s in sizes):
+                raise FormatError(f"layer '{layer.name}': slice_point {points} must be strictly "
+                                  f"increasing inside (0, {length})")
+            return sizes
+        if length % num_tops:
+            raise FormatError(f"layer '{layer.name}': axis {axis} of size {length} cannot be sliced "
+                              f"equally into {num_tops} tops")
+        return [length // num_tops] * num_tops
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        shape = tuple(bottoms[0])
+        axis = cls.slice_axis(layer, len(shape))
+        return Shapes([shape[:axis] + (n,) + shape[axis + 1:] for n in cls.slice_sizes(layer, axis, shape[axis])])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
-        p = param.slice_param
         shape = self.bottom_shapes[0]
-        axis = int(p.slice_dim) if p.HasField("slice_dim") else int(p.axis)
-        self.axis = canonical_axis(axis, len(shape), self.layer_name, "slice_param.axis")
-        self.num_tops = max(1, len(param.top))
-        self.points = [int(v) for v in p.slice_point]
+        self.axis = self.slice_axis(param, len(shape))
         self.sizes = self._sizes(shape[self.axis])
 
     def _sizes(self, length: int) -> list[int]:
-        if self.points:
-            if len(self.points) != self.num_tops - 1:
-                raise FormatError(f"layer '{self.layer_name}': {len(self.points)} slice_point(s) for "
-                                  f"{self.num_tops} tops (need {self.num_tops - 1})")
-            edges = [0] + self.points + [length]
-            sizes = [b - a for a, b in zip(edges, edges[1:])]
-            if any(s <= 0 for s in sizes):
-                raise FormatError(f"layer '{self.layer_name}': slice_point {self.points} must be strictly "
-                                  f"increasing inside (0, {length})")
-            return sizes
-        if length % self.num_tops:
-            raise FormatError(f"layer '{self.layer_name}': axis {self.axis} of size {length} cannot be sliced "
-                              f"equally into {self.num_tops} tops")
-        return [length // self.num_tops] * self.num_tops
-
-    def output_shapes(self):
-        shape = self.bottom_shapes[0]
-        return [shape[:self.axis] + (s,) + shape[self.axis + 1:] for s in self.sizes]
+        return self.slice_sizes(self.param, self.axis, length)
 
     def forward(self, x):
         sizes = self.sizes if x.shape[self.axis] == sum(self.sizes) else self._sizes(x.shape[self.axis])
@@ -90,13 +115,14 @@ class Slice(CaffeLayer):
 class Split(CaffeLayer):
     """Every top is the bottom (Caffe shares the data); the bottom's gradient is the sum of the tops'."""
 
+    bottoms = ONE
+    tops = BlobCount.at_least(1)
+    in_caffe_1_0 = True
+    infer = classmethod(lambda cls, layer, bottoms: Shapes([tuple(bottoms[0])] * len(layer.top)))
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         self.num_tops = len(param.top)
-
-    def output_shapes(self):
-        return [self.bottom_shapes[0]] * self.num_tops
 
     def forward(self, x):
         return (x,) * self.num_tops
@@ -106,19 +132,27 @@ class Split(CaffeLayer):
 class Flatten(CaffeLayer):
     """Merge axes ``axis .. end_axis`` into one (``flatten_param``: axis 1, end_axis -1)."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @staticmethod
+    def axes(layer, ndim: int) -> tuple[int, int]:
+        p = layer.flatten_param
+        start = canonical_axis(p.axis, ndim, layer.name, "flatten_param.axis")
+        end = canonical_axis(p.end_axis, ndim, layer.name, "flatten_param.end_axis")
+        if end < start:
+            raise FormatError(f"layer '{layer.name}': flatten end_axis {p.end_axis} is before axis {p.axis}")
+        return start, end
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        s = tuple(bottoms[0])
+        start, end = cls.axes(layer, len(s))
+        return Shapes([s[:start] + (count(s, start, end + 1),) + s[end + 1:]])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
-        p = param.flatten_param
-        ndim = len(self.bottom_shapes[0])
-        self.start = canonical_axis(p.axis, ndim, self.layer_name, "flatten_param.axis")
-        self.end = canonical_axis(p.end_axis, ndim, self.layer_name, "flatten_param.end_axis")
-        if self.end < self.start:
-            raise FormatError(f"layer '{self.layer_name}': flatten end_axis {p.end_axis} is before axis {p.axis}")
-
-    def output_shapes(self):
-        s = self.bottom_shapes[0]
-        return [s[:self.start] + (count(s, self.start, self.end + 1),) + s[self.end + 1:]]
+        self.start, self.end = self.axes(param, len(self.bottom_shapes[0]))
 
     def forward(self, x):
         return (torch.flatten(x, self.start, self.end),)
@@ -130,53 +164,65 @@ class Reshape(CaffeLayer):
     to the end; a negative axis counts from *after* the last axis, so -1 appends).  In the shape,
     ``0`` copies the bottom dimension at the same position and one ``-1`` is inferred from the count."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @staticmethod
+    def reshaped(layer, b0) -> tuple[int, ...]:
+        """Caffe's ReshapeLayer with its CHECKs as FormatErrors: ``axis`` in ``[-(n+1), n]`` (negative counts
+        from the end, -1 = after the last axis), ``num_axes >= -1``, ``axis + num_axes <= n``; a 0 copies
+        the bottom axis at the same position (which must exist), at most one -1 is inferred, and the
+        counts agree."""
+        p = layer.reshape_param
+        where = f"layer '{layer.name}' (Reshape)"
+        b0 = tuple(int(d) for d in b0)
+        ndim = len(b0)
+        start = p.axis if p.axis >= 0 else ndim + p.axis + 1
+        if not 0 <= start <= ndim:
+            raise FormatError(f"{where}: reshape_param.axis {p.axis} is out of range for the {ndim}-axis input "
+                              f"{b0} (expected {-(ndim + 1)} to {ndim})")
+        if p.num_axes < -1:
+            raise FormatError(f"{where}: reshape_param.num_axes must be >= 0, or -1 for all, got {p.num_axes}")
+        end = ndim if p.num_axes == -1 else start + p.num_axes
+        if end > ndim:
+            raise FormatError(f"{where}: reshape_param.axis + num_axes = {end} is out of range for the {ndim}-axis "
+                              f"input {b0}")
+        new = []
+        for i, d in enumerate(int(d) for d in p.shape.dim):
+            if d == 0:
+                if start + i >= ndim:
+                    raise FormatError(f"{where}: reshape_param.shape dim {i} is 0, but the input {b0} has no "
+                                      f"axis {start + i} to copy")
+                new.append(b0[start + i])
+            elif d < -1:
+                raise FormatError(f"{where}: reshape_param.shape dim {i} is {d}; expected -1 (infer), 0 (copy) "
+                                  f"or > 0")
+            else:
+                new.append(d)
+        if new.count(-1) > 1:
+            raise FormatError(f"{where}: reshape_param.shape has more than one -1 (at most one dim can be inferred)")
+        out = list(b0[:start]) + new + list(b0[end:])
+        if -1 in out:
+            known = count([d for d in out if d != -1])
+            if known == 0 or count(b0) % known:
+                raise FormatError(f"{where}: cannot infer the -1: the input count {count(b0)} is not divisible by "
+                                  f"the product of the given dims ({known})")
+            out[out.index(-1)] = count(b0) // known
+        if count(out) != count(b0):
+            raise FormatError(f"{where}: reshape_param.shape gives {tuple(out)} ({count(out)} values), the input "
+                              f"{b0} has {count(b0)}: a reshape never changes the count")
+        return tuple(out)
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        return Shapes([cls.reshaped(layer, bottoms[0])])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
-        p = param.reshape_param
-        self.dims = [int(d) for d in p.shape.dim]
-        self.axis, self.num_axes = int(p.axis), int(p.num_axes)
-        if self.dims.count(-1) > 1:
-            raise FormatError(f"layer '{self.layer_name}': reshape_param.shape has more than one -1")
-        if any(d < -1 for d in self.dims):
-            raise FormatError(f"layer '{self.layer_name}': reshape_param.shape {self.dims} has a dimension < -1")
-        if self.num_axes < -1:
-            raise FormatError(f"layer '{self.layer_name}': reshape_param.num_axes must be >= -1")
         self.top_shape = self.shape_for(self.bottom_shapes[0])
 
     def shape_for(self, bottom_shape) -> tuple[int, ...]:
-        bottom_shape = tuple(int(d) for d in bottom_shape)
-        ndim = len(bottom_shape)
-        start = self.axis if self.axis >= 0 else ndim + self.axis + 1
-        if not 0 <= start <= ndim:
-            raise FormatError(f"layer '{self.layer_name}': reshape_param.axis {self.axis} out of range for "
-                              f"a {ndim}-axis bottom")
-        end = ndim if self.num_axes == -1 else start + self.num_axes
-        if end > ndim:
-            raise FormatError(f"layer '{self.layer_name}': reshape_param.num_axes {self.num_axes} from axis "
-                              f"{start} exceeds the bottom's {ndim} axes")
-        middle = list(self.dims)
-        for i, d in enumerate(self.dims):
-            if d == 0:
-                if start + i >= ndim:
-                    raise FormatError(f"layer '{self.layer_name}': dim {i} is 0 (copy) but the bottom has no "
-                                      f"axis {start + i}")
-                middle[i] = bottom_shape[start + i]
-        top = list(bottom_shape[:start]) + middle + list(bottom_shape[end:])
-        total = count(bottom_shape)
-        if -1 in self.dims:
-            known = count([d for d in top if d != -1])
-            if known == 0 or total % known:
-                raise FormatError(f"layer '{self.layer_name}': cannot infer the -1 of {self.dims} for bottom "
-                                  f"shape {bottom_shape}")
-            top[start + self.dims.index(-1)] = total // known
-        if count(top) != total:
-            raise FormatError(f"layer '{self.layer_name}': reshape {bottom_shape} -> {tuple(top)} changes the "
-                              f"count ({total} vs {count(top)})")
-        return tuple(top)
-
-    def output_shapes(self):
-        return [self.top_shape]
+        return self.reshaped(self.param, bottom_shape)
 
     def forward(self, x):
         return (x.reshape(self.shape_for(x.shape)),)
@@ -188,35 +234,49 @@ class Crop(CaffeLayer):
     ``offset`` (none: 0; one value: for every cropped axis; else one per cropped axis).  Bottom 1 only
     gives the shape and gets no gradient (as Caffe)."""
 
-    def __init__(self, param, bottom_shapes, phase: str = "test"):
-        super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 2)
-        p = param.crop_param
-        big, ref = self.bottom_shapes
+    bottoms = BlobCount.exact(2)
+    tops = ONE
+    in_caffe_1_0 = True
+
+    @staticmethod
+    def geometry(layer, big, ref) -> tuple[int, list[int]]:
+        """(axis, one offset per cropped axis), with Caffe's CHECKs: equal axis counts, 0, 1 or one offset
+        per cropped axis, and every crop inside bottom 0."""
+        p = layer.crop_param
         if len(big) != len(ref):
-            raise FormatError(f"layer '{self.layer_name}': Crop bottoms must have the same number of axes, "
-                              f"got {big} and {ref}")
-        self.axis = canonical_axis(p.axis, len(big), self.layer_name, "crop_param.axis")
+            raise FormatError(f"layer '{layer.name}': Crop bottoms must have the same number of axes, "
+                              f"got {tuple(big)} and {tuple(ref)}")
+        axis = canonical_axis(p.axis, len(big), layer.name, "crop_param.axis")
         offsets = [int(o) for o in p.offset]
-        n_cropped = len(big) - self.axis
+        n_cropped = len(big) - axis
         if len(offsets) not in (0, 1, n_cropped):
-            raise FormatError(f"layer '{self.layer_name}': crop_param.offset must have 0, 1 or {n_cropped} "
+            raise FormatError(f"layer '{layer.name}': crop_param.offset must have 0, 1 or {n_cropped} "
                               f"values, got {len(offsets)}")
         if len(offsets) <= 1:
             offsets = (offsets or [0]) * n_cropped
-        self.offsets = offsets
-        self._check(big, ref)
+        Crop.check_inside(layer.name, axis, offsets, big, ref)
+        return axis, offsets
 
-    def _check(self, big, ref):
-        for i, off in enumerate(self.offsets):
-            a = self.axis + i
+    @staticmethod
+    def check_inside(name: str, axis: int, offsets, big, ref) -> None:
+        for i, off in enumerate(offsets):
+            a = axis + i
             if big[a] - off < ref[a]:
-                raise FormatError(f"layer '{self.layer_name}': crop of axis {a} (size {big[a]}) at offset {off} "
+                raise FormatError(f"layer '{name}': crop of axis {a} (size {big[a]}) at offset {off} "
                                   f"to size {ref[a]} runs past the end")
 
-    def output_shapes(self):
-        big, ref = self.bottom_shapes
-        return [big[:self.axis] + ref[self.axis:]]
+    @classmethod
+    def infer(cls, layer, bottoms):
+        big, ref = tuple(bottoms[0]), tuple(bottoms[1])
+        axis, _ = cls.geometry(layer, big, ref)
+        return Shapes([big[:axis] + ref[axis:]])
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.axis, self.offsets = self.geometry(param, *self.bottom_shapes)
+
+    def _check(self, big, ref):
+        self.check_inside(self.layer_name, self.axis, self.offsets, big, ref)
 
     def forward(self, x, reference):
         self._check(tuple(x.shape), tuple(reference.shape))
@@ -230,19 +290,25 @@ class Tile(CaffeLayer):
     """Repeat the bottom ``tile_param.tiles`` times along ``tile_param.axis`` (default 1): the whole
     block of axes ``axis..`` is copied, i.e. ``top = cat([x] * tiles, axis)``."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        p = layer.tile_param
+        out = list(bottoms[0])
+        axis = canonical_axis(p.axis, len(out), layer.name, "tile_param.axis")
+        if p.tiles < 1:
+            raise FormatError(f"layer '{layer.name}': tile_param.tiles must be >= 1, got {p.tiles}")
+        out[axis] *= p.tiles
+        return Shapes([tuple(out)])
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        check_bottoms(self.layer_name, self.bottom_shapes, 1)
         p = param.tile_param
         self.axis = canonical_axis(p.axis, len(self.bottom_shapes[0]), self.layer_name, "tile_param.axis")
         self.tiles = int(p.tiles)
-        if self.tiles < 1:
-            raise FormatError(f"layer '{self.layer_name}': tile_param.tiles must be >= 1, got {p.tiles}")
-
-    def output_shapes(self):
-        s = list(self.bottom_shapes[0])
-        s[self.axis] *= self.tiles
-        return [tuple(s)]
+        self.infer(param, self.bottom_shapes)
 
     def forward(self, x):
         reps = [1] * x.dim()
@@ -255,8 +321,48 @@ class Silence(CaffeLayer):
     """Consumes its bottoms and produces no top (keeps Caffe from reporting unused outputs).  Its
     bottoms get no gradient from it (Caffe writes zeros)."""
 
-    def output_shapes(self):
-        return []
+    bottoms = BlobCount.at_least(1)
+    tops = NONE
+    in_caffe_1_0 = True
+    infer = classmethod(lambda cls, layer, bottoms: Shapes([]))
 
     def forward(self, *bottoms):
         return ()
+
+
+@register_layer("BatchReindex")
+class BatchReindex(CaffeLayer):
+    """Caffe's BatchReindexLayer: ``top[k] = bottom0[int(bottom1[k])]``, rows of the batch picked (and
+    repeated, or dropped) by an index vector.
+
+    Bottom 1 must have exactly one axis (Caffe's CHECK); the top is ``(K,) + bottom0.shape[1:]`` for K
+    indices.  Indices are floats truncated toward zero (``static_cast<int>``) and must lie in
+    ``[0, N)``: outside it is a :class:`~caffe_compat.errors.DataError` (Caffe CHECK-fails in
+    ``check_batch_reindex``).  Backward: each top row's gradient is added to the bottom row it came from
+    (a repeated index accumulates, an unused row gets 0); the index bottom gets none (Caffe refuses to
+    backpropagate to it)."""
+
+    bottoms = BlobCount.exact(2)
+    tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        data, index = tuple(bottoms[0]), tuple(bottoms[1])
+        if len(index) != 1:
+            raise FormatError(f"layer '{layer.name}' (BatchReindex): the index bottom must have one axis, got shape "
+                              f"{index}")
+        if not data:
+            raise FormatError(f"layer '{layer.name}' (BatchReindex): the data bottom needs at least one axis")
+        return Shapes([index + data[1:]])
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.infer(param, self.bottom_shapes)
+
+    def forward(self, data, index):
+        rows = index.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
+        if rows.numel() and bool(((rows < 0) | (rows >= data.shape[0])).any()):
+            bad = index[(rows < 0) | (rows >= data.shape[0])].flatten()[0].item()
+            raise DataError(f"layer '{self.layer_name}' (BatchReindex): index {bad} is outside [0, {data.shape[0]})")
+        return (data.index_select(0, rows),)

@@ -1,4 +1,4 @@
-"""Vision layers: Convolution, Deconvolution, Pooling, InnerProduct (Caffe semantics, 2-D spatial).
+"""Vision layers: Convolution, Deconvolution, Pooling, InnerProduct, SPP (Caffe semantics, 2-D spatial).
 
 * **Convolution** ``y = W ⋆ x + b`` with Caffe's blobs ``W: num_output × (C/group) × kh × kw`` and
   ``b: num_output``; ``out = (in + 2·pad − (dilation·(k − 1) + 1)) // stride + 1``.  kernel/pad/stride
@@ -13,7 +13,7 @@
   ``(out − 1)·s >= in + p`` (``round_mode: FLOOR`` uses floor).  Quirks reproduced:
   - "padded" is Caffe's ``pad_h_ || pad_w_``: when either pad is nonzero the clip is tested on both
     axes, also on one whose own pad is 0 (11×11, kernel 2, stride 4, ``pad_h: 1 pad_w: 0`` → 3×3, not
-    3×4; see :func:`caffe_compat.io.shapes.pooled_hw`);
+    3×4; see :func:`caffe_compat.layers.geometry.pooled_hw`);
   - MAX never selects padding; a window lying wholly past the end (possible without padding, when
     ceil rounding starts the last window at ``in``) gives Caffe's −FLT_MAX and mask −1, and
     the AVE of such a window Caffe's 0/0 = NaN;
@@ -39,6 +39,9 @@
   ``W`` is ``N × K``, or ``K × N`` when ``transpose: true`` (then ``y = x_flat · W + b``); the top has
   shape ``shape[:axis] + (N,)``.  Defaults: axis 1, bias_term true, transpose false, fillers constant 0.
 
+* **SPP** (spatial pyramid pooling): Caffe's own Pooling at ``2^i`` bins per axis for each pyramid level,
+  flattened and concatenated (see :class:`SPP`).
+
 Only ``axis: 1`` is supported for (De)Convolution, and 4-D blobs; anything else raises FormatError.
 """
 
@@ -51,11 +54,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError, ShapeMismatchError
-from caffe_compat.io.shapes import (canonical_axis, conv_geometry, conv_out_size, deconv_out_size, pool_geometry,
-                                    pooled_hw)
 from caffe_compat.layers.cache_blocking import blocking_applies, per_sample
 from caffe_compat.layers.caffe_backward import with_caffe_backward
+from caffe_compat.layers.facts import ONE, BlobCount, Shapes, canonical_axis, count
 from caffe_compat.layers.fillers import fill_blob, layer_filler
+from caffe_compat.layers.geometry import (conv_geometry, conv_out_size, deconv_out_size, need_axes, pool_geometry,
+                                          pooled_hw)
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
 
@@ -69,6 +73,38 @@ def _fill_blob(tensor: torch.Tensor, container, field: str, generator) -> None:
 
 class _ConvolutionBase(CaffeLayer):
     transposed = False
+    bottoms = tops = BlobCount.at_least(1)  # one top per bottom (Caffe's EqualNumBottomTopBlobs)
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """One ``(N, num_output, H', W')`` top per bottom; blobs ``W`` (Convolution ``num_output × C/group ×
+        kh × kw``, Deconvolution ``C × num_output/group × kh × kw``) and ``b``; group must divide both."""
+        need_axes(layer, bottoms, 4, what=" (N, C, H, W): only 2-D convolution is supported")
+        if layer.top and len(layer.top) != len(bottoms):
+            raise FormatError(f"layer '{layer.name}' ({layer.type}): needs one top per bottom, got "
+                              f"{len(bottoms)} bottoms and {len(layer.top)} tops")
+        g = conv_geometry(layer)
+        n, c, h, w = bottoms[0]
+        if c % g.group:
+            raise FormatError(f"layer '{layer.name}' ({layer.type}): the input's {c} channels are not divisible by "
+                              f"convolution_param.group {g.group}")
+        if g.num_output % g.group:
+            raise FormatError(f"layer '{layer.name}' ({layer.type}): convolution_param.num_output {g.num_output} is "
+                              f"not divisible by convolution_param.group {g.group}")
+        f = deconv_out_size if cls.transposed else conv_out_size
+        oh, ow = (f(size, g.kernel[a], g.stride[a], g.pad[a], g.dilation[a]) for a, size in enumerate((h, w)))
+        if oh < 1 or ow < 1:
+            raise ShapeMismatchError(f"layer '{layer.name}': input {tuple(bottoms[0])} gives an empty output "
+                                     f"{(n, g.num_output, oh, ow)}")
+        if cls.transposed:
+            weight = (c, g.num_output // g.group, *g.kernel)
+            macs = n * c * h * w * (g.num_output // g.group) * g.kernel[0] * g.kernel[1]
+        else:
+            weight = (g.num_output, c // g.group, *g.kernel)
+            macs = n * g.num_output * oh * ow * (c // g.group) * g.kernel[0] * g.kernel[1]
+        params = [weight] + ([(g.num_output,)] if g.bias_term else [])
+        return Shapes([(n, g.num_output, oh, ow)] * len(bottoms), params, macs * len(bottoms))
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
@@ -95,12 +131,9 @@ class _ConvolutionBase(CaffeLayer):
         self.kernel, self.stride, self.pad, self.dilation = g.kernel, g.stride, g.pad, g.dilation
         self.group, self.num_output, self.bias_term = g.group, g.num_output, g.bias_term
         self.channels = channels
-        if self.transposed:
-            weight_shape = (channels, g.num_output // g.group, *g.kernel)
-        else:
-            weight_shape = (g.num_output, channels // g.group, *g.kernel)
-        self.weight = nn.Parameter(torch.zeros(weight_shape))
-        self.bias = nn.Parameter(torch.zeros(g.num_output)) if g.bias_term else None
+        blobs = self.infer(param, self.bottom_shapes).params
+        self.weight = nn.Parameter(torch.zeros(blobs[0]))
+        self.bias = nn.Parameter(torch.zeros(blobs[1])) if g.bias_term else None
 
     def caffe_blobs(self):
         return [self.weight] + ([self.bias] if self.bias is not None else [])
@@ -110,18 +143,6 @@ class _ConvolutionBase(CaffeLayer):
         _fill_blob(self.weight, p, "weight_filler", generator)
         if self.bias is not None:
             _fill_blob(self.bias, p, "bias_filler", generator)
-
-    def _spatial_out(self, size, axis):
-        f = deconv_out_size if self.transposed else conv_out_size
-        return f(size, self.kernel[axis], self.stride[axis], self.pad[axis], self.dilation[axis])
-
-    def output_shapes(self):
-        n, _, h, w = self.bottom_shapes[0]
-        out = (n, self.num_output, self._spatial_out(h, 0), self._spatial_out(w, 1))
-        if out[2] < 1 or out[3] < 1:
-            raise ShapeMismatchError(f"layer '{self.layer_name}': input {self.bottom_shapes[0]} gives an empty "
-                                     f"output {out}")
-        return [out] * len(self.bottom_shapes)
 
     def _convolve(self, x):
         raise NotImplementedError
@@ -242,6 +263,19 @@ class Pooling(CaffeLayer):
     """Caffe Pooling, MAX and AVE (see module docstring for the output size and divisor quirks)."""
 
     MAX, AVE, STOCHASTIC = 0, 1, 2
+    bottoms = ONE
+    tops = BlobCount(1, 2)  # MAX may add the mask top; AVE has one (checked in __init__)
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``(N, C, H', W')`` with Caffe's pooled size (:func:`~caffe_compat.layers.geometry.pooled_hw`), for
+        every top (MAX's mask has the top's shape); global pooling gives ``(N, C, 1, 1)``."""
+        need_axes(layer, bottoms, 4, what=" (N, C, H, W), as Caffe's PoolingLayer requires")
+        n, c, h, w = bottoms[0]
+        g = pool_geometry(layer, (h, w))
+        out = (1, 1) if g.global_pooling else pooled_hw((h, w), g.kernel, g.stride, g.pad, g.ceil_mode)
+        return Shapes([(n, c, *out)] * max(1, len(layer.top)))
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
@@ -279,11 +313,6 @@ class Pooling(CaffeLayer):
             return (height, width), (1, 1), (0, 0), (1, 1)
         out = pooled_hw((height, width), self.kernel, self.stride, self.pad, self.ceil_mode)
         return self.kernel, self.stride, self.pad, out
-
-    def output_shapes(self):
-        n, c, h, w = self.bottom_shapes[0]
-        out = self.geometry_for(h, w)[3]
-        return [(n, c, *out)] * self.num_tops
 
     def forward(self, x):
         if x.dim() != 4:
@@ -369,6 +398,21 @@ class Pooling(CaffeLayer):
 class InnerProduct(CaffeLayer):
     """Caffe InnerProduct (fully connected) layer (see module docstring)."""
 
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``shape[:axis] + (num_output,)``; blobs ``W`` (``num_output × K``, ``K × num_output`` transposed, K the
+        count from ``axis``) and ``b``."""
+        p = layer.inner_product_param
+        b0 = bottoms[0]
+        axis = canonical_axis(p.axis, len(b0), layer.name)
+        k = count(b0, axis)
+        weight = (k, p.num_output) if p.transpose else (p.num_output, k)
+        params = [weight] + ([(p.num_output,)] if p.bias_term else [])
+        return Shapes([tuple(b0[:axis]) + (p.num_output,)], params, count(b0, 0, axis) * k * p.num_output)
+
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         p = param.inner_product_param
@@ -379,8 +423,7 @@ class InnerProduct(CaffeLayer):
         self.num_input = int(math.prod(shape[self.axis:]))
         self.num_output = int(p.num_output)
         self.transpose = bool(p.transpose)
-        weight_shape = (self.num_input, self.num_output) if self.transpose else (self.num_output, self.num_input)
-        self.weight = nn.Parameter(torch.zeros(weight_shape))
+        self.weight = nn.Parameter(torch.zeros(self.infer(param, self.bottom_shapes).params[0]))
         self.bias = nn.Parameter(torch.zeros(self.num_output)) if p.bias_term else None
 
     def caffe_blobs(self):
@@ -391,9 +434,6 @@ class InnerProduct(CaffeLayer):
         _fill_blob(self.weight, p, "weight_filler", generator)
         if self.bias is not None:
             _fill_blob(self.bias, p, "bias_filler", generator)
-
-    def output_shapes(self):
-        return [tuple(self.bottom_shapes[0][:self.axis]) + (self.num_output,)]
 
     def forward(self, x):
         lead = tuple(x.shape[:self.axis])
@@ -410,3 +450,82 @@ class InnerProduct(CaffeLayer):
     def extra_repr(self):
         return (f"{super().extra_repr()}, num_output={self.num_output}, axis={self.axis}, "
                 f"transpose={self.transpose}, bias_term={self.bias is not None}")
+
+
+# ---------------------------------------------------------------------------- spatial pyramid pooling
+
+
+@register_layer("SPP")
+class SPP(CaffeLayer):
+    """Caffe's SPPLayer (spatial pyramid pooling, He et al. 2014): ``spp_param { pyramid_height P pool }``.
+
+    Level ``i`` (0 ≤ i < P) pools the whole ``H × W`` plane into ``b = 2^i`` bins per axis with Caffe's
+    own Pooling layer, built as ``SPPLayer::GetPoolingParam`` does: ``kernel = ceil(H / b)``,
+    ``stride = kernel``, ``pad = (kernel·b − H + 1) // 2`` (likewise for W), ``pool`` MAX (default) or AVE.
+    Each level's ``(N, C, h_i, w_i)`` output (Caffe's pooled size, so its pad clip applies) is flattened
+    to ``(N, C·h_i·w_i)`` and the levels are concatenated: the top is ``(N, C·Σ h_i·w_i)``.  Quirks kept:
+
+    * ``pyramid_height: 1`` skips the flatten and concat (Caffe sets up the one pooling layer on the top
+      directly), so the top is the 4-D ``(N, C, 1, 1)``;
+    * a level whose pad reaches its kernel (e.g. H = 5 at b = 4: kernel 2, pad 2) is refused, as Caffe's
+      Pooling CHECK (``pad < kernel``) aborts the net;
+    * STOCHASTIC is refused, like Pooling's;
+    * the geometry follows the bottom's size at each forward (Caffe re-sets the levels up on reshape).
+    """
+
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+
+    @staticmethod
+    def level_param(layer, level: int, height: int, width: int):
+        """The LayerParameter of pyramid level ``level``'s Pooling layer (``SPPLayer::GetPoolingParam``)."""
+        from caffe_compat.proto import caffe_pb2
+
+        bins = 2 ** level
+        pooling = caffe_pb2.LayerParameter(name=f"{layer.name}/level{level}", type="Pooling")
+        p = pooling.pooling_param
+        p.kernel_h, p.kernel_w = -(-height // bins), -(-width // bins)
+        p.pad_h, p.pad_w = (p.kernel_h * bins - height + 1) // 2, (p.kernel_w * bins - width + 1) // 2
+        p.stride_h, p.stride_w = p.kernel_h, p.kernel_w
+        p.pool = int(layer.spp_param.pool)
+        return pooling
+
+    @classmethod
+    def levels(cls, layer, bottom) -> list:
+        need_axes(layer, [bottom], 4, what=" (N, C, H, W), as Caffe's SPPLayer requires")
+        if min(bottom[2:]) < 1:
+            raise FormatError(f"layer '{layer.name}' (SPP): input dimensions cannot be zero, got {tuple(bottom)}")
+        if layer.spp_param.pyramid_height < 1:
+            raise FormatError(f"layer '{layer.name}' (SPP): spp_param.pyramid_height must be >= 1, got "
+                              f"{layer.spp_param.pyramid_height}")
+        return [cls.level_param(layer, i, bottom[2], bottom[3]) for i in range(layer.spp_param.pyramid_height)]
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        n, c = bottoms[0][:2]
+        pooled = [Pooling.infer(level, bottoms).tops[0] for level in cls.levels(layer, tuple(bottoms[0]))]
+        if len(pooled) == 1:
+            return Shapes([pooled[0]])
+        return Shapes([(n, sum(c * h * w for _, _, h, w in pooled))])
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        self._pyramids: dict[tuple[int, int], nn.ModuleList] = {}
+        self.infer(param, self.bottom_shapes)
+
+    def _pyramid(self, height: int, width: int) -> nn.ModuleList:
+        key = (height, width)
+        if key not in self._pyramids:
+            shape = (1, 1, height, width)
+            self._pyramids[key] = nn.ModuleList(Pooling(level, [shape], self.phase)
+                                                for level in self.levels(self.param, shape))
+        return self._pyramids[key]
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ShapeMismatchError(f"layer '{self.layer_name}': SPP needs a 4-D input, got {tuple(x.shape)}")
+        pyramid = self._pyramid(int(x.shape[2]), int(x.shape[3]))
+        pooled = [level(x)[0] for level in pyramid]
+        if len(pooled) == 1:
+            return (pooled[0],)
+        return (torch.cat([p.flatten(1) for p in pooled], dim=1),)

@@ -38,16 +38,16 @@ import torch.distributed as dist
 from torch import nn
 
 from caffe_compat.errors import CaffeCompatError
+from caffe_compat.layers.registry import couples_batch_types
 
 __all__ = ["GatherBottoms", "ShardTops", "all_gather", "all_gather_with_grad", "any_rank", "average_gradients",
            "average_gradients_hook", "broadcast_parameters", "env_world_size", "gather_batch", "gather_loss_bottoms",
            "init_distributed", "is_distributed", "is_main_process", "rank", "shard_batch", "shard_data_layers",
            "world_size", "PAIR_LAYER_TYPES"]
 
-PAIR_LAYER_TYPES = ("CosineSimilarityBatch", "FAPPYLoss", "BatchContrastiveLoss", "LiftedStructSimilaritySoftmaxLoss",
-                    "HistogramLoss", "TripletLoss", "BinomialDevianceLoss", "MultiSimilarityLoss", "RAWLoss",
-                    "MarginLoss", "FastAPLoss", "SmoothAPLoss",
-                    "Python:distribution_loss_layer.DistributionLossLayer")
+#: Registry keys of the built-in layers whose output couples the batch: derived from the ports'
+#: ``couples_batch`` (a port registered later is found by :func:`gather_loss_bottoms` all the same).
+PAIR_LAYER_TYPES = couples_batch_types()
 
 
 def is_distributed() -> bool:
@@ -208,8 +208,9 @@ class GatherBottoms(nn.Module):
         return self.inner(*out)
 
 
-def gather_loss_bottoms(net, layer_types=PAIR_LAYER_TYPES) -> list[str]:
-    """Make the pair layers of ``net`` (a CaffeNet; types in ``layer_types``) read the global batch: each
+def gather_loss_bottoms(net, layer_types=None) -> list[str]:
+    """Make the pair layers of ``net`` (a CaffeNet; ports with ``couples_batch``, or the registry keys in
+    ``layer_types`` when given) read the global batch: each
     bottom not produced by another pair layer (features, labels) is gathered across ranks; a bottom
     coming from a pair layer (e.g. FAPPYLoss's cosines) is already global.  Returns the wrapped names."""
     from_pair_layer: set[str] = set()
@@ -220,7 +221,11 @@ def gather_loss_bottoms(net, layer_types=PAIR_LAYER_TYPES) -> list[str]:
         module = net.layers[step.module_key]
         # a Python layer's registry key ("Python:module.Layer") names the port, its step type is "Python"
         port = module.inner if isinstance(module, GatherBottoms) else module
-        if step.type in layer_types or getattr(port, "caffe_type", step.type) in layer_types:
+        if layer_types is None:
+            coupled = bool(getattr(port, "couples_batch", False))
+        else:
+            coupled = step.type in layer_types or getattr(port, "caffe_type", step.type) in layer_types
+        if coupled:
             gather = tuple(b not in from_pair_layer for b in step.bottoms)
             if any(gather) and not isinstance(module, GatherBottoms):
                 net.layers[step.module_key] = GatherBottoms(module, gather)

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from caffe_compat.errors import CaffeCompatError
-from caffe_compat.io import infer_shapes, read_blob, read_net, read_solver
+from caffe_compat.io import read_blob, read_net, read_solver
+from caffe_compat.net_shapes import infer_shapes
 from tests.conftest import fixture_path
 
 PROTOTXT = fixture_path("layer_zoo/deploy.prototxt").read_text()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from caffe_compat.errors import FormatError
-from caffe_compat.io import infer_shapes
+from caffe_compat.net_shapes import infer_shapes
 from caffe_compat.net import CaffeNet
 from caffe_compat.zoo import (InputData, LabelShufflingData, NetBuilder, add_loss_head, digits_embedding,
                               googlenet_embedding, paper_solver, vgg_cnn_m_1024_embedding)

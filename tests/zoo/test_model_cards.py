@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from caffe_compat.io import infer_shapes, read_net
+from caffe_compat.io import read_net
+from caffe_compat.net_shapes import infer_shapes
 from caffe_compat.models import CARDS_DIR, load_cards, verify_caffemodel
 from tests.conftest import REPO, fixture_path, shared_reference
 

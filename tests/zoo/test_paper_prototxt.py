@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from caffe_compat.io import infer_shapes, read_net, read_solver
+from caffe_compat.io import read_net, read_solver
+from caffe_compat.net_shapes import infer_shapes
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.zoo.data_layers import parse_param_str
 from caffe_compat.zoo.loss_heads import BASELINES

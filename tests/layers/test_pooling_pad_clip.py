@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from caffe_compat.io import infer_shapes, pooled_size, read_net
-from caffe_compat.io.shapes import pooled_hw
+from caffe_compat.io import read_net
+from caffe_compat.layers.geometry import pooled_size
+from caffe_compat.net_shapes import infer_shapes
+from caffe_compat.layers.geometry import pooled_hw
 from caffe_compat.proto import caffe_pb2
 
 POOL = 'pooling_param {{ pool: {method} kernel_size: 2 stride: 4 pad_h: 1 pad_w: 0 }}'

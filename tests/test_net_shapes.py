@@ -7,7 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from caffe_compat.io import infer_shapes, pooled_size, read_net
+from caffe_compat.io import read_net
+from caffe_compat.layers.geometry import pooled_size
+from caffe_compat.net_shapes import infer_shapes
 from tests.conftest import fixture_path
 
 

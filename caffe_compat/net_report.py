@@ -1,17 +1,21 @@
-"""``caffe-compat inspect``'s content: a layer table and a weights-vs-net check (no torch).
+"""``caffe-compat inspect``'s content: a layer table and a weights-vs-net check.
 
 :func:`inspect_net` returns a JSON-able dict: one row per layer (name, type, bottoms, tops, output
 shapes, learnable blob shapes, parameter count, multiply-adds), totals, and with weights the list of
 missing / extra / mismatched blobs, matched by layer name and blob index as Caffe's
 ``CopyTrainedLayersFrom`` does (legacy 4-D blob shapes accepted when Caffe accepts them).
 
+Shapes come from the ports' shape rules (:mod:`caffe_compat.net_shapes`), so this module loads the layer
+registry (torch); reading the files themselves (:mod:`caffe_compat.io`) does not.
+
 A layer whose type neither Caffe 1.0 nor this project knows (a typo such as ``Convolutoin``) raises
 :class:`~caffe_compat.errors.UnknownLayerError` naming the layer and the type, as Caffe refuses the net
-("Unknown layer type").  Caffe 1.0 types without a port here (``LSTM``, ``SPP``, ``WindowData``, ...) and
-``Python`` layers are accepted: their output shapes are unknown (``?``) unless given as input shapes.
-Layers downstream of an unknown shape are listed in ``unresolved_layers`` (their parameters and
-multiply-adds are not in the totals), and the weights check lists their caffemodel blobs as
-``unchecked``: the net is then not reported consistent (exit 1 from the CLI), since nothing proved it.
+("Unknown layer type").  Caffe 1.0 types without a port here (``LSTM``, ``WindowData``, ...) and
+``Python`` layers without a native port are accepted: their output shapes are unknown (``?``) unless
+given as input shapes, and ``types_without_shape_rule`` names them.  Layers downstream of an unknown
+shape are listed in ``unresolved_layers`` (their parameters and multiply-adds are not in the totals),
+and the weights check lists their caffemodel blobs as ``unchecked``: the net is then not reported
+consistent (exit 1 from the CLI), since nothing proved it.
 """
 
 from __future__ import annotations
@@ -19,29 +23,17 @@ from __future__ import annotations
 import math
 
 from caffe_compat.io.blobs import blob_shape, legacy_shape_equals
-from caffe_compat.io.shapes import has_shape_rule, infer_shapes
-
-#: The layer types Caffe 1.0 registers (its LayerRegistry), ports or not.
-CAFFE_1_0_TYPES = frozenset({
-    "AbsVal", "Accuracy", "ArgMax", "BatchNorm", "BatchReindex", "Bias", "BNLL", "Concat", "ContrastiveLoss",
-    "Convolution", "Crop", "Data", "Deconvolution", "Dropout", "DummyData", "Eltwise", "ELU", "Embed",
-    "EuclideanLoss", "Exp", "Filter", "Flatten", "HDF5Data", "HDF5Output", "HingeLoss", "Im2col", "ImageData",
-    "InfogainLoss", "InnerProduct", "Input", "Log", "LRN", "LSTM", "LSTMUnit", "MemoryData",
-    "MultinomialLogisticLoss", "MVN", "Parameter", "Pooling", "Power", "PReLU", "Python", "Reduction", "ReLU",
-    "Reshape", "RNN", "Scale", "Sigmoid", "SigmoidCrossEntropyLoss", "Silence", "Slice", "Softmax",
-    "SoftmaxWithLoss", "Split", "SPP", "TanH", "Threshold", "Tile", "WindowData"})
+from caffe_compat.layers.registry import caffe_1_0_types, layer_class, port_for
+from caffe_compat.net_shapes import infer_shapes, types_without_rule
 
 
 def check_layer_types(net) -> None:
     """UnknownLayerError (from the layer registry, naming layer and type) for a layer whose type is neither
-    a Caffe 1.0 type, nor one shape inference knows, nor a registered port (only this last case imports
-    torch, to load the ports)."""
+    a Caffe 1.0 type nor a registered port."""
+    known = caffe_1_0_types()
     for layer in net.layer:
-        if layer.type in CAFFE_1_0_TYPES or has_shape_rule(layer.type):
-            continue
-        from caffe_compat.layers.registry import layer_class
-
-        layer_class(layer)
+        if layer.type not in known and port_for(layer) is None:
+            layer_class(layer)
 
 
 def inspect_net(net, weights=None, input_shapes=None) -> dict:
@@ -57,7 +49,8 @@ def inspect_net(net, weights=None, input_shapes=None) -> dict:
     report = {"name": net.name, "layers": rows,
               "total_params": int(sum(r["params"] for r in rows)),
               "total_macs": int(sum(r["macs"] for r in rows)),
-              "unresolved_layers": [e.name for e in table if unresolved(e)]}
+              "unresolved_layers": [e.name for e in table if unresolved(e)],
+              "types_without_shape_rule": types_without_rule(net)}
     if weights is not None:
         report["weights_check"] = check_weights(table, weights)
     return report

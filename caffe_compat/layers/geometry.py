@@ -1,0 +1,147 @@
+"""Caffe's spatial geometry for convolution and pooling, torch-free (the ports' shape rules use it).
+
+* convolution: ``out = (in + 2·pad − (dilation·(k − 1) + 1)) // stride + 1``;
+* deconvolution: ``out = stride·(in − 1) + dilation·(k − 1) + 1 − 2·pad``;
+* pooling (``pooled_hw`` / ``pooled_size``): ``ceil((in + 2·pad − k) / stride) + 1`` (``round_mode:
+  FLOOR`` uses floor instead of ceil), then Caffe's clip: the last window must start inside the image or
+  its left padding, ``if (out − 1)·stride >= in + pad: out −= 1``.  Quirk of Caffe 1.0's
+  ``PoolingLayer::Reshape``: the clip is guarded by ``if (pad_h_ || pad_w_)``, so when *either* pad is
+  nonzero it is applied to *both* axes, also to the one whose own pad is 0 (11×11 input, kernel 2,
+  stride 4, ``pad_h: 1 pad_w: 0`` → 3×3, where per-axis rules would give 3×4).
+
+Bad parameters raise :class:`~caffe_compat.errors.FormatError` naming the layer and the field, where
+Caffe would stop with a failed CHECK.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from caffe_compat.errors import FormatError
+
+
+def conv_out_size(size: int, kernel: int, stride: int = 1, pad: int = 0, dilation: int = 1) -> int:
+    extent = dilation * (kernel - 1) + 1
+    return (size + 2 * pad - extent) // stride + 1
+
+
+def deconv_out_size(size: int, kernel: int, stride: int = 1, pad: int = 0, dilation: int = 1) -> int:
+    extent = dilation * (kernel - 1) + 1
+    return stride * (size - 1) + extent - 2 * pad
+
+
+def pooled_size(size: int, kernel: int, stride: int = 1, pad: int = 0, ceil_mode: bool = True,
+                padded: bool | None = None) -> int:
+    """Caffe's pooled output size along one axis (see module docstring); ``ceil_mode=False`` is
+    ``round_mode: FLOOR``.  ``padded`` says whether the layer has *any* nonzero pad (Caffe's
+    ``pad_h_ || pad_w_``), which decides the clip; by default this axis's ``pad != 0``, right only when
+    both axes have the same pad: use :func:`pooled_hw` for a 2-D layer."""
+    if padded is None:
+        padded = pad != 0
+    span = size + 2 * pad - kernel
+    out = (int(math.ceil(span / stride)) if ceil_mode else span // stride) + 1
+    if padded and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def pooled_hw(in_hw, kernel, stride, pad, ceil_mode: bool = True) -> tuple[int, int]:
+    """Caffe's pooled ``(height, width)``: the clip applies to both axes when either pad is nonzero."""
+    padded = any(int(p) != 0 for p in pad)
+    return tuple(pooled_size(int(size), int(k), int(s), int(p), ceil_mode, padded)
+                 for size, k, s, p in zip(in_hw, kernel, stride, pad))
+
+
+def _pair(values, default, name, layer):
+    """A repeated kernel/stride/pad/dilation field: 1 value for both axes or 2 (h, w); ``default`` if empty."""
+    values = list(values)
+    if not values:
+        if default is None:
+            raise FormatError(f"layer '{layer}': {name} is required")
+        return default, default
+    if len(values) == 1:
+        return int(values[0]), int(values[0])
+    if len(values) == 2:
+        return int(values[0]), int(values[1])
+    raise FormatError(f"layer '{layer}': {name} has {len(values)} values; 2-D layers take 1 or 2")
+
+
+@dataclass
+class ConvGeometry:
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    dilation: tuple[int, int]
+    group: int
+    num_output: int
+    bias_term: bool
+
+
+def conv_geometry(layer) -> ConvGeometry:
+    """Caffe's BaseConvolutionLayer rules: ``_h``/``_w`` forms win when either is set (an unset one is 0,
+    which is fine for pad and an error for kernel and stride), else the repeated field (1 or 2 values)."""
+    p = layer.convolution_param
+
+    def hw(name, repeated, default):
+        if p.HasField(f"{name}_h") or p.HasField(f"{name}_w"):
+            return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
+        return _pair(repeated, default, name, layer.name)
+
+    kernel = hw("kernel", p.kernel_size, None)
+    stride = hw("stride", p.stride, 1)
+    pad = hw("pad", p.pad, 0)
+    dilation = _pair(p.dilation, 1, "dilation", layer.name)
+    if min(kernel) <= 0 or min(stride) <= 0:
+        raise FormatError(f"layer '{layer.name}': kernel and stride must be > 0, got kernel {kernel} stride {stride}")
+    if p.num_output == 0:
+        raise FormatError(f"layer '{layer.name}': convolution_param.num_output must be > 0")
+    if p.group < 1:  # Caffe takes channels % group: a division by zero
+        raise FormatError(f"layer '{layer.name}' ({layer.type}): convolution_param.group must be >= 1, got {p.group}")
+    return ConvGeometry(kernel, stride, pad, dilation, int(p.group), int(p.num_output), bool(p.bias_term))
+
+
+@dataclass
+class PoolGeometry:
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    global_pooling: bool
+    ceil_mode: bool
+
+
+def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
+    p = layer.pooling_param
+    if p.global_pooling:
+        if in_hw is None:
+            raise FormatError(f"layer '{layer.name}': global pooling needs the input size")
+        if p.HasField("kernel_size") or p.HasField("kernel_h"):
+            raise FormatError(f"layer '{layer.name}': global_pooling and kernel_size cannot both be set")
+        return PoolGeometry(tuple(in_hw), (1, 1), (0, 0), True, True)
+    # Caffe's PoolingLayer: kernel_h and kernel_w together; pad_h / stride_h, when set, take their _w
+    # partner as given (an unset pad_w is 0), else the single pad / stride serves both axes.
+    if p.HasField("kernel_h") != p.HasField("kernel_w"):
+        raise FormatError(f"layer '{layer.name}': for non-square filters both kernel_h and kernel_w are required")
+    if p.HasField("kernel_h"):
+        kernel = (int(p.kernel_h), int(p.kernel_w))
+    elif p.HasField("kernel_size"):
+        kernel = (int(p.kernel_size),) * 2
+    else:
+        raise FormatError(f"layer '{layer.name}': kernel_size (or kernel_h and kernel_w) is required")
+    pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad),) * 2
+    stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride),) * 2
+    if min(kernel) <= 0 or min(stride) <= 0:
+        raise FormatError(f"layer '{layer.name}': kernel and stride must be > 0, got kernel {kernel} stride {stride}")
+    if (pad[0] or pad[1]) and (pad[0] >= kernel[0] or pad[1] >= kernel[1]):
+        raise FormatError(f"layer '{layer.name}': pad must be smaller than the kernel")
+    return PoolGeometry(kernel, stride, pad, False, p.round_mode == 0)
+
+
+def need_axes(layer, bottoms, axes: int, exact: bool = True, what: str = "") -> None:
+    """FormatError unless bottom 0 has ``axes`` axes (at least ``axes`` when not ``exact``)."""
+    shape = bottoms[0]
+    if len(shape) == axes or (not exact and len(shape) >= axes):
+        return
+    name = f"input '{layer.bottom[0]}'" if layer.bottom else "the input"
+    raise FormatError(f"layer '{layer.name}' ({layer.type}): {name} has shape {tuple(shape)} ({len(shape)} axes); "
+                      f"expected {'' if exact else 'at least '}{axes} axes{what}")

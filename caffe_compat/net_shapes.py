@@ -1,0 +1,98 @@
+"""Shape inference without running a network: every blob's shape from the layer ports' shape rules.
+
+:func:`infer_shapes` walks a (V2) NetParameter in order and asks each layer's port (through the registry,
+without building it) for its rule (``CaffeLayer.infer``: top shapes, learnable blob shapes, multiply-adds;
+the rules themselves are torch-free and live with the ports).  Caffe's bottom/top counts are checked
+first (``CaffeLayer.check_blob_counts``).  A top is ``None`` (unknown) when it depends on data (a Data
+layer's images) or on an unknown bottom; a layer type that has no rule at all (a Caffe 1.0 type without a
+port, a ``Python`` layer without a native port) gives unknown tops too and is listed by
+:func:`types_without_rule`, so ``inspect`` can say which type lacks one.  The catch-all kept from Caffe's
+conventions: such a layer with a ``loss_weight`` (or a ``*Loss`` type) has a scalar top 0.
+
+Bad input raises :class:`~caffe_compat.errors.FormatError` naming the layer, its type and the field or
+input at fault, where Caffe would stop with a failed CHECK; any arithmetic failure on malformed shapes
+becomes such an error too (no bare ValueError reaches the CLI).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from caffe_compat.errors import FormatError
+from caffe_compat.layers.facts import Shapes, count
+from caffe_compat.layers.registry import port_for
+
+
+@dataclass
+class LayerShapes:
+    name: str
+    type: str
+    bottoms: list[str]
+    tops: list[str]
+    top_shapes: list[tuple[int, ...] | None]
+    param_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    macs: int = 0
+
+
+def has_shape_rule(layer) -> bool:
+    """True when the layer's port has a shape rule (``infer`` is overridden)."""
+    port = port_for(layer)
+    return port is not None and port.infer.__func__ is not _base_infer()
+
+
+def _base_infer():
+    from caffe_compat.layers.registry import CaffeLayer
+
+    return CaffeLayer.infer.__func__
+
+
+def types_without_rule(net) -> list[str]:
+    """The layer types (registry keys for Python layers) of ``net`` that have no shape rule."""
+    from caffe_compat.layers.registry import registry_key
+
+    return sorted({registry_key(layer) for layer in net.layer if not has_shape_rule(layer)})
+
+
+def layer_shapes(layer, bottoms) -> Shapes:
+    """One layer's shapes: its port's rule after Caffe's count checks (unknown tops without a rule)."""
+    port = port_for(layer)
+    if port is not None:
+        port.check_blob_counts(layer, len(bottoms))
+    if any(b is None for b in bottoms):
+        return Shapes([None] * len(layer.top))
+    if port is None or not has_shape_rule(layer):
+        if layer.type.endswith("Loss") or layer.loss_weight:
+            return Shapes([()] + [None] * (len(layer.top) - 1))
+        return Shapes([None] * len(layer.top))
+    try:
+        return port.infer(layer, [tuple(int(d) for d in b) for b in bottoms])
+    except (ArithmeticError, IndexError, TypeError, ValueError) as exc:
+        raise FormatError(f"layer '{layer.name}' ({layer.type}): cannot infer its output shapes from the input "
+                          f"shapes {[tuple(b) for b in bottoms]}: {exc}") from None
+
+
+def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[dict, list[LayerShapes]]:
+    """Every blob's shape (``None`` when it depends on data, e.g. a Data layer) and, per layer, the top
+    shapes, learnable blob shapes and multiply-adds.  ``input_shapes`` overrides/assigns blob shapes."""
+    given = dict(input_shapes or {})
+    blobs: dict[str, tuple[int, ...] | None] = dict(given)
+    table = []
+    for layer in net.layer:
+        bottoms = []
+        for name in layer.bottom:
+            if name not in blobs:
+                raise FormatError(f"layer '{layer.name}' ({layer.type}): unknown bottom blob '{name}'")
+            bottoms.append(blobs[name])
+        shapes = layer_shapes(layer, bottoms)
+        tops = list(shapes.tops) + [None] * (len(layer.top) - len(shapes.tops))
+        known = [blobs.get(name) if name in given else None for name in layer.top]
+        for name, shape, kept in zip(layer.top, tops, known):
+            if kept is not None:  # a shape the caller gave wins (a data layer's top, say)
+                shape = kept
+            blobs[name] = None if shape is None else tuple(int(d) for d in shape)
+        table.append(LayerShapes(layer.name, layer.type, list(layer.bottom), list(layer.top),
+                                 [blobs[t] for t in layer.top], [tuple(p) for p in shapes.params], int(shapes.macs)))
+    return blobs, table
+
+
+__all__ = ["LayerShapes", "count", "has_shape_rule", "infer_shapes", "layer_shapes", "types_without_rule"]
