@@ -24,7 +24,7 @@ Offsets and mirroring:
 
 ``phase`` is the transformer's default; ``transform``/``transform_chw`` take ``phase=`` to use the
 other phase for one call (the data layers pass their mode: ``.eval()`` on a net gives Caffe's TEST
-transform, ``.train()`` Caffe's TRAIN transform, see :mod:`caffe_compat.layers.data`).
+transform, ``.train()`` Caffe's TRAIN transform, see :mod:`caffe_compat.layers.datasets`).
 
 Errors Caffe raises as ``CHECK`` failures are :class:`~caffe_compat.errors.FormatError` (bad
 parameters: mean file together with mean values, a mean_value count that is neither 1 nor C) or

@@ -129,7 +129,7 @@ def _check_class_labels(layer: str, labels: torch.Tensor, num_classes: int, vali
 # --------------------------------------------------------------------------- pair / regression losses
 
 @register_layer("ContrastiveLoss")
-class ContrastiveLoss(_LossLayer):
+class ContrastiveLossLayer(_LossLayer):
     """Hadsell-Chopra-LeCun contrastive loss over bottoms ``a``, ``b`` (N×C…) and ``sim`` (N).
 
     ``L = 1/(2N) Σ_i [sim_i] d_i² + [¬sim_i] max(margin - d_i, 0)²`` with ``d_i = |a_i - b_i|``;
@@ -250,6 +250,8 @@ class SoftmaxWithLoss(_ClassAxisLoss):
     summed over non-ignored positions and divided by the normaliser (default VALID; legacy ``normalize``).
     Gradient ``(p - onehot(y)) / normaliser``, zero at ignored positions (Caffe's, ignoring the clip).
     Optional second top: the probabilities (see the module docstring: not instantiable in this Caffe)."""
+
+    param_message = "softmax_param"  # the class axis; loss_param holds the normalisation, as for every loss
 
     def _axis(self) -> int:
         return int(self.param.softmax_param.axis)

@@ -81,7 +81,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @register_layer("CosineSimilarityBatch")
-class CosineSimilarityBatch(CaffeLayer):
+class CosineSimilarityBatchLayer(CaffeLayer):
     """Pairwise cosines of a batch and Caffe's pair labels (see the module docstring).
 
     Reads ``cosine_similarity_batch_param { pos_label neg_label }``; accepts no ``metric_loss_param`` field
@@ -266,6 +266,7 @@ class BatchLossLayer(CaffeLayer):
     bottoms = BlobCount.exact(2)
     tops = BlobCount(0, 1)
     couples_batch = True
+    param_message = "metric_loss_param"
     infer = classmethod(scalar_loss)
     spec: BatchLossSpec
 

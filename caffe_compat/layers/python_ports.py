@@ -168,6 +168,7 @@ class LabelShufflingLayer(CaffeLayer):
     bottoms = NONE
     tops = BlobCount(1, 2)  # data and (optionally) label
     reads_source = True
+    param_message = "python_param"
 
     @classmethod
     def infer(cls, layer, bottoms):
@@ -342,6 +343,7 @@ class DistributionLossLayer(CaffeLayer):
     bottoms = BlobCount.exact(2)  # cosine and pair_label
     tops = BlobCount.exact(1)
     couples_batch = True
+    param_message = "python_param"
 
     @classmethod
     def infer(cls, layer, bottoms):

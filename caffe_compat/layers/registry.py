@@ -30,7 +30,10 @@ everything else (no table restates them; see :mod:`caffe_compat.layers.facts`):
   distributed run gathers its bottoms across ranks;
 * ``reads_source``: a bottomless layer reading a data set (export stands an ``Input`` in for it), with
   ``input_facts(layer)`` describing its image input;
-* ``in_caffe_1_0``: BVLC Caffe 1.0 registers this type.
+* ``in_caffe_1_0``: BVLC Caffe 1.0 registers this type;
+* ``param_message``: the LayerParameter field holding its parameters (by Caffe's naming convention,
+  ``Convolution`` → ``convolution_param``, unless the port names another, e.g. Deconvolution's
+  ``convolution_param``); what pycaffe's ``NetSpec`` keyword arguments fill.
 * ``share_caffe_blob(index, tensor)``: make blob ``index`` the given tensor (weight sharing through
   ``ParamSpec.name``).  The default finds the attribute holding ``caffe_blobs()[index]`` (a parameter or
   buffer of the layer or of a submodule) and rebinds it; override it only if a port stores blobs in an
@@ -79,6 +82,8 @@ class CaffeLayer(nn.Module):
     reads_source: bool = False
     #: BVLC Caffe 1.0 registers this type.
     in_caffe_1_0: bool = False
+    #: The LayerParameter field of its parameters (None: none; set from the type name by convention).
+    param_message: str | None = None
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__()
@@ -171,10 +176,22 @@ def register_layer(type_name: str) -> Callable[[type[CaffeLayer]], type[CaffeLay
         if type_name in _REGISTRY and _REGISTRY[type_name] is not cls:
             raise ValueError(f"layer type {type_name!r} is already registered by {_REGISTRY[type_name].__name__}")
         cls.caffe_type = type_name
+        if cls.param_message is None:
+            cls.param_message = conventional_param_message(type_name)
         _REGISTRY[type_name] = cls
         return cls
 
     return decorate
+
+
+def conventional_param_message(type_name: str) -> str | None:
+    """Caffe's convention: the LayerParameter field whose message is ``<type>Parameter`` (None if none)."""
+    from caffe_compat.proto import caffe_pb2
+
+    for field in caffe_pb2.LayerParameter.DESCRIPTOR.fields:
+        if field.message_type is not None and field.message_type.name == f"{type_name}Parameter":
+            return field.name
+    return None
 
 
 def registry_key(param) -> str:

@@ -73,6 +73,7 @@ def _fill_blob(tensor: torch.Tensor, container, field: str, generator) -> None:
 
 class _ConvolutionBase(CaffeLayer):
     transposed = False
+    param_message = "convolution_param"
     bottoms = tops = BlobCount.at_least(1)  # one top per bottom (Caffe's EqualNumBottomTopBlobs)
     in_caffe_1_0 = True
 

@@ -3,6 +3,8 @@ modules use are derived from the registry (a new port that forgets a fact fails 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from caffe_compat.errors import FormatError
@@ -56,3 +58,26 @@ def test_blob_counts_are_checked_once_for_every_port_with_one_message():
     param.pooling_param.kernel_size = 2
     with pytest.raises(FormatError, match=r"layer 'p' \(Pooling\): needs 1 to 2 top blob\(s\), got 3"):
         registered_ports()["Pooling"](param, [(1, 1, 4, 4)])
+
+
+def test_the_readme_table_lists_every_registered_type():
+    """The README's "Supported layers" table names every registered type (the docs are checked against
+    the registry, not the other way round)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Supported layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[2] for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    listed = {word for row in rows for word in re.findall(r"[A-Za-z0-9]+", row)}
+    missing = sorted(key for key in registered_ports() if not key.startswith("Python:") and key not in listed)
+    assert not missing, f"README's Supported layers table lacks {missing}"
+
+
+def test_parameter_messages_are_layer_parameter_fields():
+    fields = set(caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name)
+    messages = {key: port.param_message for key, port in registered_ports().items()}
+    assert {m for m in messages.values() if m} <= fields
+    assert messages["Convolution"] == messages["Deconvolution"] == "convolution_param"
+    assert messages["InnerProduct"] == "inner_product_param" and messages["SPP"] == "spp_param"
+    assert messages["TripletLoss"] == "metric_loss_param" and messages["ReLU"] == "relu_param"
+    assert messages["Python:label_shuffling_layer.LabelShufflingLayer"] == "python_param"

@@ -1,0 +1,416 @@
+"""Caffe's data-set reader layers: Data (LMDB of Datums), ImageData (a list file of images) and HDF5Data
+(with h5py); each class docstring states its parameters.
+
+These layers ``reads_source``: export stands an ``Input`` in for them, from what ``input_facts`` says of
+the images (the DataTransformer's crop, mean and scale; ImageData's resize and colour).  Their shape
+rule cannot know the image size without opening the data set, so ``inspect`` reports their tops as
+unknown unless ``--input-shape`` gives them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.io.safe_open import check_regular_file, read_regular_text
+from caffe_compat.layers.data import SourceLayer
+from caffe_compat.layers.facts import BlobCount, InputFacts, Shapes, transform_input_facts
+from caffe_compat.layers.registry import register_layer
+from caffe_compat.proto import caffe_pb2
+
+
+# ---------------------------------------------------------------------------------------------- data sets
+#
+# Data, ImageData and HDF5Data read records from files named (relative to the working directory, as
+# Caffe opens them) in the prototxt.  Their state (``position``: the next record; ``_generator``: the
+# numpy RandomState of crops, mirrors and shuffles) lives on the layer, so successive forwards advance.
+# The transform's phase (random crop in TRAIN, centre crop in TEST) is the layer's *mode* at call time
+# (``mode_phase``: the torch ``training`` flag, initialised from the phase), like Dropout and BatchNorm:
+# ``.eval()`` gives Caffe's TEST transform, ``.train()`` Caffe's TRAIN transform.  Caffe's TEST transform
+# still mirrors at random when ``mirror: true`` (kept quirk), so ``.eval()`` makes the data deterministic
+# only without ``mirror``.
+
+
+def _transformer(param, phase: str):
+    """Caffe's DataTransformer for ``param.transform_param`` (mean file read relative to the working dir)."""
+    from caffe_compat.data.transformer import DataTransformer
+    from caffe_compat.io import read_blob
+
+    t = param.transform_param
+    if t.force_color and t.force_gray:
+        raise FormatError(f"layer '{param.name}' ({param.type}): cannot set both force_color and force_gray")
+    mean = None
+    if t.HasField("mean_file"):
+        path = Path(t.mean_file)
+        check_regular_file(path, f"layer '{param.name}' ({param.type}) transform_param.mean_file")
+        if not path.is_file():
+            raise DataError(f"layer '{param.name}' ({param.type}): mean_file '{t.mean_file}' not found (Caffe opens "
+                            f"it relative to the working directory {Path.cwd()})")
+        mean = read_blob(path)
+    try:
+        return DataTransformer(crop_size=int(t.crop_size), mirror=bool(t.mirror), mean_file=mean,
+                               mean_value=list(t.mean_value), scale=float(t.scale), phase=phase.upper())
+    except CaffeCompatError as exc:
+        raise type(exc)(f"layer '{param.name}' ({param.type}): {exc}") from None
+
+
+def _legacy_transform_fields(param, message, names=("scale", "mean_file", "crop_size", "mirror")) -> None:
+    """V2 layers with the deprecated data_param/image_data_param transform fields: Caffe ignores them."""
+    used = [n for n in names if message.HasField(n)]
+    if used:
+        warnings.warn(f"layer '{param.name}' ({param.type}): {', '.join(used)} outside transform_param are ignored "
+                      f"by Caffe (V1 nets get them moved by the upgrade); put them in transform_param", stacklevel=3)
+
+
+class _RecordLayer(SourceLayer):
+    """Shared machinery: ``batch_size`` records from ``position`` on, transformed and stacked."""
+
+    tops = BlobCount(1, 2)  # data and (optionally) label
+    reads_source = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """Unknown without opening the data set (the records decide the image size)."""
+        return Shapes([None] * len(layer.top))
+
+    @classmethod
+    def input_facts(cls, layer) -> InputFacts:
+        return transform_input_facts(layer)
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.position = 0
+        self._generator = np.random.RandomState(0)
+
+    def fill(self, generator=None):
+        """Seed the layer's RandomState from the net's generator (Caffe seeds it from its own RNG)."""
+        self._generator = np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
+
+    def output_shapes(self):
+        return [(self.batch_size, *self.image_shape), (self.batch_size,)][:len(self.param.top)]
+
+    def _record(self, index: int) -> tuple[np.ndarray, int]:
+        raise NotImplementedError
+
+    def _advance(self) -> None:
+        self.position = (self.position + 1) % self.num_records
+
+    # resume (caffe_compat.solver.train saves this beside each snapshot; arrays and numbers only)
+    def stream_state(self) -> dict:
+        """The next record and the RandomState of crops, mirrors and shuffles."""
+        return {"position": int(self.position), "rng": self._generator.get_state(legacy=False)}
+
+    def load_stream_state(self, state: dict) -> None:
+        self.position = int(state["position"])
+        self._generator.set_state(state["rng"])
+
+    def forward(self):
+        images, labels, shape = [], [], None
+        for _ in range(self.batch_size):
+            image, label = self._record(self.position)
+            if shape is None:
+                shape = image.shape
+            elif image.shape != shape:
+                raise DataError(f"layer '{self.layer_name}' ({self.caffe_type}): record {self.position} transforms to "
+                                f"{image.shape}, the batch's first one to {shape}; Caffe needs equal sizes in a "
+                                f"batch (use crop_size or resize)")
+            images.append(image)
+            labels.append(label)
+            self._advance()
+        data = torch.from_numpy(np.stack(images)).to(device=self.device, dtype=self.dtype)
+        if len(self.param.top) == 1:
+            return (data,)
+        label = torch.tensor(labels, dtype=torch.float64).to(device=self.device, dtype=self.dtype)
+        return data, label
+
+
+@register_layer("Data")
+class Data(_RecordLayer):
+    """Caffe's Data layer over an LMDB of Datums.
+
+    ``data_param { source batch_size backend: LMDB force_encoded_color }`` and ``transform_param``.
+    Tops: ``data`` (batch, C, h, w) float32 and optionally ``label`` (batch,).  Record ``position``
+    (key order) through ``position + batch_size - 1`` fill one batch; after the last record the
+    cursor goes back to the first (Caffe's ``SeekToFirst``), also within a batch.  The shape comes
+    from the first record (Caffe's ``InferBlobShape``); every record of a batch must transform to it.
+    Each record goes through :class:`~caffe_compat.data.transformer.DataTransformer`:
+    ``(pixel[c, h_off+h, w_off+w] - mean[c, h_off+h, w_off+w]) * scale``, centre crop in TEST, random
+    crop in TRAIN (TRAIN/TEST = the layer's mode, ``self.training``, initialised from the phase:
+    ``.eval()`` gives the centre crop, ``.train()`` the random one), mirror (drawn in every phase and
+    mode, Caffe's quirk) from the layer's seeded RandomState;
+    TEST without mirror is bit-identical to Caffe.  Encoded records decode with OpenCV:
+    ``transform_param.force_color`` or ``data_param.force_encoded_color`` (older Caffe's name) ->
+    colour, ``force_gray`` -> grey, else native channels.  ``source`` is relative to the working
+    directory (Caffe opens the DB at construction, so does this layer).  Only ``backend: LMDB``
+    (LEVELDB, the proto default, is refused); ``rand_skip`` is ignored like in BVLC master's
+    DataLayer (warned); multi-GPU striding (``Skip()``) is left to DDP samplers.
+    """
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        from caffe_compat.data.lmdb_source import DatumSource
+
+        p = param.data_param
+        if p.backend != caffe_pb2.DataParameter.LMDB:
+            raise FormatError(f"layer '{self.layer_name}' (Data): backend LEVELDB (the proto default) is not "
+                              f"supported; convert the database to LMDB and set data_param {{ backend: LMDB }}")
+        if not p.source:
+            raise FormatError(f"layer '{self.layer_name}' (Data): data_param.source is required")
+        self.batch_size = int(p.batch_size)
+        if self.batch_size < 1:
+            raise FormatError(f"layer '{self.layer_name}' (Data): data_param.batch_size must be positive")
+        _legacy_transform_fields(param, p)
+        if p.rand_skip:
+            warnings.warn(f"layer '{self.layer_name}' (Data): rand_skip is ignored (as in BVLC master's DataLayer)",
+                          stacklevel=2)
+        self.transformer = _transformer(param, phase)
+        t = param.transform_param
+        try:
+            self.source = DatumSource(p.source, force_color=bool(t.force_color or p.force_encoded_color),
+                                      force_gray=bool(t.force_gray))
+        except CaffeCompatError as exc:
+            raise type(exc)(f"layer '{self.layer_name}' (Data): {exc}") from None
+        self.num_records = len(self.source)
+        first, _ = self.source.image(0)
+        self.image_shape = self.transformer.output_shape(*first.shape)
+
+    def _record(self, index):
+        pixels, label = self.source.image(index)
+        try:
+            return self.transformer.transform_chw(pixels, self._generator, phase=self.mode_phase), label
+        except CaffeCompatError as exc:
+            raise type(exc)(f"layer '{self.layer_name}' (Data), record {index}: {exc}") from None
+
+
+@register_layer("ImageData")
+class ImageData(_RecordLayer):
+    """Caffe's ImageData layer: images listed in a text file.
+
+    ``image_data_param { source root_folder new_height new_width is_color shuffle rand_skip batch_size }``
+    (defaults: batch 1, colour, no resize, no shuffle) and ``transform_param``.  Each line of
+    ``source`` is ``path label`` (the label is after the last space); the image is
+    ``root_folder + path`` -- plain string concatenation, as Caffe does it, so ``root_folder`` needs its
+    trailing ``/`` -- read with ``cv::imread`` (BGR or grey) and, when both ``new_height`` and
+    ``new_width`` are positive, ``cv::resize``'d (bilinear), then transformed like the Data layer.
+    Setting only one of ``new_height``/``new_width`` is a FormatError naming the layer (Caffe's
+    ``image_data_layer.cpp`` CHECK-fails: "Current implementation requires new_height and new_width to be
+    set at the same time").
+    Tops ``data`` (batch, C, h, w) and optionally ``label`` (batch,).  ``shuffle`` permutes the lines at
+    setup and again each time the list wraps around; ``rand_skip`` starts at line
+    ``Rand() % rand_skip``.  Shuffles and skips draw from the layer's RandomState (seeded at ``fill``
+    from the net's generator), so they are reproducible here but not Caffe's sequence; without
+    shuffle/rand_skip the order is the file's, like Caffe's.
+    """
+
+    @classmethod
+    def input_facts(cls, layer) -> InputFacts:
+        """The DataTransformer's facts, gray with ``is_color: false``, resized to ``new_height × new_width``."""
+        facts = transform_input_facts(layer)
+        p = layer.image_data_param
+        gray = facts.channels == 1 or (p.HasField("is_color") and not p.is_color)
+        resize = (int(p.new_height), int(p.new_width)) if p.new_height and p.new_width else None
+        return dataclasses.replace(facts, channels=1 if gray else 3, resize=resize)
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        from caffe_compat.data.imageset import read_list_file
+
+        p = param.image_data_param
+        if not p.source:
+            raise FormatError(f"layer '{self.layer_name}' (ImageData): image_data_param.source is required")
+        self.batch_size = int(p.batch_size)
+        if self.batch_size < 1:
+            raise FormatError(f"layer '{self.layer_name}' (ImageData): image_data_param.batch_size must be positive")
+        _legacy_transform_fields(param, p)
+        self.transformer = _transformer(param, phase)
+        self.root_folder, self.shuffle, self.rand_skip = p.root_folder, bool(p.shuffle), int(p.rand_skip)
+        self.new_height, self.new_width, self.is_color = int(p.new_height), int(p.new_width), bool(p.is_color)
+        if (self.new_height > 0) != (self.new_width > 0):
+            raise FormatError(f"layer '{self.layer_name}' (ImageData): new_height ({self.new_height}) and new_width "
+                              f"({self.new_width}) must be set together or both left 0 (Caffe CHECKs: 'Current "
+                              f"implementation requires new_height and new_width to be set at the same time.')")
+        try:
+            self.lines = read_list_file(p.source, "image_data_param.source")
+        except CaffeCompatError as exc:
+            raise type(exc)(f"layer '{self.layer_name}' (ImageData): {exc} (relative to {Path.cwd()})") from None
+        if not self.lines:
+            raise DataError(f"layer '{self.layer_name}' (ImageData): {p.source} lists no images")
+        self.num_records = len(self.lines)
+        self.order = np.arange(self.num_records)
+        self._restart()
+        first = self._image(self.position)
+        self.image_shape = self.transformer.output_shape(*first.shape)
+
+    def fill(self, generator=None):
+        super().fill(generator)
+        self.order = np.arange(self.num_records)
+        self._restart()
+
+    def _restart(self) -> None:
+        """Caffe's setup: shuffle the lines if asked, then skip ``Rand() % rand_skip`` of them."""
+        if self.shuffle:
+            self._generator.shuffle(self.order)
+        self.position = int(self._generator.randint(self.rand_skip)) if self.rand_skip else 0
+        self.position %= self.num_records
+
+    def _image(self, index: int) -> np.ndarray:
+        from caffe_compat.data.image import load_image_bgr
+
+        name = self.lines[self.order[index]][0]
+        image = load_image_bgr(self.root_folder + name, color=self.is_color, new_height=self.new_height,
+                               new_width=self.new_width,
+                               what=f"layer '{self.layer_name}' (ImageData) {self.param.image_data_param.source} "
+                                    f"entry {self.order[index] + 1}")
+        return np.ascontiguousarray(image.transpose(2, 0, 1))
+
+    def _advance(self) -> None:
+        self.position += 1
+        if self.position >= self.num_records:
+            self.position = 0
+            if self.shuffle:
+                self._generator.shuffle(self.order)
+
+    def stream_state(self) -> dict:
+        return {**super().stream_state(), "order": self.order.copy()}
+
+    def load_stream_state(self, state: dict) -> None:
+        order = np.asarray(state["order"], dtype=self.order.dtype)
+        if order.shape != self.order.shape:
+            raise DataError(f"layer '{self.layer_name}' (ImageData): saved state of {order.size} lines, the list "
+                            f"has {self.num_records}")
+        super().load_stream_state(state)
+        self.order = order.copy()
+
+    def _record(self, index):
+        try:
+            image = self.transformer.transform_chw(self._image(index), self._generator, phase=self.mode_phase)
+            return image, self.lines[self.order[index]][1]
+        except CaffeCompatError as exc:
+            raise type(exc)(f"layer '{self.layer_name}' (ImageData), line {self.order[index] + 1}: {exc}") from None
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:
+        return None
+    return h5py
+
+
+@register_layer("HDF5Data")
+class HDF5Data(SourceLayer):
+    """Caffe's HDF5Data layer (needs the optional ``h5py`` package; without it: a DataError saying so).
+
+    ``hdf5_data_param { source batch_size shuffle }``: ``source`` is a text file naming HDF5 files
+    (whitespace-separated, relative to the working directory); every top reads the dataset of its
+    own name, converted to float32; all tops of a file have the same number of rows.  A batch is the
+    next ``batch_size`` rows; after a file's last row the next file is loaded (the file list wraps
+    around).  ``shuffle`` permutes the file order at setup and on each wrap, and the rows of each
+    loaded file, from the layer's seeded RandomState.  Top shapes: ``(batch_size, *dataset.shape[1:])``.
+    """
+
+    reads_source = True
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """Unknown without opening the files (the datasets decide the shapes)."""
+        return Shapes([None] * len(layer.top))
+
+    @classmethod
+    def input_facts(cls, layer) -> InputFacts:
+        return transform_input_facts(layer)
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        if _h5py() is None:
+            raise DataError(f"layer '{self.layer_name}' (HDF5Data): reading HDF5 needs the h5py package, which is not "
+                            f"installed (pip install h5py)")
+        p = param.hdf5_data_param
+        self.batch_size, self.shuffle = int(p.batch_size), bool(p.shuffle)
+        if self.batch_size < 1:
+            raise FormatError(f"layer '{self.layer_name}' (HDF5Data): hdf5_data_param.batch_size must be positive")
+        try:
+            self.files = read_regular_text(p.source, f"layer '{self.layer_name}' (HDF5Data) hdf5_data_param.source"
+                                           ).split()
+        except OSError:
+            raise DataError(f"layer '{self.layer_name}' (HDF5Data): cannot read source list '{p.source}' (relative "
+                            f"to {Path.cwd()})") from None
+        if not self.files:
+            raise DataError(f"layer '{self.layer_name}' (HDF5Data): {p.source} names no HDF5 files")
+        self._generator = np.random.RandomState(0)
+        self._start()
+
+    def fill(self, generator=None):
+        self._generator = np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
+        self._start()
+
+    def _start(self) -> None:
+        self.file_order = np.arange(len(self.files))
+        if self.shuffle:
+            self._generator.shuffle(self.file_order)
+        self.file_index = 0
+        self._load(self.files[self.file_order[0]])
+
+    def _load(self, path: str) -> None:
+        h5py = _h5py()
+        arrays = []
+        check_regular_file(path, f"layer '{self.layer_name}' (HDF5Data) list {self.param.hdf5_data_param.source}")
+        try:
+            with h5py.File(path, "r") as f:
+                for top in self.param.top:
+                    if top not in f:
+                        raise DataError(f"layer '{self.layer_name}' (HDF5Data): {path} has no dataset '{top}'")
+                    arrays.append(np.asarray(f[top], dtype=np.float32))
+        except OSError as exc:
+            raise DataError(f"layer '{self.layer_name}' (HDF5Data): cannot read {path}: {exc}") from None
+        rows = {a.shape[0] if a.ndim else 0 for a in arrays}
+        if len(rows) != 1 or 0 in rows:
+            raise DataError(f"layer '{self.layer_name}' (HDF5Data): {path}: every dataset needs the same positive "
+                            f"number of rows, got {[a.shape for a in arrays]}")
+        self.arrays = arrays
+        self.rows = np.arange(arrays[0].shape[0])
+        if self.shuffle:
+            self._generator.shuffle(self.rows)
+        self.position = 0
+
+    def output_shapes(self):
+        return [(self.batch_size, *a.shape[1:]) for a in self.arrays]
+
+    # resume (caffe_compat.solver.train saves this beside each snapshot; arrays and numbers only)
+    def stream_state(self) -> dict:
+        return {"file_order": self.file_order.copy(), "file_index": int(self.file_index), "rows": self.rows.copy(),
+                "position": int(self.position), "rng": self._generator.get_state(legacy=False)}
+
+    def load_stream_state(self, state: dict) -> None:
+        self.file_order = np.asarray(state["file_order"], dtype=np.int64)
+        self.file_index = int(state["file_index"])
+        self._load(self.files[self.file_order[self.file_index]])  # may draw: the RandomState is set after
+        self.rows = np.asarray(state["rows"], dtype=self.rows.dtype)
+        self.position = int(state["position"])
+        self._generator.set_state(state["rng"])
+
+    def forward(self):
+        picked = [[] for _ in self.arrays]
+        for _ in range(self.batch_size):
+            row = self.rows[self.position]
+            for store, array in zip(picked, self.arrays):
+                store.append(array[row])
+            self.position += 1
+            if self.position == len(self.rows):
+                if len(self.files) > 1:
+                    self.file_index += 1
+                    if self.file_index == len(self.files):
+                        self.file_index = 0
+                        if self.shuffle:
+                            self._generator.shuffle(self.file_order)
+                    self._load(self.files[self.file_order[self.file_index]])
+                else:
+                    self.position = 0
+                    if self.shuffle:
+                        self._generator.shuffle(self.rows)
+        return tuple(torch.from_numpy(np.stack(p)).to(device=self.device, dtype=self.dtype) for p in picked)

@@ -1,0 +1,166 @@
+"""CaffeNet's weights: Caffe's fillers, ``CopyTrainedLayersFrom`` (by layer name) and ``Net::ToProto``.
+
+:class:`CaffemodelWeights` is the part of :class:`~caffe_compat.net.CaffeNet` that moves blobs between
+the net and caffemodels (it uses the net's ``steps``, ``layers``, ``module_names`` and shared-blob
+table).  A stored blob is copied when Caffe's ``Blob::ShapeEquals`` accepts it (legacy 4-D dims padded
+with leading 1s); ``double_data`` wins over ``data``; name mismatches are reported once, as a
+:class:`~caffe_compat.errors.WeightsMismatchWarning` or, with ``strict``, a FormatError.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import numpy as np
+import torch
+
+from caffe_compat.errors import FormatError, ShapeMismatchError, WeightsMismatchWarning
+from caffe_compat.io import write_net
+from caffe_compat.io.blobs import set_packed_floats
+from caffe_compat.io.weights import StoredBlob, mismatch_message, read_weights
+from caffe_compat.proto import caffe_pb2
+
+log = logging.getLogger("caffe_compat.net")
+
+
+def _copy_blob(blob: StoredBlob, target: torch.Tensor, where: str) -> None:
+    """Copy a stored blob into ``target`` if Caffe's ``Blob::ShapeEquals`` accepts it: legacy
+    num/channels/height/width compare with the target's shape padded with leading 1s (at most 4 axes);
+    otherwise ``shape.dim`` must equal it (an absent ``shape`` is a 0-axis blob, as Caffe writes a scalar
+    such as a channel-shared PReLU slope)."""
+    shape = tuple(int(d) for d in target.shape)
+    if not blob.fits(shape):
+        raise ShapeMismatchError(f"{where}: the weights have shape {blob.shape}, the net expects {shape}")
+    if blob.values.size != target.numel():
+        raise FormatError(f"{where}: the blob holds {blob.values.size} values, its shape {shape} needs "
+                          f"{target.numel()}")
+    if target.device.type == "cpu" and target.is_contiguous() and target.dtype in _NUMPY_DTYPES:
+        np.copyto(target.detach().numpy().reshape(-1), blob.values, casting="same_kind")
+    else:  # the values may be a read-only view of the mapped file: copy before handing them to torch
+        target.copy_(torch.from_numpy(np.array(blob.values)).reshape(shape))
+
+
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
+class CaffemodelWeights:
+    """Fillers and caffemodel I/O of a :class:`~caffe_compat.net.CaffeNet` (a mixin of it)."""
+
+    @torch.no_grad()
+    def reinitialize(self, seed: int = 0, skip: frozenset[str] = frozenset()) -> None:
+        """Fill every blob with its layer's Caffe fillers, drawing from ``torch.Generator().manual_seed(seed)``
+        (layers in net order).  A shared blob keeps its owner's values.  Layers whose module key is in
+        ``skip`` (those a caffemodel is about to overwrite) are left as they are and draw nothing."""
+        generator = torch.Generator().manual_seed(int(seed))
+        shared_by = {}
+        for key, i, _, _ in self._shared:
+            shared_by.setdefault(key, []).append(i)
+        for step in self.steps:
+            if step.module_key is None or step.module_key in skip:
+                continue
+            module = self.layers[step.module_key]
+            keep = [(i, module.caffe_blobs()[i].detach().clone()) for i in shared_by.get(step.module_key, [])]
+            module.fill(generator)
+            for i, value in keep:
+                module.caffe_blobs()[i].copy_(value)
+
+    def _supplied_by(self, stored: list[tuple[str, list[StoredBlob]]] | None) -> frozenset[str]:
+        """Module keys of the layers whose every blob a caffemodel's layer of the same name supplies."""
+        if not stored:
+            return frozenset()
+        by_name = self.module_names
+        return frozenset(by_name[name] for name, blobs in stored
+                         if name in by_name and len(blobs) == len(self.layers[by_name[name]].caffe_blobs()))
+
+    def load_caffemodel(self, model, strict: bool = False) -> None:
+        """Copy weights by layer name from a caffemodel path (or a NetParameter, or what
+        :func:`~caffe_compat.io.weights.read_weights` returned), like Caffe's ``CopyTrainedLayersFrom``:
+        layers absent from the model keep their values, model layers absent from the net are ignored; a
+        blob count or shape mismatch raises ShapeMismatchError (legacy 4-D blob dims are accepted when they
+        equal the net's shape padded with leading 1s).  ``double_data`` wins over ``data``, as in
+        ``Blob::FromProto``; values are rounded to the net's dtype.
+
+        Name mismatches are reported (:meth:`load_caffemodels`): one
+        :class:`~caffe_compat.errors.WeightsMismatchWarning` naming the ignored source layers with blobs
+        and the net layers with blobs left at their fillers; with ``strict=True`` a FormatError instead
+        (nothing is copied then)."""
+        self._load_stored([(model, model if isinstance(model, list) else read_weights(model))], strict)
+
+    def load_caffemodels(self, models, strict: bool = False) -> None:
+        """:meth:`load_caffemodel` of each model in turn (Caffe's ``weights: "a,b"``), reported once: a net
+        layer is left at its fillers only when no model covers it.  Source layers without blobs that the
+        net lacks (a train net's data or loss layers) are only logged, as Caffe logs them."""
+        self._load_stored([(model, model if isinstance(model, list) else read_weights(model)) for model in models],
+                          strict)
+
+    def _load_stored(self, loaded, strict: bool) -> None:
+        """The one place weights are copied: ``loaded`` is ``[(model as given, read_weights(model))]``."""
+        if not loaded:
+            return
+        by_name = self.module_names
+        ignored, covered = [], set()
+        for model, stored in loaded:
+            for name, blobs in stored:
+                if name in by_name:
+                    covered.add(by_name[name])
+                elif blobs:
+                    ignored.append((model, name))
+                else:
+                    log.info("Ignoring source layer %s", name)
+        shared = {(key, i): owner for key, i, owner, _ in self._shared}
+        left = [step.name for step in self.steps
+                if step.module_key is not None and step.module_key not in covered
+                and any(shared.get((step.module_key, i)) not in covered
+                        for i in range(len(self.layers[step.module_key].caffe_blobs())))]
+        if ignored or left:
+            self._report_mismatch([model for model, _ in loaded], ignored, left, strict)
+        with torch.no_grad():
+            for _, stored in loaded:
+                self._copy_stored(stored, by_name)
+
+    def _report_mismatch(self, models, ignored, left, strict: bool) -> None:
+        def label(model):
+            return os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<weights>"
+        files = ", ".join(label(m) for m in models)
+        names = [f"'{n}'" + (f" ({label(m)})" if len(models) > 1 else "") for m, n in ignored]
+        text = mismatch_message(files, self.name, names, [f"'{n}'" for n in left])
+        if strict:
+            raise FormatError(text)
+        # stacklevel: this, _load_stored, the public method (or __init__), its caller
+        warnings.warn(text + " (strict=True / --strict makes this an error)", WeightsMismatchWarning, stacklevel=4)
+
+    def _copy_stored(self, stored, by_name) -> None:
+        for name, blobs in stored:
+            key = by_name.get(name)
+            if key is None:
+                continue
+            targets = self.layers[key].caffe_blobs()
+            if len(blobs) != len(targets):
+                raise ShapeMismatchError(f"layer '{name}': the weights have {len(blobs)} blobs, the net "
+                                         f"expects {len(targets)} (incompatible number of blobs)")
+            for j, (blob, target) in enumerate(zip(blobs, targets)):
+                _copy_blob(blob, target, f"layer '{name}' blob {j}")
+
+    def to_netparameter(self) -> caffe_pb2.NetParameter:
+        """The net with its current weights as a V2 NetParameter, as Caffe's ``Net::ToProto`` writes it
+        (every layer, Split layers included, with its phase and blobs with ``shape``)."""
+        out = caffe_pb2.NetParameter()
+        out.name = self.name
+        for step, saved in zip(self.steps, self._saved_params):
+            layer = out.layer.add()
+            layer.CopyFrom(saved)
+            del layer.blobs[:]
+            if step.module_key is None:
+                continue
+            for tensor in self.layers[step.module_key].caffe_blobs():
+                blob = layer.blobs.add()
+                if tensor.dim():  # Caffe writes no shape at all for a 0-axis blob
+                    blob.shape.dim.extend(int(d) for d in tensor.shape)
+                set_packed_floats(blob, tensor.detach().to("cpu", torch.float32).reshape(-1).numpy())
+        return out
+
+    def save_caffemodel(self, path: str | os.PathLike) -> None:
+        """Write the current weights as a binary V2 caffemodel (atomically: temp file, then rename)."""
+        write_net(self.to_netparameter(), path, binary=True)
