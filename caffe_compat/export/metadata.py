@@ -211,7 +211,7 @@ def preprocessing_from_data_layer(layer) -> tuple[dict | None, list[str]]:
     """
     where = f"data layer '{layer.name}' ({layer.type})"
     if layer.type == "Python" and layer.python_param.layer == "LabelShufflingLayer":
-        from caffe_compat.layers.python_ports import parse_param_str
+        from caffe_compat.io.param_str import parse_param_str
 
         params = parse_param_str(layer.python_param.param_str, layer.name)
         spec = {"channel_order": "BGR", "crop_size": 0}

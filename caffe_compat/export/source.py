@@ -63,7 +63,7 @@ def _mean_file_of(layer) -> str | None:
     if layer.HasField("transform_param") and layer.transform_param.mean_file:
         return layer.transform_param.mean_file
     if layer.type == "Python" and layer.python_param.param_str:
-        from caffe_compat.layers.python_ports import parse_param_str
+        from caffe_compat.io.param_str import parse_param_str
 
         try:
             value = parse_param_str(layer.python_param.param_str, layer.name).get("mean_file")
