@@ -35,12 +35,12 @@ def run(args) -> int:
                                else f"expected NET.prototxt W.caffemodel, got {len(args.inputs)} files")
     require_folder(args.output)
     if args.to_caffe:
-        from converters.torch_to_caffe import convert_torch_to_caffe
+        from caffe_compat.convert import convert_torch_to_caffe
 
         prototxt, caffemodel = convert_torch_to_caffe(args.inputs[0], args.output)
         print(f"wrote {prototxt} and {caffemodel}")
         return 0
-    from converters.caffe_to_torch import convert_caffe_to_torch
+    from caffe_compat.convert import convert_caffe_to_torch
 
     net = convert_caffe_to_torch(args.inputs[0], args.inputs[1], args.output, phase=args.phase,
                                  strict=not args.allow_missing, strict_weights=args.strict)

@@ -9,9 +9,9 @@
 where ``blob`` is what pycaffe's ``net.blobs[output_blob]`` would hold after a forward pass, i.e. the
 value after the **last in-place layer** writing it (VGG's ``fc7`` is post ``relu7``/``drop7``).
 
-The cut keeps only the layers the output depends on (a reverse walk over the steps: a step is kept when
-it writes a blob still needed; an in-place step keeps its blob needed, an ordinary producer retires it),
-so side branches, loss heads and label inputs never reach the ONNX graph.  Exactly one bottomless blob
+The cut keeps only the layers the output depends on (:func:`~caffe_compat.export.cut.cut_indices`, a
+reverse walk over the steps: a step is kept when it writes a blob still needed; an in-place step keeps its
+blob needed, an ordinary producer retires it), so side branches, loss heads and label inputs never reach the ONNX graph.  Exactly one bottomless blob
 (the ``Input`` top, usually ``data``) may be needed: it becomes the graph's input.  The output blob must
 keep the input's batch axis first (a blob reduced over the batch, e.g. Reduction over all axes, is refused).
 
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError
+from caffe_compat.export.cut import cut_indices
 
 __all__ = ["Embedder", "cut_steps", "needed_input"]
 
@@ -35,19 +36,8 @@ def cut_steps(net, output_blob: str) -> list:
     if output_blob not in net.blob_shapes:
         raise FormatError(f"net '{net.name}': no blob named '{output_blob}'; available blobs: "
                           f"{', '.join(net.blob_shapes)}")
-    needed = {output_blob}
-    kept = []
-    for step in reversed(net.steps):
-        written = [t for t in step.tops if t in needed]
-        if not written:
-            continue
-        kept.append(step)
-        for top in written:
-            if top not in step.bottoms:  # an ordinary producer: earlier writers of this name are irrelevant
-                needed.discard(top)
-        needed.update(step.bottoms)
-    kept.reverse()
-    return kept
+    steps = list(net.steps)
+    return [steps[i] for i in cut_indices([(step.bottoms, step.tops) for step in steps], output_blob)]
 
 
 def needed_input(net, steps) -> str:
@@ -70,8 +60,9 @@ class Embedder(nn.Module):
         self.output_blob = output_blob
         self.normalize = bool(normalize)
         self.half_precision = bool(half)
-        self.steps = [s for s in cut_steps(net, output_blob) if s.bottoms]
-        self.input_blob = needed_input(net, cut_steps(net, output_blob))
+        kept = cut_steps(net, output_blob)  # FormatError listing the blobs when the name is unknown
+        self.steps = [s for s in kept if s.bottoms]
+        self.input_blob = needed_input(net, kept)
         self.input_shape = tuple(net.blob_shapes[self.input_blob])
         shape = tuple(net.blob_shapes[output_blob])
         if not shape or shape[0] != self.input_shape[0]:

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from caffe_compat.errors import CaffeCompatError, FormatError
-from caffe_compat.export.embedder import Embedder, cut_steps
+from caffe_compat.export.embedder import Embedder
 from caffe_compat.export.fold import fold_constants
 from caffe_compat.export.metadata import (FORMAT, assumed_preprocessing, normalize_preprocessing,
                                           preprocessing_from_data_layer, write_metadata)
@@ -78,12 +78,12 @@ def build_embedder(prototxt=None, weights=None, checkpoint=None, output_blob: st
     """The :class:`Embedder` an export traces (float32 reference when ``fp16`` is False).  ``image_size``
     (``(H, W)`` or ``(C, H, W)``) sizes the Input that stands for a data layer the prototxt reads.
     ``strict``: caffemodel layer names that do not match the net raise a FormatError (else a
-    :class:`~caffe_compat.errors.WeightsMismatchWarning`)."""
-    if weights is not None and checkpoint is not None:
-        raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
-    test_net = test_net or TestPhaseNet(prototxt, checkpoint)
-    net = test_net.build(weights, output_blob, image_size, strict=strict)
-    cut_steps(net, output_blob)  # raises FormatError listing the blobs when the name is unknown
+    :class:`~caffe_compat.errors.WeightsMismatchWarning`).  ``test_net``: the
+    :class:`~caffe_compat.export.source.TestPhaseNet` already read (it carries the prototxt, weights and
+    checkpoint; the three arguments are then unused).  An unknown ``output_blob`` raises a FormatError
+    listing the blobs (:func:`~caffe_compat.export.embedder.cut_steps`)."""
+    test_net = test_net or TestPhaseNet(prototxt, checkpoint, weights)
+    net = test_net.build(output_blob, image_size, strict=strict)
     if fp16:
         net = net.half()
     return Embedder(net, output_blob, normalize=normalize, half=fp16).eval()
@@ -143,9 +143,7 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
     if not MIN_OPSET <= int(opset) <= MAX_OPSET:
         raise CaffeCompatError(f"opset must be in {MIN_OPSET}..{MAX_OPSET} (the legacy exporter's range), got {opset}")
     fixed = _batch_size(batch)
-    if weights is not None and checkpoint is not None:
-        raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
-    test_net = TestPhaseNet(prototxt, checkpoint)
+    test_net = TestPhaseNet(prototxt, checkpoint, weights)
     spec, origin, assumed = preprocessing, "given", []
     if spec is None:
         data_layer = test_net.data_layer(output_blob)
@@ -173,8 +171,7 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
     model.producer_name = "caffe-compat"
     model.doc_string = (f"Caffe net '{net.name}' (TEST phase) cut at blob '{output_blob}'"
                         f"{', L2-normalised' if normalize else ''}{', float16' if fp16 else ''}")
-    named = isinstance(prototxt, (str, Path)) and "\n" not in str(prototxt)  # a path, not prototxt text
-    source = {"net": net.name, "prototxt": str(prototxt) if named else None,
+    source = {"net": net.name, "prototxt": test_net.path,
               "weights": None if weights is None else str(weights),
               "checkpoint": None if checkpoint is None else str(checkpoint)}
     prep.pop("preprocessing_derived")

@@ -9,26 +9,33 @@
   ``prototxt`` the checkpoint's own net is rebuilt in the TEST phase;
 * neither: the layers keep their Caffe filler values (seed 0), useful only for tests and shape checks.
 
+Both weights and a checkpoint are refused (:class:`TestPhaseNet` checks it, for every export entry point).
+
 **Data layers are never opened** (a training prototxt exports without its training data): when the
 TEST-phase net has layers that read a data source (Data, ImageData, HDF5Data, the authors' Python
 LabelShufflingLayer, ...: the ports that say ``reads_source``, and any bottomless layer without a port), the net
-is first cut at ``output_blob`` on the NetParameter (the layers that blob depends on, like
-:func:`~caffe_compat.export.embedder.cut_steps`), and the data layer the cut reads is replaced by an
-``Input`` layer of its top.  Its shape ``(1, C, H, W)`` comes from what the port says of its input
-(``input_facts``, :class:`~caffe_compat.layers.facts.InputFacts`; a type without a port: its
-``transform_param``): C is 3 or 1 for gray; H×W is the crop, else the layer's resize (ImageData's
-``new_height``×``new_width``), else ``image_size`` (what the preprocessing yields), else the mean file's
+is first cut at ``output_blob`` on the NetParameter (the layers that blob depends on,
+:func:`~caffe_compat.export.cut.cut_indices`, as :func:`~caffe_compat.export.embedder.cut_steps` cuts the
+built net), and the data layer the cut reads is replaced by an ``Input`` layer of its top.  Its shape
+``(1, C, H, W)`` comes from what the port says of its input (``input_facts``,
+:class:`~caffe_compat.layers.facts.InputFacts`; a type without a port: its ``transform_param``): C is 3,
+or 1 for gray; H×W is the crop, else the layer's resize (ImageData's ``new_height``×``new_width``), else
+``image_size`` (what the preprocessing yields), else the mean file's
 size; when none of them tells it a :class:`~caffe_compat.errors.FormatError` names the layer and asks for
 the input size.  Loss heads and label inputs are outside the cut, so they are not built either.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError, FormatError
+from caffe_compat.export.cut import cut_indices
+from caffe_compat.io.path_or_text import is_path
 
-__all__ = ["TestPhaseNet", "data_layer_facts", "load_test_net", "proto_cut", "reads_source"]
+__all__ = ["TestPhaseNet", "check_weight_source", "data_layer_facts", "load_test_net", "proto_cut",
+           "reads_source"]
 
 
 def reads_source(layer) -> bool:
@@ -60,19 +67,8 @@ def _existing(path, what: str) -> str:
 
 def proto_cut(layers, output_blob: str) -> list:
     """The layers (prototxt order) that ``output_blob``'s final value depends on (in-place writers kept)."""
-    needed = {output_blob}
-    kept = []
-    for layer in reversed(list(layers)):
-        written = [t for t in layer.top if t in needed]
-        if not written:
-            continue
-        kept.append(layer)
-        for top in written:
-            if top not in layer.bottom:
-                needed.discard(top)
-        needed.update(layer.bottom)
-    kept.reverse()
-    return kept
+    layers = list(layers)
+    return [layers[i] for i in cut_indices([(layer.bottom, layer.top) for layer in layers], output_blob)]
 
 
 def data_input_shape(layer, image_size=None, where: str = "net") -> tuple[int, int, int, int]:
@@ -99,13 +95,23 @@ def data_input_shape(layer, image_size=None, where: str = "net") -> tuple[int, i
                       f"\"crop_size\": 224}}'), or export the deploy prototxt")
 
 
-class TestPhaseNet:
-    """A prototxt (or checkpoint) read and filtered for the TEST phase, not yet built."""
+def check_weight_source(weights, checkpoint) -> None:
+    """CaffeCompatError when both ``weights`` (a caffemodel) and a ``checkpoint`` are given."""
+    if weights is not None and checkpoint is not None:
+        raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
 
-    def __init__(self, prototxt=None, checkpoint=None):
+
+class TestPhaseNet:
+    """A prototxt (or checkpoint) read and filtered for the TEST phase, and the caffemodel ``weights`` to
+    copy in (not both, see :func:`check_weight_source`); not yet built.  ``path``: the prototxt's file
+    name, None when the net was given as text, a message or by the checkpoint."""
+
+    def __init__(self, prototxt=None, checkpoint=None, weights=None):
         from caffe_compat.io import read_net
         from caffe_compat.net_graph import filter_net, make_state
 
+        check_weight_source(weights, checkpoint)
+        self.weights = weights
         if prototxt is None and checkpoint is None:
             raise CaffeCompatError("a net prototxt is required (or a checkpoint that carries its net)")
         self.stored = None
@@ -115,12 +121,12 @@ class TestPhaseNet:
             self.stored = load_checkpoint(_existing(checkpoint, "checkpoint"))
             if prototxt is None:
                 prototxt = checkpoint_prototxt(self.stored)
-        elif isinstance(prototxt, (str, Path)) and Path(prototxt).suffix == ".prototxt":
+        elif is_path(prototxt) and Path(prototxt).suffix == ".prototxt":
             _existing(prototxt, "prototxt")
-        self.prototxt = str(prototxt) if isinstance(prototxt, Path) else prototxt
-        named = isinstance(prototxt, (str, Path)) and "\n" not in str(prototxt)
+        self.path = str(prototxt) if is_path(prototxt) else None
+        self.prototxt = str(prototxt) if isinstance(prototxt, os.PathLike) else prototxt
         source = read_net(self.prototxt)
-        self.where = str(prototxt) if named else f"net '{source.name}'"
+        self.where = self.path or f"net '{source.name}'"
         self.param = filter_net(source, make_state(source, "test"))
         self.sources = [layer for layer in self.param.layer if reads_source(layer)]
 
@@ -137,14 +143,14 @@ class TestPhaseNet:
         found = [layer for layer in self.cut(output_blob) if id(layer) in sources]
         return found[0] if found else None
 
-    def build(self, weights=None, output_blob: str | None = None, image_size=None, strict: bool = False):
-        """The TEST-phase :class:`~caffe_compat.net.CaffeNet` (deploy cut when it has data layers).  Caffemodel
-        layer names that do not match the (cut) net warn, or raise a FormatError with ``strict``."""
+    def build(self, output_blob: str | None = None, image_size=None, strict: bool = False):
+        """The TEST-phase :class:`~caffe_compat.net.CaffeNet` with the weights or the checkpoint copied in
+        (deploy cut when it has data layers).  Caffemodel layer names that do not match the (cut) net
+        warn, or raise a FormatError with ``strict``."""
         from caffe_compat.net import CaffeNet
         from caffe_compat.proto import caffe_pb2
 
-        if weights is not None:
-            weights = _existing(weights, "caffemodel")
+        weights = None if self.weights is None else _existing(self.weights, "caffemodel")
         if not self.sources:
             net = CaffeNet(self.prototxt, phase="test", weights=weights, strict=strict)
         else:
@@ -177,6 +183,4 @@ class TestPhaseNet:
 def load_test_net(prototxt=None, weights=None, checkpoint=None, output_blob: str | None = None, image_size=None,
                   strict: bool = False):
     """A TEST-phase :class:`~caffe_compat.net.CaffeNet` (see the module docstring)."""
-    if weights is not None and checkpoint is not None:
-        raise CaffeCompatError("give either weights (a caffemodel) or a checkpoint, not both")
-    return TestPhaseNet(prototxt, checkpoint).build(weights, output_blob, image_size, strict=strict)
+    return TestPhaseNet(prototxt, checkpoint, weights).build(output_blob, image_size, strict=strict)

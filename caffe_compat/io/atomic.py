@@ -8,6 +8,9 @@ A reader (or a crash) never sees a half-written caffemodel, solverstate, binaryp
 * Failures of the write itself (a parent that cannot be created, a read-only folder, a file where a
   folder is expected, a full disk) raise :class:`~caffe_compat.errors.WriteError` naming the target and
   the operating system's reason; the temporary file is removed and an existing target is untouched.
+* :func:`write_files_atomic` writes several files all-or-nothing (a checkpoint converted back to a
+  prototxt + caffemodel pair): nothing of a failed call is left behind and the files it would have
+  replaced are restored.
 * The temporary file is named ``.<target name>.caffe-compat-tmp.<pid>.<random>.tmp`` (:data:`TMP_MARK`,
   the writing process's id).  A process killed mid-write (SIGKILL, power loss) cannot remove it; the
   next write of the same target removes such leftovers (:func:`remove_stale_temporaries`): files of
@@ -22,6 +25,7 @@ import re
 import stat
 import tempfile
 import threading
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -201,3 +205,90 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_files_atomic(contents: list[tuple[Path, bytes]]) -> None:
+    """Write every ``(target, data)`` all-or-nothing: each to a temporary file beside its target first
+    (``contents[0]``'s folder and its missing parents are created), then all renamed into place.  If a
+    write or a rename fails (full disk, read-only folder, a folder where a target should be), the
+    temporary files are removed, a target already renamed is put back as it was (restored, or removed if
+    it did not exist), the folders this call created are removed again, and a WriteError names the path
+    and the reason."""
+    first = Path(contents[0][0])
+    created = _make_parents(first.parent, first)
+    temporaries: list[tuple[Path, Path]] = []
+    renamed: list[tuple[Path, Path | None]] = []  # (target, backup of what it replaced, or None)
+    current = first
+    try:
+        for target, data in contents:
+            current = target = Path(target)
+            remove_stale_temporaries(target.parent, re.escape(target.name))
+            fd, name = tempfile.mkstemp(prefix=temporary_prefix(target.name), suffix=".tmp", dir=target.parent)
+            temporaries.append((Path(name), target))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(name, _new_file_mode(target))
+        for tmp, target in temporaries:
+            current = target
+            backup = target.with_name(f".{target.name}.{os.getpid()}.old") if target.is_file() else None
+            try:
+                if backup is not None:  # keep the old file until every file is in place
+                    try:
+                        os.link(target, backup)
+                    except OSError:
+                        shutil.copy2(target, backup)
+                os.replace(tmp, target)
+            except BaseException:
+                if backup is not None and os.path.lexists(backup):
+                    os.unlink(backup)
+                raise
+            renamed.append((target, backup))
+    except BaseException as exc:
+        for target, backup in reversed(renamed):
+            try:
+                if backup is not None:
+                    os.replace(backup, target)
+                else:
+                    os.unlink(target)
+            except OSError:
+                pass
+        for tmp, _ in temporaries:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        _remove_folders(created)
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+            raise write_error(current, exc) from None
+        raise
+    for _, backup in renamed:
+        if backup is not None:
+            try:
+                os.unlink(backup)
+            except OSError:
+                pass
+
+
+def _make_parents(folder: Path, target: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return the created ones, deepest first."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if os.path.lexists(path):
+            break
+        missing.append(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _remove_folders(missing)
+        raise write_error(target, exc) from None
+    return missing
+
+
+def _remove_folders(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first; only empty ones (rmdir refuses others)
+        try:
+            folder.rmdir()
+        except OSError:
+            pass

@@ -7,35 +7,21 @@ from pathlib import Path
 
 from caffe_compat.errors import FormatError, ParseError
 from caffe_compat.io.dialects import normalize_binary_dialect, to_binary_dialect
+from caffe_compat.io.path_or_text import BINARY_SUFFIXES, is_existing_file, is_path
 from caffe_compat.io.protofiles import (decode_prototxt, looks_binary, parse_binary, parse_text, read_bytes,
                                         write_message)
 from caffe_compat.io.sniff import is_net_text, minimal_solver, not_text_message, solver_net_of
 from caffe_compat.io.upgrade import upgrade_net, upgrade_solver
 from caffe_compat.proto import caffe_pb2
 
-_BINARY_SUFFIXES = {".caffemodel", ".binaryproto", ".solverstate", ".pb", ".bin"}
-
-
 def _source_and_data(path_or_text) -> tuple[str, bytes | str]:
     if isinstance(path_or_text, caffe_pb2.NetParameter):
         return "<NetParameter>", path_or_text.SerializeToString()
     if isinstance(path_or_text, bytes):
         return "<bytes>", path_or_text
-    if isinstance(path_or_text, os.PathLike) or (isinstance(path_or_text, str) and _is_path(path_or_text)):
+    if is_path(path_or_text):
         return str(path_or_text), read_bytes(path_or_text)
     return "<text>", str(path_or_text)
-
-
-#: A string ending so names a file (missing or not), never prototxt text such as ``layer {...}``.
-_FILE_SUFFIXES = _BINARY_SUFFIXES | {".prototxt", ".pbtxt", ".txt"}
-
-
-def _is_path(s: str) -> bool:
-    if "\n" in s or "{" in s:
-        return False
-    if os.path.exists(s) or Path(s.strip()).suffix.lower() in _FILE_SUFFIXES:
-        return True
-    return len(s) < 4096 and not s.strip().startswith(("name:", "layer", "input"))
 
 
 def read_net(path_or_text, upgrade: bool = True) -> caffe_pb2.NetParameter:
@@ -76,27 +62,22 @@ def check_net_and_weights(prototxt, caffemodel) -> None:
     """Refuse a binary net definition before either file is parsed: a text ``caffemodel`` with it means
     the two were given the wrong way round (FormatError saying so), else ParseError saying what the
     binary file looks like.  Arguments that are not existing files (messages, text) pass unchecked."""
-    net_data = _file_bytes(prototxt)
-    if net_data is None or not looks_binary(net_data):
+    if not is_existing_file(prototxt):
         return
-    weights_data = _file_bytes(caffemodel)
-    if weights_data is not None and not looks_binary(weights_data):
+    net_data = read_bytes(prototxt)
+    if not looks_binary(net_data):
+        return
+    if is_existing_file(caffemodel) and not looks_binary(read_bytes(caffemodel)):
         raise FormatError(f"{prototxt} and {caffemodel} look swapped: {prototxt} is binary (weights) and "
                           f"{caffemodel} is text (a net prototxt); give the net prototxt first, then the "
                           f"caffemodel")
     raise ParseError(not_text_message(str(prototxt), net_data, "the net definition must be a text prototxt"))
 
 
-def _file_bytes(path) -> bytes | None:
-    if isinstance(path, (str, os.PathLike)) and "\n" not in str(path) and os.path.isfile(path):
-        return read_bytes(path)
-    return None
-
-
 def write_net(net: caffe_pb2.NetParameter, path: str | os.PathLike, binary: bool | None = None) -> None:
     """Write a NetParameter atomically: binary for ``.caffemodel`` (or ``binary=True``), else prototxt."""
     if binary is None:
-        binary = Path(path).suffix in _BINARY_SUFFIXES
+        binary = Path(path).suffix in BINARY_SUFFIXES
     write_message(to_binary_dialect(net) if binary else net, path, binary=binary)
 
 

@@ -17,6 +17,7 @@ from google.protobuf import text_format
 from caffe_compat.errors import ParseError
 from caffe_compat.io.atomic import write_bytes_atomic, write_text_atomic
 from caffe_compat.io.fast_text import merge_fast
+from caffe_compat.io.path_or_text import is_path
 from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, read_regular_bytes
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -117,11 +118,11 @@ def read_bytes(path: str | os.PathLike, what: str | None = None) -> bytes:
 
 def read_message(path_or_text, message, binary: bool | None = None):
     """Read a message from a path (text or binary, auto-detected unless ``binary`` is given) or from
-    prototxt text passed directly (a string containing a newline or ``{``)."""
+    prototxt text passed directly (a string that :func:`~caffe_compat.io.path_or_text.is_path` says is
+    text: one with a newline, ``{`` ...)."""
     if isinstance(path_or_text, bytes):
         data, source = path_or_text, "<bytes>"
-    elif isinstance(path_or_text, str) and ("\n" in path_or_text or "{" in path_or_text or ":" in path_or_text
-                                            and not os.path.exists(path_or_text)):
+    elif isinstance(path_or_text, str) and not is_path(path_or_text):
         return parse_text(path_or_text, message, "<text>")
     else:
         source = str(path_or_text)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from caffe_compat.io.blobs import blob_shape, is_legacy
+from caffe_compat.io.path_or_text import is_existing_file
 from caffe_compat.io.protofiles import looks_binary
 from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
 from caffe_compat.proto import caffe_pb2
@@ -75,19 +76,12 @@ def read_weights(model) -> list[tuple[str, list[StoredBlob]]]:
 
     if isinstance(model, caffe_pb2.NetParameter):
         return from_netparameter(model)
-    if isinstance(model, (str, os.PathLike)) and _is_file(model):
+    if is_existing_file(model):
         try:
             return _read_mapped(Path(model))
         except _Fallback:
             pass
     return from_netparameter(read_net(model))
-
-
-def _is_file(path) -> bool:
-    try:
-        return Path(path).is_file()
-    except (OSError, ValueError):  # prototxt text: too long or with a NUL for a file name
-        return False
 
 
 def from_netparameter(net: caffe_pb2.NetParameter) -> list[tuple[str, list[StoredBlob]]]:

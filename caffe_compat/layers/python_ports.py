@@ -66,7 +66,6 @@ backward (here the gradient is scaled by loss_weight like any layer's).
 
 from __future__ import annotations
 
-import ast
 import math
 from pathlib import Path
 
@@ -74,35 +73,9 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.io.param_str import parse_param_str  # noqa: F401 (also importable from here)
 from caffe_compat.layers.facts import NONE, BlobCount, InputFacts, Shapes
 from caffe_compat.layers.registry import CaffeLayer, register_layer
-
-_YAML_WORDS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False,
-               "null": None, "~": None, ".inf": math.inf}
-
-
-def _scalar(text: str):
-    word = text.strip()
-    if word.lower() in _YAML_WORDS:
-        return _YAML_WORDS[word.lower()]
-    try:
-        return ast.literal_eval(word)  # numbers ("1.", "1e-3"), lists, quoted strings
-    except (ValueError, SyntaxError):
-        return word
-
-
-def parse_param_str(text: str, layer: str) -> dict:
-    """The flat YAML mapping of a Python layer's ``param_str`` (see the module docstring)."""
-    out = {}
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        key, colon, value = line.partition(":")
-        if not colon or not key.strip():
-            raise FormatError(f"layer '{layer}': param_str line {line.strip()!r} is not 'key: value'")
-        out[key.strip()] = _scalar(value)
-    return out
-
 
 def _required(params: dict, key: str, layer: str):
     if key not in params:

@@ -75,7 +75,7 @@ otherwise returns and re-faults pages on every call), the row sort on the CPU by
 level-independent work done once.  On CUDA the whole caffe-mode computation (cosines, layer,
 gradient) is recorded once per batch shape as a CUDA graph (fixed B − 1 slots per row, every level,
 no host synchronisation) and replayed: ~150 kernels launched at once instead of one by one from
-Python (``USE_CUDA_GRAPHS = False`` turns it off).
+Python (``USE_CUDA_GRAPHS = False`` turns it off; the graphs: :mod:`caffe_compat.losses.cuda_graph`).
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ import torch
 from torch import nn
 
 from caffe_compat.losses.batch_input import check_batch, reject_pml_arguments
+from caffe_compat.losses.cuda_graph import GraphCache, can_replay
 from caffe_compat.losses.loss_errors import LossInputError
 from caffe_compat.losses.pairwise import cosine_matrix, pair_index, upper_pairs
 
@@ -410,51 +411,21 @@ def _caffe_static(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]
     return loss, h, _unreadable(rows, levels[-1])
 
 
-class _Graphed:
-    """``fn(*inputs)`` (tensors in, a tuple of tensors out) recorded once as a CUDA graph and replayed
-    on copies of new inputs of the same shapes; the outputs are the graph's own buffers (clone what
-    you keep).  The authors' layer is ~150 small kernels per call: launched one by one from Python
-    they take ~2.5 ms on an H100 whose kernels need ~0.3 ms; a replay launches them at once."""
-
-    def __init__(self, fn, *inputs: torch.Tensor):
-        device = inputs[0].device
-        self.inputs = [t.clone() for t in inputs]
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up: cuBLAS handles and cached tensors made outside the capture
-            for _ in range(2):
-                fn(*self.inputs)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = fn(*self.inputs)
-
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        for static, value in zip(self.inputs, inputs):
-            static.copy_(value)
-        self.graph.replay()
-        return self.out
-
-
-_GRAPHS: dict = {}
 #: Graphs kept (one per function, batch shape, dtypes, device and delta), least recently used dropped first.
 MAX_GRAPHS = 8
 #: Replay the caffe-mode layer as a CUDA graph on CUDA devices (set False to launch kernel by kernel).
 USE_CUDA_GRAPHS = True
+_CACHE = GraphCache(MAX_GRAPHS)
+_GRAPHS = _CACHE.graphs  # the cached graphs (the tests look at them)
 
 
 def _graph_applies(t: torch.Tensor, labels: torch.Tensor, levels: list[float]) -> bool:
-    return (USE_CUDA_GRAPHS and t.is_cuda and bool(levels) and labels.numel() >= 2
-            and not torch.cuda.is_current_stream_capturing())
+    return USE_CUDA_GRAPHS and bool(levels) and labels.numel() >= 2 and can_replay(t)
 
 
 def _replay(fn, levels: list[float], *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    key = (fn.__name__, tuple(levels), inputs[0].device) + tuple((t.shape, t.dtype) for t in inputs)
-    graph = _GRAPHS.pop(key, None) or _Graphed(functools.partial(fn, levels=levels), *inputs)
-    _GRAPHS[key] = graph
-    while len(_GRAPHS) > MAX_GRAPHS:
-        _GRAPHS.pop(next(iter(_GRAPHS)))
-    return graph(*inputs)
+    _CACHE.capacity = MAX_GRAPHS  # (read at each call, as a module setting)
+    return _CACHE.replay((fn.__name__, tuple(levels)), functools.partial(fn, levels=levels), *inputs)
 
 
 def _caffe_matrix(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]

@@ -168,7 +168,10 @@ class Solver:
 
     @staticmethod
     def _is_path(solver) -> bool:
-        return isinstance(solver, (str, os.PathLike)) and "\n" not in str(solver) and os.path.exists(solver)
+        """Whether the solver was given as a file (not text nor a SolverParameter)."""
+        from caffe_compat.io.path_or_text import is_existing_file
+
+        return is_existing_file(solver)
 
     def _upgrade_snapshot_prefix(self, path: str) -> None:
         """Caffe's ``UpgradeSnapshotPrefixProperty``: no prefix -> the solver path without its extension;

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from caffe_compat.io.param_str import parse_param_str  # noqa: F401 (the param_str parser, importable from here)
 from caffe_compat.zoo.builder import NetBuilder
 
 
@@ -71,25 +72,3 @@ class InputData:
         data = b.input("data", self.shape)
         label = b.input("label", (self.shape[0],)) if self.label else None
         return data, label
-
-
-def parse_param_str(text: str) -> dict:
-    """The flat ``key: value`` YAML of a LabelShufflingLayer ``param_str`` as a dict (numbers and
-    ``[a, b]`` lists parsed, other values kept as strings).  Enough for the authors' strings and ours;
-    a line without ``:`` is an error."""
-    import ast
-
-    from caffe_compat.errors import FormatError
-
-    out = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if ":" not in line:
-            raise FormatError(f"param_str line {line.strip()!r} is not 'key: value'")
-        key, value = (part.strip() for part in line.split(":", 1))
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
-    return out

@@ -162,7 +162,7 @@ def test_to_caffe_failure_restores_the_previous_pair_and_removes_new_folders(tmp
     import errno
     import os
 
-    import converters.torch_to_caffe as module
+    import caffe_compat.io.atomic as module  # where the pair is written
     from caffe_compat.errors import WriteError
 
     case = fixture_path("solvers/sgd_step_momentum")
