@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import caffe_compat as caffe
-import caffe_compat.solver as solver_module
+import caffe_compat.pycaffe as pycaffe_module
 from caffe_compat.errors import CaffeCompatError
 from caffe_compat.net import CaffeNet
 from caffe_compat.solver import AdaDelta, AdaGrad, RMSProp
@@ -24,7 +24,7 @@ SOLVER_NAMES = ["get_solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "R
 
 @pytest.mark.parametrize("name", SOLVER_NAMES)
 def test_top_level_solver_names(name):
-    assert getattr(caffe, name) is getattr(solver_module, name)
+    assert getattr(caffe, name) is getattr(pycaffe_module, name)
     assert name in caffe.__all__
 
 
