@@ -15,18 +15,18 @@ against the solver file's folder; ``snapshot_prefix`` is relative to the working
 (override it with the ``snapshot_prefix`` argument); unset, it is the solver path without extension, and
 a prefix naming a directory gets the solver file's stem appended (``UpgradeSnapshotPrefixProperty``).
 
-Inputs, the pycaffe way: ``solver.inputs`` maps each Input-layer top to a float32 numpy array
-(zero-filled, like a fresh Caffe blob).  Old scripts write the next batch into it or call
-``solver.feed(data=..., label=...)``, then ``solver.step(1)``; every forward of the step reads those
-values.  ``solver.data_source`` (an iterator of input dicts, e.g. a DataLoader) takes precedence: each
-sub-batch pulls the next dict.  Layers that produce their own data (MemoryData, Data, ...) need no feed.
+Inputs: the solver owns the values it feeds to Input tops, as Caffe's input blobs hold them between
+steps.  ``solver.inputs`` maps each Input-layer top of the TRAIN net to a float32 numpy array
+(zero-filled, like a fresh Caffe blob), ``solver.test_inputs[i]`` those of TEST net ``i``.  Old scripts
+write the next batch into them or call ``solver.feed(data=..., label=...)``, then ``solver.step(1)``;
+every forward of the step reads those values.  ``solver.data_source`` (an iterator of input dicts, e.g. a
+DataLoader) takes precedence: each sub-batch pulls the next dict.  Layers that produce their own data
+(MemoryData, Data, ...) need no feed.
 
-The nets (``solver.net``, ``solver.test_nets``) are :class:`~caffe_compat.pycaffe.SolverNet`: CaffeNets
-that also answer pycaffe's ``Net`` names CaffeNet lacks: ``solver.net.copy_from(w)``,
-``solver.net.blobs['data'].data[...] = x`` (the very array ``solver.inputs['data']``),
-``solver.net.set_input_arrays(data, labels)`` (MemoryData), ``solver.net.blobs['loss'].data`` after a
-step, ``solver.test_nets[0].forward()`` / ``.blobs``.  ``params`` stays CaffeNet's: torch tensors (read
-``.data``/``.grad``; write with ``copy_``, not pycaffe's ``.data[...] = array``; no ``.diff``).
+The nets (``solver.net``, ``solver.test_nets``) are plain CaffeNets (the class ``net_class``); the solver
+keeps no blob past its iteration (``forward_watchers`` are told about each forward of the TRAIN net).
+pycaffe's solvers (``caffe_compat.pycaffe.SGDSolver`` etc., whose nets also answer ``blobs``,
+``copy_from``, ...) are built on this class: :mod:`caffe_compat.pycaffe.solver`.
 
 Added to Caffe: a NaN/inf loss raises :class:`~caffe_compat.errors.TrainingDiverged` naming the
 iteration, before that iteration's update (weights and snapshots on disk stay the last good ones);
@@ -54,12 +54,11 @@ from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
 from caffe_compat.net import CaffeNet
 from caffe_compat.proto import caffe_pb2
-from caffe_compat.pycaffe import SolverNet
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
 from caffe_compat.io.glog import g6 as _g6  # a number as glog/iostream prints it
 
-__all__ = ["Solver", "learnable_blobs"]
+__all__ = ["Solver", "learnable_blobs", "zero_inputs"]
 
 log = logging.getLogger("caffe_compat.solver")
 
@@ -73,6 +72,11 @@ def learnable_blobs(net: CaffeNet) -> list[torch.Tensor]:
                 seen.add(id(blob))
                 out.append(blob)
     return out
+
+
+def zero_inputs(net: CaffeNet) -> dict[str, np.ndarray]:
+    """Each Input top of ``net`` -> a zero-filled float32 array of its shape (a fresh Caffe input blob)."""
+    return {name: np.zeros(net.blob_shapes[name], dtype=np.float32) for name in net.input_names}
 
 
 def _phase_state(state: caffe_pb2.NetState) -> tuple[int | None, tuple[str, ...]]:
@@ -90,6 +94,9 @@ class Solver:
     :class:`~caffe_compat.errors.WeightsMismatchWarning` for all the weights; ``strict_weights=True``
     makes that a FormatError (see :meth:`~caffe_compat.net.CaffeNet.load_caffemodels`).
     """
+
+    #: the class of the TRAIN and TEST nets built (called as ``net_class(net_param, phase=..., seed=...)``)
+    net_class: type[CaffeNet] = CaffeNet
 
     def __init__(self, solver, weights=None, device=None, solver_type: str | None = None,
                  snapshot_prefix: str | None = None, strict_weights: bool = False):
@@ -122,6 +129,11 @@ class Solver:
                               f"{len(self.param.test_iter)} test_iter value(s)")
         if self.test_nets and self.param.test_interval <= 0:
             log.info("test_interval is 0: the test nets run only when test_all() is called")
+        self.inputs: dict = zero_inputs(self.net)  # Input top -> the array the TRAIN forwards read
+        self.test_inputs: list[dict] = [zero_inputs(net) for net in self.test_nets]  # one per TEST net
+        # objects with before_forward(net) / after_forward(net, blobs), told about every forward of the TRAIN
+        # net in forward_backward (compiled or not); e.g. the pycaffe view keeps the last blobs this way
+        self.forward_watchers: list = []
         self.optimizer = make_optimizer(self.param, learnable_blobs(self.net))
         self.iter = 0
         self.current_step = 0
@@ -147,22 +159,6 @@ class Solver:
         self.outputs: dict[str, torch.Tensor] = {}
         self.last_lr = float("nan")
         self.test_scores: list[dict[str, np.ndarray]] = []
-
-    # ----------------------------------------------------------------------------- inputs
-
-    @property
-    def inputs(self) -> dict:
-        """The TRAIN net's Input tops -> float32 arrays (``solver.net.blobs[name].data`` are these arrays)."""
-        return self.net.input_arrays
-
-    @inputs.setter
-    def inputs(self, value: dict) -> None:
-        self.net.input_arrays = value
-
-    @property
-    def test_inputs(self) -> list[dict]:
-        """One ``inputs`` dict per TEST net (``solver.test_nets[i].blobs[name].data`` are these arrays)."""
-        return [net.input_arrays for net in self.test_nets]
 
     # ----------------------------------------------------------------------------- construction
 
@@ -216,7 +212,7 @@ class Solver:
         check_regular_file(resolved, f"{where} field '{field}'")
         return read_net(resolved)
 
-    def _train_net(self, seed: int) -> SolverNet:
+    def _train_net(self, seed: int) -> CaffeNet:
         p = self.param
         given = [f for f in ("train_net_param", "train_net", "net_param", "net")
                  if (p.HasField(f) if f.endswith("param") else bool(getattr(p, f)))]
@@ -228,7 +224,7 @@ class Solver:
                      else self._read_net_file(getattr(p, source), source))
         net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
         log.info("Creating training net from %s", source)
-        return SolverNet(net_param, phase="train", seed=seed)
+        return self.net_class(net_param, phase="train", seed=seed)
 
     @staticmethod
     def _with_state(net_param, state) -> caffe_pb2.NetParameter:
@@ -242,7 +238,7 @@ class Solver:
             copy.state.CopyFrom(merged)
         return copy
 
-    def _test_nets(self, seed: int) -> list[SolverNet]:
+    def _test_nets(self, seed: int) -> list[CaffeNet]:
         p = self.param
         sources = [n for n in p.test_net_param] + [self._read_net_file(f, "test_net") for f in p.test_net]
         generic = None
@@ -262,7 +258,7 @@ class Solver:
             if p.test_state:
                 state.MergeFrom(p.test_state[i])
                 state.phase = caffe_pb2.TEST
-            nets.append(SolverNet(self._with_state(net_param, state), phase="test", seed=seed))
+            nets.append(self.net_class(self._with_state(net_param, state), phase="test", seed=seed))
         return nets
 
     # ----------------------------------------------------------------------------- feeding
@@ -306,13 +302,13 @@ class Solver:
     def forward_backward(self) -> float:
         """Caffe's ``Net::ForwardBackward`` on the next inputs: the objective's value; diffs accumulate."""
         with self._autocast():
+            for watcher in self.forward_watchers:
+                watcher.before_forward(self.net)
             # `is not None`: a torch.compile'd module must not be truth-tested (bool() on it raises TypeError)
-            if self.forward_fn is not None:
-                self.net.forget_blobs()  # a compiled forward neither drops nor records them itself
-                blobs = self.forward_fn(**self._next_inputs())
-                self.net.record_blobs(blobs)
-            else:
-                blobs = self.net(**self._next_inputs())
+            forward = self.forward_fn if self.forward_fn is not None else self.net
+            blobs = forward(**self._next_inputs())
+            for watcher in self.forward_watchers:
+                watcher.after_forward(self.net, blobs)
             objective = self.net.objective(blobs)
         if objective.requires_grad:
             scaled = self.grad_scaler.scale(objective) if self.grad_scaler is not None else objective

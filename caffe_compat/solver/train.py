@@ -692,7 +692,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
                 f"train: the train net of {source_name} ('{solver.net.name}') reads its batches only from Input "
                 f"layers ({names}) and no data were given: it would train on zero-filled blobs.  An Input-only "
                 f"net needs its data fed through the Python API (caffe_compat.solver.train.train(solver, "
-                f"data=loader), or solver.feed(...) / solver.net.blobs[...].data[...] = ... before "
+                f"data=loader), or solver.feed(...) / solver.inputs[name][...] = ... before "
                 f"solver.step()); or give the net a data layer (Data, ImageData, HDF5Data, MemoryData, the "
                 f"LabelShufflingLayer port)")
     elif weights is not None:

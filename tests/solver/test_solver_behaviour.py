@@ -14,7 +14,8 @@ import caffe_compat.io.atomic as atomic
 from caffe_compat.errors import FormatError, TrainingDiverged
 from caffe_compat.io import read_net, read_solverstate, blob_to_array
 from caffe_compat.net import CaffeNet
-from caffe_compat.solver import AdamSolver, SGD, SGDSolver, Solver, get_solver
+from caffe_compat.pycaffe import AdamSolver, SGDSolver, get_solver
+from caffe_compat.solver import SGD, Solver
 from tests.solver.caffe_cases import case_dir, feed, load_case, make_solver, param_arrays
 
 CASE = "sgd_step_momentum"

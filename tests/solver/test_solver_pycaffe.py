@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import caffe_compat as caffe
+import caffe_compat.pycaffe as pycaffe_module
 import caffe_compat.solver as solver_module
 from caffe_compat.errors import CaffeCompatError
 from caffe_compat.net import CaffeNet
@@ -24,7 +25,7 @@ SOLVER_NAMES = ["get_solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "R
 
 @pytest.mark.parametrize("name", SOLVER_NAMES)
 def test_top_level_solver_names(name):
-    assert getattr(caffe, name) is getattr(solver_module, name)
+    assert getattr(caffe, name) is getattr(pycaffe_module, name)
     assert name in caffe.__all__
 
 
@@ -207,3 +208,59 @@ def test_solver_net_blob_errors_and_reshape():
     assert solver.inputs["data"].shape == (2, 3, 10, 10) and blobs["data"].num == 2
     solver.step(1)  # the next step runs on the new batch size
     assert solver.net.blobs["ip1"].data.shape == (2, 5)
+
+
+# ------------------------------------------------------------------------------------------ core vs facade
+
+def test_core_solver_trains_plain_caffenets_and_keeps_no_blobs():
+    """The core Solver builds plain CaffeNets, owns its input arrays and keeps no blob past a step; the
+    blob views are the pycaffe facade's (its nets are SolverNets reading the solver's arrays)."""
+    case = "sgd_step_momentum"
+    inputs, reference = load_case(case)
+    path = str(case_dir(case) / "solver.prototxt")
+    core = solver_module.Solver(path, weights=str(case_dir(case) / "init.caffemodel"))
+    assert type(core.net) is CaffeNet and not hasattr(core.net, "blobs") and core.forward_watchers == []
+    assert set(core.inputs) == {"data", "label"} and core.inputs["data"].dtype == np.float32
+    core.feed(data=inputs["data"][0], label=inputs["label"][0])
+    core.step(1)
+    np.testing.assert_allclose(core.last_loss, reference["loss_blob"][0], rtol=2e-6)
+    assert not hasattr(core.net, "_last_blobs")
+    facade = caffe.SGDSolver(path)
+    assert isinstance(facade, solver_module.Solver) and isinstance(facade.net, pycaffe_module.SolverNet)
+    assert facade.net.input_arrays is facade.inputs
+    facade.inputs = {"data": inputs["data"][1], "label": inputs["label"][1]}  # a new dict: the view follows
+    assert facade.net.input_arrays is facade.inputs and facade.net.blobs["data"].data is facade.inputs["data"]
+
+
+def test_compiled_forward_still_fills_the_blob_views():
+    """``forward_fn = torch.compile(solver.net)`` runs none of the view's Python: the solver's forward watcher
+    records the blobs (counting backend: the compiled forward is the one that ran)."""
+    case = "sgd_step_momentum"
+    inputs, reference = load_case(case)
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    solver = caffe.SGDSolver(str(case_dir(case) / "solver.prototxt"))
+    solver.net.copy_from(case_dir(case) / "init.caffemodel")
+    solver.forward_fn = torch.compile(solver.net, backend=counting_backend)
+    for t in range(2):
+        solver.net.blobs["data"].data[...] = inputs["data"][t]
+        solver.net.blobs["label"].data[...] = inputs["label"][t]
+        solver.step(1)
+        assert float(solver.net.blobs["loss"].data) == float(solver.outputs["loss"])
+        np.testing.assert_allclose(float(solver.net.blobs["loss"].data), reference["loss_blob"][t], rtol=2e-6)
+    assert graphs and solver.net.blobs["ip1"].data.shape == (4, 5)
+
+
+def test_the_core_never_imports_the_facade():
+    """The facade sits on the core: importing the nets and the solvers loads no ``caffe_compat.pycaffe``."""
+    import subprocess
+    import sys
+
+    code = ("import sys, caffe_compat.net, caffe_compat.solver, caffe_compat.solver.train; "
+            "print([m for m in sys.modules if m.startswith('caffe_compat.pycaffe')])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

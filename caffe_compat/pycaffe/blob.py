@@ -1,0 +1,208 @@
+"""pycaffe's blobs: :class:`Blob` (``net.blobs[name]``) and :class:`ParamBlob` (``net.params[layer][i]``),
+numpy ``data``/``diff`` arrays over torch tensors.
+
+Reproduced from pycaffe / Caffe:
+
+* ``data`` and ``diff`` are numpy arrays with a **stable memory**: a net's ``forward()`` copies its results
+  into them (what it returns are these very arrays, as in pycaffe).  ``reshape(*shape)`` gives zeros of
+  the new shape; on a net input it makes the net re-infer every shape (see :mod:`caffe_compat.pycaffe.net`).
+  ``shape``, ``count`` and the legacy 4-D accessors ``num``/``channels``/``height``/``width``.
+* A parameter blob's ``data``/``diff`` are, on CPU, numpy views of the torch parameter and of its ``.grad``
+  (writing ``data[...] = w`` changes the net; ``.grad`` is created as zeros on first use, as Caffe's diff
+  exists from the start).
+* On CUDA both are **host copies** kept by Caffe's SyncedMemory scheme (:class:`_Synced`): reading fetches
+  the device value and hands the host copy to the caller, who may write into it; the owning net uploads
+  every host copy handed out before its next forward/backward/save.  Device-side changes made behind the
+  facade are seen by the next ``.data`` read, not by arrays fetched before.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from caffe_compat.errors import CaffeCompatError, ShapeMismatchError
+
+if TYPE_CHECKING:
+    from caffe_compat.pycaffe.net import Net
+
+__all__ = ["Blob", "ParamBlob", "reshape_argument", "grad_of"]
+
+
+def reshape_argument(name: str, shape: tuple) -> tuple[int, ...]:
+    """pycaffe's ``blob.reshape(n, c, h, w)`` or ``blob.reshape((n, c, h, w))`` as a tuple of ints."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ShapeMismatchError(f"blob '{name}': negative dimension in {shape}")
+    return shape
+
+
+class _Synced:
+    """One array on host and device (Caffe's SyncedMemory): ``head`` says where the newest value is.
+
+    On CPU host and device are the same tensor.  On CUDA: ``host()`` returns the host copy the caller may
+    write to (fetched when the device is newer) and moves the head to the host; ``device()`` uploads a
+    host head first; ``assign()`` stores a new device value."""
+
+    def __init__(self, value: torch.Tensor):
+        self._dev = value
+        self._host = value if value.device.type == "cpu" else None
+        self.head = "synced"
+        self.source = None  # the tensor a parameter mirror follows
+
+    @property
+    def on_cpu(self) -> bool:
+        return self._dev.device.type == "cpu"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._dev.shape)
+
+    def host(self) -> torch.Tensor:
+        if self.on_cpu:
+            return self._dev
+        if self._host is None or tuple(self._host.shape) != self.shape:
+            self._host = torch.empty(self.shape, dtype=self._dev.dtype).pin_memory()
+            self.head = "device"
+        if self.head == "device":
+            self._host.copy_(self._dev)
+        self.head = "host"
+        return self._host
+
+    def device(self) -> torch.Tensor:
+        if self.head == "host" and not self.on_cpu:
+            self._dev.copy_(self._host)
+        self.head = "synced" if self.head == "host" else self.head
+        return self._dev
+
+    def assign(self, value: torch.Tensor) -> None:
+        value = value.detach()
+        if tuple(value.shape) != self.shape or value.dtype != self._dev.dtype:
+            self._dev = value.clone() if self.on_cpu else value
+            self._host = self._dev if self.on_cpu else None
+        elif self.on_cpu:
+            if value.data_ptr() != self._dev.data_ptr():
+                self._dev.copy_(value)
+        else:
+            self._dev = value
+        self.head = "device" if not self.on_cpu else "synced"
+
+    def fill(self, value: float) -> None:
+        self.device().fill_(value)
+        if not self.on_cpu:
+            self.head = "device"
+
+
+class Blob:
+    """pycaffe's Blob: ``data`` and ``diff`` numpy arrays (see the module docstring for CPU/GPU), ``shape``,
+    ``count``, ``num/channels/height/width`` (legacy 4-D accessors) and ``reshape``."""
+
+    def __init__(self, name: str, shape, device: torch.device, owner: "Net"):
+        self.name = name
+        self._owner = weakref.ref(owner)
+        self._data = _Synced(torch.zeros(tuple(shape), dtype=torch.float32, device=device))
+        self._diff = _Synced(torch.zeros(tuple(shape), dtype=torch.float32, device=device))
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._data.host().numpy()
+
+    @property
+    def diff(self) -> np.ndarray:
+        return self._diff.host().numpy()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._data.shape
+
+    @property
+    def count(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def _legacy(self, axis: int) -> int:
+        if len(self.shape) > 4:
+            raise CaffeCompatError(f"blob '{self.name}' has {len(self.shape)} axes; the legacy accessors need <= 4")
+        return ((1,) * 4 + self.shape)[-4:][axis] if len(self.shape) < 4 else self.shape[axis]
+
+    num = property(lambda self: self._legacy(0))
+    channels = property(lambda self: self._legacy(1))
+    height = property(lambda self: self._legacy(2))
+    width = property(lambda self: self._legacy(3))
+
+    def reshape(self, *shape) -> None:
+        """New shape (zeros).  On a net input, the net's shapes are re-inferred (see the module docstring)."""
+        shape = reshape_argument(self.name, shape)
+        self._realloc(shape)
+        owner = self._owner()
+        if owner is not None:
+            owner._blob_reshaped(self.name)
+
+    def _realloc(self, shape) -> None:
+        device = self._data._dev.device
+        self._data = _Synced(torch.zeros(shape, dtype=torch.float32, device=device))
+        self._diff = _Synced(torch.zeros(shape, dtype=torch.float32, device=device))
+
+    def __repr__(self) -> str:
+        return f"Blob({self.name!r}, shape={self.shape})"
+
+
+class ParamBlob:
+    """One learnable (or statistics) blob of a layer, pycaffe's ``net.params[layer][i]``: ``data`` and
+    ``diff`` share memory with the torch tensor and its ``.grad`` on CPU (host copies on CUDA)."""
+
+    def __init__(self, owner: "Net", module_key: str, index: int):
+        self._owner = weakref.ref(owner)
+        self._key, self._index = module_key, index
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The torch tensor (``nn.Parameter`` or buffer) inside the CaffeNet."""
+        return self._owner()._cnet.layers[self._key].caffe_blobs()[self._index]
+
+    def _mirror(self, kind: str) -> _Synced:
+        owner = self._owner()
+        tensor = self.tensor
+        key = (self._key, self._index, kind)
+        source = tensor if kind == "data" else grad_of(tensor)
+        mirror = owner._param_mirrors.get(key)
+        if mirror is None or mirror.source is not source:  # first use, or the tensor was replaced
+            mirror = _Synced(source.detach())
+            mirror.source = source
+            mirror.head = "device"
+            owner._param_mirrors[key] = mirror
+        return mirror
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._mirror("data").host().numpy()
+
+    @property
+    def diff(self) -> np.ndarray:
+        return self._mirror("diff").host().numpy()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    @property
+    def count(self) -> int:
+        return int(self.tensor.numel())
+
+    def __repr__(self) -> str:
+        return f"ParamBlob({self._key!r}[{self._index}], shape={self.shape})"
+
+
+def grad_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's ``.grad``, created as zeros when absent (Caffe's diff exists from the start)."""
+    if tensor.grad is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # .grad of a buffer / frozen parameter: allowed, just unusual
+            tensor.grad = torch.zeros_like(tensor.detach())
+    return tensor.grad
+
