@@ -1,4 +1,6 @@
-"""Vision layers: Convolution, Deconvolution, Pooling, InnerProduct, SPP (Caffe semantics, 2-D spatial).
+"""Vision layers: Convolution, Deconvolution, InnerProduct (Caffe semantics, 2-D spatial).
+
+(Pooling and SPP are in :mod:`caffe_compat.layers.pooling`.)
 
 * **Convolution** ``y = W ⋆ x + b`` with Caffe's blobs ``W: num_output × (C/group) × kh × kw`` and
   ``b: num_output``; ``out = (in + 2·pad − (dilation·(k − 1) + 1)) // stride + 1``.  kernel/pad/stride
@@ -9,38 +11,9 @@
 * **Deconvolution** is the transpose of Convolution; Caffe stores its weight **C_in × (num_output/group)
   × kh × kw** (the convolution it transposes has C_in outputs), which is exactly
   ``conv_transpose2d``'s layout.  ``out = stride·(in − 1) + dilation·(k − 1) + 1 − 2·pad``.
-* **Pooling** MAX/AVE with Caffe's output size ``ceil((in + 2p − k)/s) + 1``, minus one when padded and
-  ``(out − 1)·s >= in + p`` (``round_mode: FLOOR`` uses floor).  Quirks reproduced:
-  - "padded" is Caffe's ``pad_h_ || pad_w_``: when either pad is nonzero the clip is tested on both
-    axes, also on one whose own pad is 0 (11×11, kernel 2, stride 4, ``pad_h: 1 pad_w: 0`` → 3×3, not
-    3×4; see :func:`caffe_compat.layers.geometry.pooled_hw`);
-  - MAX never selects padding; a window lying wholly past the end (possible without padding, when
-    ceil rounding starts the last window at ``in``) gives Caffe's −FLT_MAX and mask −1, and
-    the AVE of such a window Caffe's 0/0 = NaN;
-  - AVE divides by the window clipped to ``[−p, in + p)``: padding counts, the overhang past ``in + p``
-    does not; with ``p = 0`` a partial last window divides by its in-range size;
-  - two implementations with the same values: when PyTorch's own ceil/floor-mode output size equals
-    Caffe's and ``p ≤ k/2``, eager mode calls ``max_pool2d``/``avg_pool2d`` with ``padding``/``ceil_mode``
-    directly (PyTorch's clipped divisor is Caffe's; NCHW MAX pooling runs on a ``channels_last`` copy,
-    ~5× faster on CPU); otherwise, and always under ONNX export, the explicit form: the input padded
-    (−inf for MAX, zeros for AVE, also on the right for the ceil overhang), plain pooling with no
-    padding and no ceil_mode, AVE times ``k_h·k_w / divisor`` from a constant divisor map (exports as
-    Pad + MaxPool/AveragePool + Mul, which ONNX Runtime computes exactly);
-  - ``global_pooling`` pools the whole plane (pad 0, stride 1 required, as in Caffe);
-  - STOCHASTIC is refused (NOT_IMPLEMENTED on Caffe's CPU build);
-  - a second top on MAX pooling is Caffe's mask: the flat index ``h·W + w`` of the maximum, as float;
-  - MAX ties: Caffe scans each window row by row and takes an element only when it is strictly greater
-    than the maximum so far (from −FLT_MAX), so among equal maxima the **first** in scan order wins, in
-    every window it lies in (overlapping windows included).  The mask top and the gradient (which goes to
-    that element only, accumulated over the windows that chose it) come from that explicit scan
-    (:func:`max_pool_winners`), never from ``max_pool2d``'s indices, so they do not rest on torch's
-    tie-breaking; the top values are ``max_pool2d``'s (a maximum is a maximum).
 * **InnerProduct** ``y = x_flat · Wᵀ + b`` with ``x_flat`` of shape ``(prod(shape[:axis]), K)``;
   ``W`` is ``N × K``, or ``K × N`` when ``transpose: true`` (then ``y = x_flat · W + b``); the top has
   shape ``shape[:axis] + (N,)``.  Defaults: axis 1, bias_term true, transpose false, fillers constant 0.
-
-* **SPP** (spatial pyramid pooling): Caffe's own Pooling at ``2^i`` bins per axis for each pyramid level,
-  flattened and concatenated (see :class:`SPP`).
 
 Only ``axis: 1`` is supported for (De)Convolution, and 4-D blobs; anything else raises FormatError.
 """
@@ -54,12 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError, ShapeMismatchError
-from caffe_compat.layers.cache_blocking import blocking_applies, per_sample
-from caffe_compat.layers.caffe_backward import with_caffe_backward
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes, canonical_axis, count
 from caffe_compat.layers.fillers import fill_blob, layer_filler
-from caffe_compat.layers.geometry import (conv_geometry, conv_out_size, deconv_out_size, need_axes, pool_geometry,
-                                          pooled_hw)
+from caffe_compat.layers.geometry import conv_geometry, conv_out_size, deconv_out_size, need_axes
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
 
@@ -180,218 +150,6 @@ class Deconvolution(_ConvolutionBase):
         return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.pad, 0, self.group, self.dilation)
 
 
-# ---------------------------------------------------------------------------- pooling
-
-
-def ave_pool_divisor(size: int, out: int, kernel: int, stride: int, pad: int) -> list[int]:
-    """Caffe's AVE divisor per output position along one axis: the window clipped to ``[−pad, size + pad)``."""
-    return [min(i * stride - pad + kernel, size + pad) - (i * stride - pad) for i in range(out)]
-
-
-# Caffe's initial maximum, -FLT_MAX (for double blobs too): only a strictly greater value is ever selected.
-_CAFFE_MAX_START = -torch.finfo(torch.float32).max
-
-
-def _max_start(dtype: torch.dtype) -> float:
-    """-FLT_MAX, or the lowest finite value of a narrower type (bf16 and fp16 under autocast cannot hold
-    -FLT_MAX; their lowest finite value plays its part: only padding's -inf stays below it)."""
-    return max(_CAFFE_MAX_START, -torch.finfo(dtype).max)
-
-
-def _window_slices(offset_h: int, offset_w: int, stride, out) -> tuple:
-    """Index of the (N, C, out_h, out_w) elements at window offset ``(offset_h, offset_w)`` of a padded plane."""
-    return (slice(None), slice(None), slice(offset_h, offset_h + (out[0] - 1) * stride[0] + 1, stride[0]),
-            slice(offset_w, offset_w + (out[1] - 1) * stride[1] + 1, stride[1]))
-
-
-def _padded_extent(size: int, out: int, kernel: int, stride: int, pad: int) -> int:
-    """Padding after the end of one axis so that every window ``[i·stride − pad, … + kernel)`` lies inside."""
-    return max(0, (out - 1) * stride + kernel - pad - size)
-
-
-def max_pool_winners(x: torch.Tensor, kernel, stride, pad, out) -> torch.Tensor:
-    """Caffe's MAX pooling choice for every output (N, C, out_h, out_w): the flat index ``h·W + w`` of the
-    selected bottom element (int64), or -1 where nothing is selected; this is Caffe's mask.
-
-    Caffe's scan: the window clipped to the image, row by row, keeping an element only when it is strictly
-    greater than the maximum so far, which starts at -FLT_MAX.  So among equal maxima the first in scan
-    order wins, padding and NaN are never selected, and a window with nothing above -FLT_MAX selects
-    nothing."""
-    height, width = int(x.shape[2]), int(x.shape[3])
-    if (height, width) == tuple(kernel) and tuple(out) == (1, 1) and not any(pad):
-        return _plane_winner(x)
-    ends = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
-    pads = (pad[1], ends[1], pad[0], ends[0])
-    padded = F.pad(x, pads, value=-math.inf) if any(pads) else x
-    shape = (x.shape[0], x.shape[1], out[0], out[1])
-    best = torch.full(shape, _max_start(x.dtype), dtype=x.dtype, device=x.device)
-    winner = torch.full(shape, -1, dtype=torch.int64, device=x.device)
-    rows = torch.arange(out[0], device=x.device) * stride[0] - pad[0]
-    cols = torch.arange(out[1], device=x.device) * stride[1] - pad[1]
-    for dh in range(kernel[0]):
-        for dw in range(kernel[1]):
-            window = padded[_window_slices(dh, dw, stride, out)]
-            greater = window > best
-            torch.fmax(best, window, out=best)  # = where(greater, window, best): fmax skips NaN as '>' does
-            # The index is only taken where greater, so never at a padded position (it holds -inf).
-            winner = torch.where(greater, (rows[:, None] + dh) * width + (cols[None, :] + dw), winner)
-    return winner
-
-
-def _plane_winner(x: torch.Tensor) -> torch.Tensor:
-    """:func:`max_pool_winners` for one window covering each whole plane (global pooling), vectorised: the
-    first position of the plane's maximum (NaN ignored), -1 when that maximum is not above -FLT_MAX."""
-    flat = x.flatten(2)
-    clean = torch.where(flat.isnan(), -math.inf, flat)
-    top = clean.amax(dim=2, keepdim=True)
-    position = torch.arange(flat.shape[2], device=x.device)
-    first = torch.where(clean == top, position, flat.shape[2]).amin(dim=2, keepdim=True)
-    return torch.where(top > _max_start(top.dtype), first, -1).unsqueeze(-1)
-
-
-def max_pool_bottom_diff(top_diff: torch.Tensor, winner: torch.Tensor, size) -> torch.Tensor:
-    """Caffe's MAX pooling backward: each top diff is added to the bottom element its window selected
-    (``winner`` from :func:`max_pool_winners`), none where nothing was; ``size`` is the bottom's (H, W)."""
-    n, c = top_diff.shape[0], top_diff.shape[1]
-    picked = winner >= 0
-    grad = top_diff.new_zeros(n, c, size[0] * size[1])
-    grad.scatter_add_(2, torch.where(picked, winner, 0).flatten(2), torch.where(picked, top_diff, 0.0).flatten(2))
-    return grad.view(n, c, size[0], size[1])
-
-
-@register_layer("Pooling")
-class Pooling(CaffeLayer):
-    """Caffe Pooling, MAX and AVE (see module docstring for the output size and divisor quirks)."""
-
-    MAX, AVE, STOCHASTIC = 0, 1, 2
-    bottoms = ONE
-    tops = BlobCount(1, 2)  # MAX may add the mask top; AVE has one (checked in __init__)
-    in_caffe_1_0 = True
-
-    @classmethod
-    def infer(cls, layer, bottoms):
-        """``(N, C, H', W')`` with Caffe's pooled size (:func:`~caffe_compat.layers.geometry.pooled_hw`), for
-        every top (MAX's mask has the top's shape); global pooling gives ``(N, C, 1, 1)``."""
-        need_axes(layer, bottoms, 4, what=" (N, C, H, W), as Caffe's PoolingLayer requires")
-        n, c, h, w = bottoms[0]
-        g = pool_geometry(layer, (h, w))
-        out = (1, 1) if g.global_pooling else pooled_hw((h, w), g.kernel, g.stride, g.pad, g.ceil_mode)
-        return Shapes([(n, c, *out)] * max(1, len(layer.top)))
-
-    def __init__(self, param, bottom_shapes, phase="test"):
-        super().__init__(param, bottom_shapes, phase)
-        p = param.pooling_param
-        shape = self.bottom_shapes[0]
-        if len(shape) != 4:
-            raise FormatError(f"layer '{self.layer_name}' (Pooling): the input must have 4 axes, got shape {shape}")
-        if p.pool == self.STOCHASTIC:
-            raise FormatError(f"layer '{self.layer_name}': STOCHASTIC pooling is not supported (Caffe's CPU build "
-                              f"aborts with NOT_IMPLEMENTED)")
-        if p.pool not in (self.MAX, self.AVE):
-            raise FormatError(f"layer '{self.layer_name}': unknown pooling method {p.pool}")
-        self.method = int(p.pool)
-        self.global_pooling = bool(p.global_pooling)
-        if self.global_pooling:
-            pad_set = p.pad or p.pad_h or p.pad_w
-            stride_set = p.stride != 1 or (p.HasField("stride_h") and p.stride_h != 1) or (
-                p.HasField("stride_w") and p.stride_w != 1)
-            if pad_set or stride_set:
-                raise FormatError(f"layer '{self.layer_name}': with global_pooling only pad = 0 and stride = 1 "
-                                  f"are allowed")
-        geometry = pool_geometry(param, shape[2:])
-        if min(geometry.kernel) < 1 or min(geometry.stride) < 1:
-            raise FormatError(f"layer '{self.layer_name}': kernel and stride must be positive")
-        self.kernel, self.stride, self.pad = geometry.kernel, geometry.stride, geometry.pad
-        self.ceil_mode = geometry.ceil_mode
-        if len(param.top) > (2 if self.method == self.MAX else 1):
-            raise FormatError(f"layer '{self.layer_name}': {'MAX' if self.method == self.MAX else 'AVE'} pooling "
-                              f"has at most {2 if self.method == self.MAX else 1} tops, got {len(param.top)}")
-        self.num_tops = max(1, len(param.top))
-
-    def geometry_for(self, height: int, width: int):
-        """(kernel, stride, pad, out) for an input plane of ``height × width``."""
-        if self.global_pooling:
-            return (height, width), (1, 1), (0, 0), (1, 1)
-        out = pooled_hw((height, width), self.kernel, self.stride, self.pad, self.ceil_mode)
-        return self.kernel, self.stride, self.pad, out
-
-    def forward(self, x):
-        if x.dim() != 4:
-            raise ShapeMismatchError(f"layer '{self.layer_name}': pooling needs a 4-D input, got {tuple(x.shape)}")
-        height, width = int(x.shape[2]), int(x.shape[3])
-        kernel, stride, pad, out = self.geometry_for(height, width)
-        if not torch.onnx.is_in_onnx_export() and self._torch_matches(height, width, kernel, stride, pad, out):
-            def pool(t):
-                return self._torch_pool(t, kernel, stride, pad)[0]
-        else:
-            def pool(t):
-                return self._explicit_pool(t, kernel, stride, pad, out)[0]
-        if self.method == self.AVE:
-            return (pool(x),)
-
-        def bottom_diff(top_diff, bottom):
-            return max_pool_bottom_diff(top_diff, max_pool_winners(bottom, kernel, stride, pad, out), (height, width))
-
-        top = with_caffe_backward(x, pool, bottom_diff)
-        if self.num_tops == 1:
-            return (top,)
-        return top, max_pool_winners(x.detach(), kernel, stride, pad, out).to(x.dtype)
-
-    def _torch_matches(self, height, width, kernel, stride, pad, out) -> bool:
-        """True when PyTorch's pooling with ``padding=pad, ceil_mode`` gives Caffe's output size."""
-        for size, k, s, p, o in zip((height, width), kernel, stride, pad, out):
-            if 2 * p > k:
-                return False
-            span = size + 2 * p - k
-            torch_out = (-(-span // s) if self.ceil_mode else span // s) + 1
-            if self.ceil_mode and (torch_out - 1) * s >= size + p:
-                torch_out -= 1
-            if torch_out != o:
-                return False
-        return True
-
-    def _torch_pool(self, x, kernel, stride, pad):
-        if self.method == self.AVE:
-            return (F.avg_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode, count_include_pad=True),)
-        if x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last):
-            def through_nhwc(chunk):
-                nhwc = chunk.contiguous(memory_format=torch.channels_last)
-                return F.max_pool2d(nhwc, kernel, stride, pad, ceil_mode=self.ceil_mode).contiguous()
-            return (per_sample(through_nhwc, x) if blocking_applies(x) else through_nhwc(x),)
-        return (F.max_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode),)
-
-    def _explicit_pool(self, x, kernel, stride, pad, out):
-        height, width = int(x.shape[2]), int(x.shape[3])
-        # Extra right/bottom padding so that plain floor-mode pooling yields Caffe's (ceil) output count.
-        extra = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
-        pads = (pad[1], extra[1], pad[0], extra[0])
-        if self.method == self.MAX:
-            # -FLT_MAX is Caffe's initial maximum: a window lying wholly in the overhang (possible without
-            # padding when the last window starts at or past the end) yields it, as in Caffe, with mask -1.
-            lowest = torch.finfo(x.dtype).min if x.is_floating_point() else -math.inf
-            padded = F.pad(x, pads, value=lowest) if any(pads) else x
-            top = F.max_pool2d(padded, kernel, stride)
-            return (top[:, :, :out[0], :out[1]],)
-        padded = F.pad(x, pads) if any(pads) else x
-        mean = F.avg_pool2d(padded, kernel, stride, count_include_pad=True)[:, :, :out[0], :out[1]]
-        rows = ave_pool_divisor(height, out[0], kernel[0], stride[0], pad[0])
-        cols = ave_pool_divisor(width, out[1], kernel[1], stride[1], pad[1])
-        full = kernel[0] * kernel[1]
-        if all(r == kernel[0] for r in rows) and all(c == kernel[1] for c in cols):
-            return (mean,)
-        # An empty window (divisor 0) gives Caffe's 0 / 0 = NaN.
-        scale = torch.tensor([[full / (r * c) if r * c else math.nan for c in cols] for r in rows],
-                             dtype=x.dtype, device=x.device)
-        return (mean * scale,)
-
-    def extra_repr(self):
-        method = "MAX" if self.method == self.MAX else "AVE"
-        if self.global_pooling:
-            return f"{super().extra_repr()}, pool={method}, global_pooling=True"
-        return (f"{super().extra_repr()}, pool={method}, kernel={self.kernel}, stride={self.stride}, pad={self.pad}, "
-                f"round_mode={'CEIL' if self.ceil_mode else 'FLOOR'}")
-
-
 # ---------------------------------------------------------------------------- inner product
 
 
@@ -451,82 +209,3 @@ class InnerProduct(CaffeLayer):
     def extra_repr(self):
         return (f"{super().extra_repr()}, num_output={self.num_output}, axis={self.axis}, "
                 f"transpose={self.transpose}, bias_term={self.bias is not None}")
-
-
-# ---------------------------------------------------------------------------- spatial pyramid pooling
-
-
-@register_layer("SPP")
-class SPP(CaffeLayer):
-    """Caffe's SPPLayer (spatial pyramid pooling, He et al. 2014): ``spp_param { pyramid_height P pool }``.
-
-    Level ``i`` (0 ≤ i < P) pools the whole ``H × W`` plane into ``b = 2^i`` bins per axis with Caffe's
-    own Pooling layer, built as ``SPPLayer::GetPoolingParam`` does: ``kernel = ceil(H / b)``,
-    ``stride = kernel``, ``pad = (kernel·b − H + 1) // 2`` (likewise for W), ``pool`` MAX (default) or AVE.
-    Each level's ``(N, C, h_i, w_i)`` output (Caffe's pooled size, so its pad clip applies) is flattened
-    to ``(N, C·h_i·w_i)`` and the levels are concatenated: the top is ``(N, C·Σ h_i·w_i)``.  Quirks kept:
-
-    * ``pyramid_height: 1`` skips the flatten and concat (Caffe sets up the one pooling layer on the top
-      directly), so the top is the 4-D ``(N, C, 1, 1)``;
-    * a level whose pad reaches its kernel (e.g. H = 5 at b = 4: kernel 2, pad 2) is refused, as Caffe's
-      Pooling CHECK (``pad < kernel``) aborts the net;
-    * STOCHASTIC is refused, like Pooling's;
-    * the geometry follows the bottom's size at each forward (Caffe re-sets the levels up on reshape).
-    """
-
-    bottoms = tops = ONE
-    in_caffe_1_0 = True
-
-    @staticmethod
-    def level_param(layer, level: int, height: int, width: int):
-        """The LayerParameter of pyramid level ``level``'s Pooling layer (``SPPLayer::GetPoolingParam``)."""
-        from caffe_compat.proto import caffe_pb2
-
-        bins = 2 ** level
-        pooling = caffe_pb2.LayerParameter(name=f"{layer.name}/level{level}", type="Pooling")
-        p = pooling.pooling_param
-        p.kernel_h, p.kernel_w = -(-height // bins), -(-width // bins)
-        p.pad_h, p.pad_w = (p.kernel_h * bins - height + 1) // 2, (p.kernel_w * bins - width + 1) // 2
-        p.stride_h, p.stride_w = p.kernel_h, p.kernel_w
-        p.pool = int(layer.spp_param.pool)
-        return pooling
-
-    @classmethod
-    def levels(cls, layer, bottom) -> list:
-        need_axes(layer, [bottom], 4, what=" (N, C, H, W), as Caffe's SPPLayer requires")
-        if min(bottom[2:]) < 1:
-            raise FormatError(f"layer '{layer.name}' (SPP): input dimensions cannot be zero, got {tuple(bottom)}")
-        if layer.spp_param.pyramid_height < 1:
-            raise FormatError(f"layer '{layer.name}' (SPP): spp_param.pyramid_height must be >= 1, got "
-                              f"{layer.spp_param.pyramid_height}")
-        return [cls.level_param(layer, i, bottom[2], bottom[3]) for i in range(layer.spp_param.pyramid_height)]
-
-    @classmethod
-    def infer(cls, layer, bottoms):
-        n, c = bottoms[0][:2]
-        pooled = [Pooling.infer(level, bottoms).tops[0] for level in cls.levels(layer, tuple(bottoms[0]))]
-        if len(pooled) == 1:
-            return Shapes([pooled[0]])
-        return Shapes([(n, sum(c * h * w for _, _, h, w in pooled))])
-
-    def __init__(self, param, bottom_shapes, phase="test"):
-        super().__init__(param, bottom_shapes, phase)
-        self._pyramids: dict[tuple[int, int], nn.ModuleList] = {}
-        self.infer(param, self.bottom_shapes)
-
-    def _pyramid(self, height: int, width: int) -> nn.ModuleList:
-        key = (height, width)
-        if key not in self._pyramids:
-            shape = (1, 1, height, width)
-            self._pyramids[key] = nn.ModuleList(Pooling(level, [shape], self.phase)
-                                                for level in self.levels(self.param, shape))
-        return self._pyramids[key]
-
-    def forward(self, x):
-        if x.dim() != 4:
-            raise ShapeMismatchError(f"layer '{self.layer_name}': SPP needs a 4-D input, got {tuple(x.shape)}")
-        pyramid = self._pyramid(int(x.shape[2]), int(x.shape[3]))
-        pooled = [level(x)[0] for level in pyramid]
-        if len(pooled) == 1:
-            return (pooled[0],)
-        return (torch.cat([p.flatten(1) for p in pooled], dim=1),)

@@ -6,25 +6,13 @@ from __future__ import annotations
 import ast
 
 from tests.conftest import REPO
-
-
-def _imported_modules(tree: ast.AST) -> list[str]:
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.extend(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
-              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
-            names.append(str(node.args[0].value))
-    return names
+from tests.test_layering import imported_modules
 
 
 def test_caffe_compat_never_imports_converters():
     offenders = []
     for path in sorted((REPO / "caffe_compat").rglob("*.py")):
-        for name in _imported_modules(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for name in imported_modules(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if name == "converters" or name.startswith("converters."):
                 offenders.append(f"{path.relative_to(REPO)}: imports {name}")
     assert not offenders, offenders

@@ -15,7 +15,7 @@ from google.protobuf import text_format
 
 from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers import layer_class
-from caffe_compat.layers.vision import ave_pool_divisor
+from caffe_compat.layers.pooling import ave_pool_divisor
 from caffe_compat.net import CaffeNet
 from caffe_compat.proto import caffe_pb2
 from tests.conftest import fixture_path
