@@ -9,6 +9,7 @@ rule whatever the file says (as pycaffe's classes do).
 from __future__ import annotations
 
 from caffe_compat.solver.lr_policy import POLICIES, learning_rate
+from caffe_compat.solver.observers import SolverObserver
 from caffe_compat.solver.solver import Solver, learnable_blobs
 from caffe_compat.solver.updates import (UPDATE_RULES, AdaDelta, AdaGrad, Adam, CaffeOptimizer, Nesterov, RMSProp,
                                          SGD, make_optimizer)
@@ -37,4 +38,4 @@ AdamSolver = _forced("Adam")
 
 __all__ = ["POLICIES", "UPDATE_RULES", "AdaDelta", "AdaDeltaSolver", "AdaGrad", "AdaGradSolver", "Adam", "AdamSolver",
            "CaffeOptimizer", "Nesterov", "NesterovSolver", "RMSProp", "RMSPropSolver", "SGD", "SGDSolver", "Solver",
-           "get_solver", "learnable_blobs", "learning_rate", "make_optimizer"]
+           "SolverObserver", "get_solver", "learnable_blobs", "learning_rate", "make_optimizer"]

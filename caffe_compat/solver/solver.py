@@ -58,6 +58,7 @@ from caffe_compat.pycaffe import SolverNet
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
 from caffe_compat.io.glog import g6 as _g6  # a number as glog/iostream prints it
+from caffe_compat.solver.observers import SolverObserver, around_snapshot, notify
 
 __all__ = ["Solver", "learnable_blobs"]
 
@@ -131,11 +132,8 @@ class Solver:
         self.test_data_sources: list = [None] * len(self.test_nets)
         self.autocast_dtype: torch.dtype | None = None
         self.grad_scaler = None
-        self.gradient_hook = None  # called after the backward passes, before the update (e.g. DDP averaging)
-        self.iteration_hooks: list = []  # called with the solver after every iteration (progress, logs)
-        # called as hook(solver, caffemodel_path, solverstate_path) after a snapshot's two files are written
-        # (train() writes its .trainstate there); a hook's error propagates like a failed write
-        self.snapshot_hooks: list = []
+        # objects told of the iteration's events, in list order (:class:`SolverObserver`, "Observers")
+        self.observers: list = []
         # (losses, smoothed_loss, window_start): the next step() continues this average_loss window instead
         # of starting a new one (train(resume=...) sets it from the .trainstate); used once
         self.resumed_loss_window: tuple[list[float], float, int] | None = None
@@ -143,7 +141,6 @@ class Solver:
         self.forward_fn = None  # e.g. torch.compile(self.net); default: self.net
         self.memory_format = torch.contiguous_format  # 4-D inputs are converted to it (channels_last)
         self.last_loss = float("nan")
-        self.callbacks: list = []  # objects with on_start() / on_gradients_ready(), like Caffe's
         self.outputs: dict[str, torch.Tensor] = {}
         self.last_lr = float("nan")
         self.test_scores: list[dict[str, np.ndarray]] = []
@@ -298,6 +295,17 @@ class Solver:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
+    # ----------------------------------------------------------------------------- observers
+
+    def add_callback(self, on_start, on_gradients_ready) -> SolverObserver:
+        """pycaffe's ``solver.add_callback(on_start, on_gradients_ready)``: two functions without arguments,
+        called at the start of every iteration and before every update (Caffe's ``Solver::Callback``);
+        appended to ``observers`` (see :mod:`caffe_compat.solver.observers`), and returned."""
+        observer = SolverObserver(on_start=lambda solver: on_start(),
+                                  on_gradients_ready=lambda solver: on_gradients_ready())
+        self.observers.append(observer)
+        return observer
+
     # ----------------------------------------------------------------------------- one iteration
 
     def forward_backward(self) -> float:
@@ -367,8 +375,7 @@ class Solver:
             if (self.param.test_interval and self.iter % self.param.test_interval == 0
                     and (self.iter > 0 or self.param.test_initialization)):
                 self.test_all()
-            for callback in self.callbacks:
-                getattr(callback, "on_start", lambda: None)()
+            notify(self, "on_start")
             loss = np.float32(0.0)
             for _ in range(iter_size):
                 loss = np.float32(loss + np.float32(self.forward_backward()))
@@ -381,16 +388,12 @@ class Solver:
             self._update_smoothed_loss(loss, start_iter)
             if self._displaying():
                 self._log_outputs()
-            if self.gradient_hook is not None:
-                self.gradient_hook(self)
-            for callback in self.callbacks:
-                getattr(callback, "on_gradients_ready", lambda: None)()
+            notify(self, "on_gradients_ready")
             self.apply_update()
             self.iter += 1
             if self.param.snapshot and self.iter % self.param.snapshot == 0:
                 self.snapshot()
-            for hook in self.iteration_hooks:
-                hook(self)
+            notify(self, "on_iteration")
         return self.smoothed_loss
 
     def loss_window(self) -> tuple[list[float], float, int]:
@@ -503,10 +506,14 @@ class Solver:
 
     def snapshot(self) -> tuple[str, str]:
         """Write ``<prefix>_iter_<iter>.caffemodel`` then ``.solverstate`` (each atomically: a crash never
-        leaves a half-written file under either name).  Returns both paths.
+        leaves a half-written file under either name), then tell the observers (``on_snapshot``).  Returns
+        both paths.  An observer's ``around_snapshot`` may take this over (:mod:`~caffe_compat.solver.observers`).
 
         Temporaries of any ``<prefix>_iter_<N>.*`` snapshot left in the folder by a killed run (whose
         process is gone) are removed first (:func:`~caffe_compat.io.atomic.remove_stale_temporaries`)."""
+        return around_snapshot(self, self._write_snapshot)()
+
+    def _write_snapshot(self) -> tuple[str, str]:
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
             raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
         model_path = self.snapshot_filename(".caffemodel")
@@ -523,8 +530,7 @@ class Solver:
             state.history.append(array_to_blob(blob.detach().to("cpu", torch.float32).numpy()))
         log.info("Snapshotting solver state to binary proto file %s", state_path)
         write_solverstate(state, state_path)
-        for hook in self.snapshot_hooks:
-            hook(self, model_path, state_path)
+        notify(self, "on_snapshot", model_path, state_path)
         return model_path, state_path
 
     def _add_diffs(self, net_param: caffe_pb2.NetParameter) -> None:
