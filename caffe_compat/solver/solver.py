@@ -132,7 +132,7 @@ class Solver:
         self.test_data_sources: list = [None] * len(self.test_nets)
         self.autocast_dtype: torch.dtype | None = None
         self.grad_scaler = None
-        # objects told of the iteration's events, in list order (:class:`SolverObserver`, "Observers")
+        # objects told of each iteration's events, in list order (see caffe_compat.solver.observers)
         self.observers: list = []
         # (losses, smoothed_loss, window_start): the next step() continues this average_loss window instead
         # of starting a new one (train(resume=...) sets it from the .trainstate); used once

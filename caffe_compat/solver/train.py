@@ -58,7 +58,6 @@ A process group that ``train`` initialised stays initialised after a successful 
 again); ``distributed.shutdown_distributed()`` ends it (``caffe-compat train`` does: a barrier, then the
 group destroyed, so that no rank exits while another still uses the connections).
 
-
 Resuming (``resume=<prefix>_iter_N.solverstate``, ``caffe-compat train --resume``): Caffe's Restore, then
 the ``<prefix>_iter_N.trainstate`` that ``train`` writes beside every snapshot (data streams, RNGs, loss
 window, GradScaler), so that in deterministic mode the resumed run gives the **same losses and weights as
@@ -67,8 +66,9 @@ in Caffe.  What is saved, how each kind of ``data`` continues, and the file form
 :mod:`caffe_compat.solver.trainstate`.
 
 The pieces: :mod:`~caffe_compat.solver.feed` (the data iterables), :mod:`~caffe_compat.solver.trainstate`,
-:mod:`~caffe_compat.solver.recorder` (bar, CSV, TensorBoard) and :mod:`~caffe_compat.solver.distributed_run`,
-each a solver observer (:mod:`caffe_compat.solver.observers`) for the length of the call.
+:mod:`~caffe_compat.solver.recorder` (bar, CSV, TensorBoard) and :mod:`~caffe_compat.solver.distributed_run`;
+the last three act through solver observers (:mod:`caffe_compat.solver.observers`) for the length of the
+call, and the solver's observer list is as before once ``train`` returns.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ import torch
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
 from caffe_compat.hardware import warn_if_bf16_slow
 from caffe_compat.solver import distributed as ddp
-from caffe_compat.solver.distributed_run import ALONE, DistributedRun, RankZeroOnly, prepare_nets, rank_device, \
-    wants_distributed
+from caffe_compat.solver.distributed_run import (ALONE, DistributedRun, RankZeroOnly, prepare_nets, rank_device,
+                                                 wants_distributed)
 from caffe_compat.solver.feed import Feed
 from caffe_compat.solver.recorder import Recorder
 from caffe_compat.solver.solver import Solver
@@ -101,6 +101,8 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class TrainSummary:
+    """What :func:`train` returns (and logs as ``Training summary: ...``)."""
+
     iterations: int
     seconds: float
     iters_per_s: float
