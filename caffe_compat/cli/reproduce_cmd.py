@@ -40,14 +40,16 @@ def register(sub) -> None:
 def run(args) -> int:
     from caffe_compat.evaluate.inputs import parse_device
     from caffe_compat.export.notices import cli_warnings
+    from caffe_compat.reproduce.config import ReproduceConfig
     from caffe_compat.reproduce.pipeline import reproduce
 
-    device = str(parse_device(args.device, option="--device"))
+    device = str(parse_device(args.device, option="--device"))  # refused here with the option's name
+    config = ReproduceConfig(args.dataset, data_root=args.data_root, losses=args.losses, seeds=args.seeds,
+                             weights=args.weights, delta_min=args.delta_min, device=device, max_iter=args.max_iter,
+                             out_dir=args.out, workers=args.workers, snapshot_every=args.snapshot_every,
+                             batch_size=args.batch_size, per_label=args.per_label, fresh=args.fresh)
     with cli_warnings("reproduce"):
-        summary = reproduce(args.dataset, data_root=args.data_root, losses=args.losses, seeds=args.seeds,
-                            weights=args.weights, delta_min=args.delta_min, device=device, max_iter=args.max_iter,
-                            out_dir=args.out, workers=args.workers, snapshot_every=args.snapshot_every,
-                            batch_size=args.batch_size, per_label=args.per_label, fresh=args.fresh)
+        summary = reproduce(config)
     print()
     print(summary["table"])
     out = args.out or f"runs/{args.dataset}"

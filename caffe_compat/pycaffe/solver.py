@@ -229,17 +229,17 @@ class _SolverBlob(Blob):
 
 
 class _CompiledForwardRecorder:
-    """The forward watcher of a :class:`PycaffeSolver`: a compiled TRAIN forward (``forward_fn``) runs none of
+    """The forward observer of a :class:`PycaffeSolver`: a compiled TRAIN forward (``forward_fn``) runs none of
     :meth:`SolverNet.forward`'s Python, so its blobs are dropped and recorded here (an eager forward
     recorded them itself)."""
 
     @staticmethod
-    def before_forward(net) -> None:
+    def before_forward(solver, net) -> None:
         if isinstance(net, SolverNet):
             net.forget_blobs()
 
     @staticmethod
-    def after_forward(net, blobs) -> None:
+    def after_forward(solver, net, blobs) -> None:
         if isinstance(net, SolverNet) and not net._last_blobs:
             net.record_blobs(blobs)
 
@@ -255,7 +255,7 @@ class PycaffeSolver(Solver):
         self.net.attach_solver(self)
         for i, net in enumerate(self.test_nets):
             net.attach_solver(self, i)
-        self.forward_watchers.append(_CompiledForwardRecorder())
+        self.observers.append(_CompiledForwardRecorder())
 
 
 def get_solver(solver, weights=None, device=None) -> PycaffeSolver:

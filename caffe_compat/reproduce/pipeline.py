@@ -1,5 +1,7 @@
 """``caffe-compat reproduce``: train from our prototxt → snapshot → export ONNX → evaluate with ONNX
-Runtime → the paper-style table, curves and ``run.json``.
+Runtime → the paper-style table, curves and ``run.json``.  The options are one
+:class:`~caffe_compat.reproduce.config.ReproduceConfig`; :func:`reproduce` resolves it, reads the data,
+checks every run directory, runs each (loss, seed) and writes the summary, one step each.
 
 One run per (loss, seed) under ``OUT/<loss>/seed<k>/`` (settings.json, progress.json, train_log.csv,
 snapshots, embedder.onnx, metrics.json).  Re-running the same command continues where it stopped: a
@@ -38,7 +40,7 @@ import json
 import platform
 import subprocess
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +49,8 @@ from caffe_compat.errors import CaffeCompatError
 from caffe_compat.io.atomic import write_text_atomic
 from caffe_compat.reproduce.report import (SPREAD, closing_summary, headline, metric_columns, results_json,
                                            results_markdown, seed_spread, write_figures)
-from caffe_compat.reproduce.setups import SETUPS, training_preprocessing
+from caffe_compat.reproduce.config import ReproduceConfig, resolve
+from caffe_compat.reproduce.setups import training_preprocessing
 from caffe_compat.reproduce.training import (check_run_dir, clear_run_dir, latest_snapshot, prototxt_root,
                                              read_settings, run_settings, train_run)
 
@@ -168,116 +171,129 @@ def _on_disk(run_dir: Path, settings: dict, max_iter: int, fresh: bool) -> tuple
     return ("nothing", None) if snapshot is None else ("snapshot", snapshot)
 
 
-def reproduce(dataset: str, data_root=None, losses=None, seeds=None, weights=None, delta_min=None,
-              device: str = "cpu", max_iter: int | None = None, out_dir=None, workers: int | None = None,
-              snapshot_every: int = 0, batch_size: int | None = None, per_label: int | None = None,
-              progress: bool = True, fresh: bool = False) -> dict:
-    """Run every (loss, seed) of ``dataset`` and write the summary files; return run.json's content
-    plus ``"table"`` (results.md) and ``"closing"`` (:func:`~caffe_compat.reproduce.report.closing_summary`).  ``batch_size`` / ``per_label`` override the paper's batch
-    (e.g. a small batch for a CPU smoke run of the full-size nets).  ``device``: ``"auto"``, ``"cpu"``,
-    ``"cuda"`` or ``"cuda:N"`` (checked; training and the k-NN of the evaluation run there).  ``fresh``:
-    discard the requested runs' directories and retrain them (see the module docstring)."""
-    from caffe_compat.evaluate.inputs import parse_device
+def reproduce(config: ReproduceConfig | str, **options) -> dict:
+    """Run every (loss, seed) of the data set and write the summary files; return run.json's content plus
+    ``"table"`` (results.md) and ``"closing"`` (:func:`~caffe_compat.reproduce.report.closing_summary`).
 
-    if dataset not in SETUPS:
-        raise CaffeCompatError(f"unknown data set {dataset!r}; choose one of {sorted(SETUPS)}")
-    device = str(parse_device(device, option="device"))
-    setup = SETUPS[dataset]
-    if batch_size is not None or per_label is not None:
-        batch_size = int(batch_size or setup.batch_size)
-        per_label = int(per_label or min(setup.per_label, batch_size))
-        if not 2 <= per_label <= batch_size:
-            raise CaffeCompatError(f"reproduce {dataset}: need 2 <= --per-label <= --batch-size, got "
-                                   f"{per_label} and {batch_size} (a batch is made of label runs)")
-        setup = replace(setup, batch_size=batch_size, per_label=per_label)
-    losses = list(losses or setup.losses)
-    nets = prototxt_root() / setup.prototxt_dir
-    unknown = [l for l in losses if not (nets / f"train_{l}.prototxt").exists()]
-    if unknown:
-        raise CaffeCompatError(f"reproduce {dataset}: no prototxt for loss(es) {unknown}; "
-                               f"available: {', '.join(setup.losses)}")
-    seeds = list(seeds if seeds is not None else ((0, 1, 2) if setup.toy_kind else (0,)))
-    max_iter = int(max_iter or setup.max_iter)
-    if max_iter < 1:
-        raise CaffeCompatError(f"reproduce {dataset}: --max-iter must be >= 1, got {max_iter}")
-    if weights is not None and not Path(weights).is_file():
-        raise CaffeCompatError(f"reproduce {dataset}: --weights {weights}: no such file")
-    out_dir = Path(out_dir or Path("runs") / dataset)
-    workers = (0 if setup.toy_kind else 2) if workers is None else int(workers)
+    ``config``: a :class:`~caffe_compat.reproduce.config.ReproduceConfig` (every option, see there), or the
+    data set's name with the config's fields as keywords (``reproduce("digits", max_iter=6)``); keywords
+    given with a config replace its fields.  Resuming and ``fresh``: see the module docstring."""
+    if not isinstance(config, ReproduceConfig):
+        config = ReproduceConfig(config, **options)
+    elif options:
+        config = replace(config, **options)
+    config, setup = resolve(config)
     started = time.perf_counter()
-    generated = setup.toy_kind is not None and data_root is None
+    generated = setup.toy_kind is not None and config.data_root is None
+    data = None
+    if not generated:
+        # A data set given by the user is read (every split's list, so also validated) before anything is
+        # written: a wrong --data-root leaves no run folder behind.
+        data = _read_data(setup, config, generated)
+    planned = [(loss, seed, config.out_dir / loss / f"seed{seed}") for loss in config.losses for seed in config.seeds]
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    if config.weights is None and setup.toy_kind is None and config.progress:
+        print(f"reproduce {config.dataset}: no --weights, so training starts from the prototxt's fillers (Caffe's "
+              f"default filler is constant 0); the paper starts from the ImageNet caffemodel named in models/",
+              flush=True)
+    if generated:  # the toy data set is made inside the run folder
+        data = _read_data(setup, config, generated)
+    # Every run's settings, checked against its directory before anything is trained or written.
+    settings = _checked_settings(setup, config, planned, data)
+    state = {run_dir: _on_disk(run_dir, settings[run_dir], config.max_iter, config.fresh) for _, _, run_dir in planned}
+    found = [sum(1 for kind, _ in state.values() if kind == wanted) for wanted in ("finished", "snapshot")]
+    _say(config.progress, f"reproduce {config.dataset}: {len(planned)} runs ({len(config.losses)} loss(es) x "
+                          f"{len(config.seeds)} seed(s), {config.max_iter} iterations each) in {config.out_dir}; "
+                          f"on disk: {found[0]} finished (reused), {found[1]} with a snapshot to resume from"
+                          + (" (--fresh: all retrained)" if config.fresh else ""))
+    per_loss: dict[str, list[dict]] = {}
+    for number, (loss, seed, run_dir) in enumerate(planned, 1):
+        name = f"run {number} of {len(planned)}: {loss} seed {seed}"
+        run = _one_run(setup, config, loss, seed, run_dir, name, state[run_dir], settings[run_dir], data)
+        per_loss.setdefault(loss, []).append(run)
+    return _write_summary(setup, config, planned, per_loss, data, started)
+
+
+@dataclass
+class _Data:
+    root: Path  # the data set's folder
+    records: list  # the training split's records
+    data_id: str  # what settings.json records of the data
+
+
+def _read_data(setup, config: ReproduceConfig, generated: bool) -> _Data:
+    """The data set (generated under ``out_dir`` for the toy set without ``data_root``): its root, the
+    training records (every split read, so checked) and how the run settings name it."""
+    root = data_root_for(setup, config.data_root, config.out_dir)
+    records = read_records(setup, root)
     if generated:
         data_id = (f"generated: make_toy_data({setup.toy_kind!r}, seed=0, size={setup.crop}, "
                    f"num_classes={DIGITS_CLASSES}, images_per_class={DIGITS_IMAGES_PER_CLASS})")
     else:
-        # A data set given by the user is read (every split's list, so also validated) before anything is
-        # written: a wrong --data-root leaves no run folder behind.
-        root = data_root_for(setup, data_root, out_dir)
-        train_records = read_records(setup, root)
         data_id = str(root.resolve())
-    # Every run's settings, checked against its directory before anything is trained or written.
-    planned = []
-    for loss in losses:
-        for seed in seeds:
-            run_dir = out_dir / loss / f"seed{seed}"
-            planned.append((loss, seed, run_dir))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if weights is None and setup.toy_kind is None and progress:
-        print(f"reproduce {dataset}: no --weights, so training starts from the prototxt's fillers (Caffe's "
-              f"default filler is constant 0); the paper starts from the ImageNet caffemodel named in models/",
-              flush=True)
-    if generated:  # the toy data set is made inside the run folder
-        root = data_root_for(setup, data_root, out_dir)
-        train_records = read_records(setup, root)
+    return _Data(root, records, data_id)
+
+
+def _checked_settings(setup, config: ReproduceConfig, planned: list, data: _Data) -> dict:
+    """Each run directory's settings (:func:`~caffe_compat.reproduce.training.run_settings`), checked
+    against what the directory holds unless ``fresh`` (RunSettingsMismatch)."""
     settings = {}
     for loss, seed, run_dir in planned:
-        settings[run_dir] = run_settings(setup, loss, seed, max_iter, weights, delta_min, train_records,
-                                         extra={"data_root": data_id})
-        if not fresh:
+        settings[run_dir] = run_settings(setup, loss, seed, config.max_iter, config.weights, config.delta_min,
+                                         data.records, extra={"data_root": data.data_id})
+        if not config.fresh:
             check_run_dir(run_dir, settings[run_dir])
-    state = {run_dir: _on_disk(run_dir, settings[run_dir], max_iter, fresh) for _, _, run_dir in planned}
-    found = [sum(1 for kind, _ in state.values() if kind == wanted) for wanted in ("finished", "snapshot")]
-    _say(progress, f"reproduce {dataset}: {len(planned)} runs ({len(losses)} loss(es) x {len(seeds)} seed(s), "
-                   f"{max_iter} iterations each) in {out_dir}; on disk: {found[0]} finished (reused), "
-                   f"{found[1]} with a snapshot to resume from" + (" (--fresh: all retrained)" if fresh else ""))
-    per_loss: dict[str, list[dict]] = {}
-    for number, (loss, seed, run_dir) in enumerate(planned, 1):
-        name = f"run {number} of {len(planned)}: {loss} seed {seed}"
-        done = run_dir / "metrics.json"
-        if fresh:
-            clear_run_dir(run_dir)
-        elif state[run_dir][0] == "finished":
-            run = json.loads(done.read_text())
-            run["reused"] = True
-            per_loss.setdefault(loss, []).append(run)
-            _say(progress, f"{name}: reused from disk ({Path(run['train']['caffemodel']).name}, embedder.onnx and "
-                           f"metrics.json: {_headline_text(setup, run['metrics'])})")
-            continue
-        snapshot = state[run_dir][1]
-        _say(progress, f"{name}: " + ("training" if snapshot is None else
-                                      f"resuming from {snapshot.name} on disk"))
-        train = train_run(setup, loss, seed, train_records, run_dir, device=device, max_iter=max_iter,
-                          weights=weights, delta_min=delta_min, workers=workers,
-                          snapshot_every=snapshot_every, progress=progress, settings=settings[run_dir])
-        if train["iterations"] != max_iter:
-            raise CaffeCompatError(f"{run_dir}: training ended at iteration {train['iterations']}, not {max_iter}")
-        metrics = evaluate_run(setup, train["caffemodel"], run_dir, root, device, progress=progress)
-        run = {"loss": loss, "seed": seed, "max_iter": max_iter, "settings": settings[run_dir], "train": train,
-               "metrics": metrics}
-        write_text_atomic(done, json.dumps(run, indent=2) + "\n")
-        run["reused"] = False
-        per_loss.setdefault(loss, []).append(run)
-        resumed = "" if train["resumed_from"] is None else f", resumed from iteration {train['resumed_from']}"
-        _say(progress, f"{name}: {_headline_text(setup, metrics)} ({train['seconds']:.0f} s training{resumed})")
-    markdown = results_markdown(setup, per_loss, max_iter=max_iter, seeds=seeds, data_note=_data_note(setup, generated))
+    return settings
+
+
+def _one_run(setup, config: ReproduceConfig, loss: str, seed: int, run_dir: Path, name: str, on_disk: tuple,
+             settings: dict, data: _Data) -> dict:
+    """One (loss, seed): reused from disk, or trained (resuming from a snapshot), exported and evaluated;
+    its metrics.json content with ``"reused"``."""
+    done = run_dir / "metrics.json"
+    if config.fresh:
+        clear_run_dir(run_dir)
+    elif on_disk[0] == "finished":
+        run = json.loads(done.read_text())
+        run["reused"] = True
+        _say(config.progress, f"{name}: reused from disk ({Path(run['train']['caffemodel']).name}, embedder.onnx "
+                              f"and metrics.json: {_headline_text(setup, run['metrics'])})")
+        return run
+    snapshot = on_disk[1]
+    _say(config.progress, f"{name}: " + ("training" if snapshot is None else
+                                         f"resuming from {snapshot.name} on disk"))
+    max_iter = config.max_iter
+    train = train_run(setup, loss, seed, data.records, run_dir, device=config.device, max_iter=max_iter,
+                      weights=config.weights, delta_min=config.delta_min, workers=config.workers,
+                      snapshot_every=config.snapshot_every, progress=config.progress, settings=settings)
+    if train["iterations"] != max_iter:
+        raise CaffeCompatError(f"{run_dir}: training ended at iteration {train['iterations']}, not {max_iter}")
+    metrics = evaluate_run(setup, train["caffemodel"], run_dir, data.root, config.device, progress=config.progress)
+    run = {"loss": loss, "seed": seed, "max_iter": max_iter, "settings": settings, "train": train,
+           "metrics": metrics}
+    write_text_atomic(done, json.dumps(run, indent=2) + "\n")
+    run["reused"] = False
+    resumed = "" if train["resumed_from"] is None else f", resumed from iteration {train['resumed_from']}"
+    _say(config.progress, f"{name}: {_headline_text(setup, metrics)} ({train['seconds']:.0f} s training{resumed})")
+    return run
+
+
+def _write_summary(setup, config: ReproduceConfig, planned: list, per_loss: dict, data: _Data,
+                   started: float) -> dict:
+    """results.md, results.json, the figures and run.json in ``out_dir``; run.json's content plus
+    ``"table"`` and ``"closing"``."""
+    out_dir, generated = config.out_dir, setup.toy_kind is not None and config.data_root is None
+    markdown = results_markdown(setup, per_loss, max_iter=config.max_iter, seeds=config.seeds,
+                                data_note=_data_note(setup, generated))
     write_text_atomic(out_dir / "results.md", markdown)
     write_text_atomic(out_dir / "results.json", json.dumps(results_json(setup, per_loss), indent=2) + "\n")
     plots = write_figures(setup, out_dir, per_loss, {(loss, seed): run_dir for loss, seed, run_dir in planned})
     figures = {loss: seed_spread([headline(setup, r["metrics"]) for r in runs]) for loss, runs in per_loss.items()}
     git = git_state()
     summary = {
-        "dataset": dataset, "data_root": str(root), "losses": losses, "seeds": seeds, "max_iter": max_iter,
-        "device": device, "weights": weights, "delta_min": delta_min, "fresh": bool(fresh),
+        "dataset": config.dataset, "data_root": str(data.root), "losses": config.losses, "seeds": config.seeds,
+        "max_iter": config.max_iter, "device": config.device, "weights": config.weights,
+        "delta_min": config.delta_min, "fresh": bool(config.fresh),
         "git_revision": git["revision"], "git_dirty": git["dirty"],
         "versions": _versions(), "headline_metric": "top_1_small" if setup.protocol == "vehicleid" else "recall_at_1",
         "figures": figures, "spread": SPREAD, "plots": plots, "wall_seconds": time.perf_counter() - started,

@@ -10,9 +10,10 @@ facade's: :mod:`caffe_compat.pycaffe` (also ``caffe_compat.SGDSolver`` etc.).
 from __future__ import annotations
 
 from caffe_compat.solver.lr_policy import POLICIES, learning_rate
+from caffe_compat.solver.observers import SolverObserver
 from caffe_compat.solver.solver import Solver, learnable_blobs, zero_inputs
 from caffe_compat.solver.updates import (UPDATE_RULES, AdaDelta, AdaGrad, Adam, CaffeOptimizer, Nesterov, RMSProp,
                                          SGD, make_optimizer)
 
 __all__ = ["POLICIES", "UPDATE_RULES", "AdaDelta", "AdaGrad", "Adam", "CaffeOptimizer", "Nesterov", "RMSProp", "SGD",
-           "Solver", "learnable_blobs", "learning_rate", "make_optimizer", "zero_inputs"]
+           "Solver", "SolverObserver", "learnable_blobs", "learning_rate", "make_optimizer", "zero_inputs"]

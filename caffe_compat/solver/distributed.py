@@ -10,7 +10,8 @@ the parameter gradient equals the single-process gradient of L over the whole ba
 different batch sizes (rows are padded for the collective and stripped).
 
 With the Solver: ``gather_loss_bottoms(solver.net)`` makes the pair layers (``CosineSimilarityBatch``,
-the metric-learning loss layers) read gathered bottoms, and ``solver.gradient_hook = average_gradients_hook``
+the metric-learning loss layers) read gathered bottoms, and an observer calling
+:func:`average_gradients_hook` (``solver.observers.append(SolverObserver(on_gradients_ready=average_gradients_hook))``)
 averages the parameter diffs across ranks before Caffe's update (the update then runs identically on
 every rank, so the weights stay in sync).  Losses reported by each rank are the global-batch loss.
 
@@ -178,7 +179,8 @@ def average_gradients(params) -> None:
 
 
 def average_gradients_hook(solver) -> None:
-    """``solver.gradient_hook``: average the train net's parameter diffs across ranks before the update."""
+    """A solver observer's ``on_gradients_ready``: average the train net's parameter diffs across ranks
+    before the update."""
     average_gradients(solver.optimizer.params)
 
 

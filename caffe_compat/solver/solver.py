@@ -24,7 +24,7 @@ DataLoader) takes precedence: each sub-batch pulls the next dict.  Layers that p
 (MemoryData, Data, ...) need no feed.
 
 The nets (``solver.net``, ``solver.test_nets``) are plain CaffeNets (the class ``net_class``); the solver
-keeps no blob past its iteration (``forward_watchers`` are told about each forward of the TRAIN net).
+keeps no blob past its iteration (its ``observers`` are told about each forward of the TRAIN net).
 pycaffe's solvers (``caffe_compat.pycaffe.SGDSolver`` etc., whose nets also answer ``blobs``,
 ``copy_from``, ...) are built on this class: :mod:`caffe_compat.pycaffe.solver`.
 
@@ -57,6 +57,7 @@ from caffe_compat.proto import caffe_pb2
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
 from caffe_compat.io.glog import g6 as _g6  # a number as glog/iostream prints it
+from caffe_compat.solver.observers import SolverObserver, around_snapshot, notify
 
 __all__ = ["Solver", "learnable_blobs", "zero_inputs"]
 
@@ -131,9 +132,6 @@ class Solver:
             log.info("test_interval is 0: the test nets run only when test_all() is called")
         self.inputs: dict = zero_inputs(self.net)  # Input top -> the array the TRAIN forwards read
         self.test_inputs: list[dict] = [zero_inputs(net) for net in self.test_nets]  # one per TEST net
-        # objects with before_forward(net) / after_forward(net, blobs), told about every forward of the TRAIN
-        # net in forward_backward (compiled or not); e.g. the pycaffe view keeps the last blobs this way
-        self.forward_watchers: list = []
         self.optimizer = make_optimizer(self.param, learnable_blobs(self.net))
         self.iter = 0
         self.current_step = 0
@@ -143,11 +141,8 @@ class Solver:
         self.test_data_sources: list = [None] * len(self.test_nets)
         self.autocast_dtype: torch.dtype | None = None
         self.grad_scaler = None
-        self.gradient_hook = None  # called after the backward passes, before the update (e.g. DDP averaging)
-        self.iteration_hooks: list = []  # called with the solver after every iteration (progress, logs)
-        # called as hook(solver, caffemodel_path, solverstate_path) after a snapshot's two files are written
-        # (train() writes its .trainstate there); a hook's error propagates like a failed write
-        self.snapshot_hooks: list = []
+        # objects told of each iteration's events, in list order (see caffe_compat.solver.observers)
+        self.observers: list = []
         # (losses, smoothed_loss, window_start): the next step() continues this average_loss window instead
         # of starting a new one (train(resume=...) sets it from the .trainstate); used once
         self.resumed_loss_window: tuple[list[float], float, int] | None = None
@@ -155,7 +150,6 @@ class Solver:
         self.forward_fn = None  # e.g. torch.compile(self.net); default: self.net
         self.memory_format = torch.contiguous_format  # 4-D inputs are converted to it (channels_last)
         self.last_loss = float("nan")
-        self.callbacks: list = []  # objects with on_start() / on_gradients_ready(), like Caffe's
         self.outputs: dict[str, torch.Tensor] = {}
         self.last_lr = float("nan")
         self.test_scores: list[dict[str, np.ndarray]] = []
@@ -297,18 +291,27 @@ class Solver:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
+    # ----------------------------------------------------------------------------- observers
+
+    def add_callback(self, on_start, on_gradients_ready) -> SolverObserver:
+        """pycaffe's ``solver.add_callback(on_start, on_gradients_ready)``: two functions without arguments,
+        called at the start of every iteration and before every update (Caffe's ``Solver::Callback``);
+        appended to ``observers`` (see :mod:`caffe_compat.solver.observers`), and returned."""
+        observer = SolverObserver(on_start=lambda solver: on_start(),
+                                  on_gradients_ready=lambda solver: on_gradients_ready())
+        self.observers.append(observer)
+        return observer
+
     # ----------------------------------------------------------------------------- one iteration
 
     def forward_backward(self) -> float:
         """Caffe's ``Net::ForwardBackward`` on the next inputs: the objective's value; diffs accumulate."""
         with self._autocast():
-            for watcher in self.forward_watchers:
-                watcher.before_forward(self.net)
+            notify(self, "before_forward", self.net)
             # `is not None`: a torch.compile'd module must not be truth-tested (bool() on it raises TypeError)
             forward = self.forward_fn if self.forward_fn is not None else self.net
             blobs = forward(**self._next_inputs())
-            for watcher in self.forward_watchers:
-                watcher.after_forward(self.net, blobs)
+            notify(self, "after_forward", self.net, blobs)
             objective = self.net.objective(blobs)
         if objective.requires_grad:
             scaled = self.grad_scaler.scale(objective) if self.grad_scaler is not None else objective
@@ -366,8 +369,7 @@ class Solver:
             if (self.param.test_interval and self.iter % self.param.test_interval == 0
                     and (self.iter > 0 or self.param.test_initialization)):
                 self.test_all()
-            for callback in self.callbacks:
-                getattr(callback, "on_start", lambda: None)()
+            notify(self, "on_start")
             loss = np.float32(0.0)
             for _ in range(iter_size):
                 loss = np.float32(loss + np.float32(self.forward_backward()))
@@ -380,16 +382,12 @@ class Solver:
             self._update_smoothed_loss(loss, start_iter)
             if self._displaying():
                 self._log_outputs()
-            if self.gradient_hook is not None:
-                self.gradient_hook(self)
-            for callback in self.callbacks:
-                getattr(callback, "on_gradients_ready", lambda: None)()
+            notify(self, "on_gradients_ready")
             self.apply_update()
             self.iter += 1
             if self.param.snapshot and self.iter % self.param.snapshot == 0:
                 self.snapshot()
-            for hook in self.iteration_hooks:
-                hook(self)
+            notify(self, "on_iteration")
         return self.smoothed_loss
 
     def loss_window(self) -> tuple[list[float], float, int]:
@@ -502,10 +500,14 @@ class Solver:
 
     def snapshot(self) -> tuple[str, str]:
         """Write ``<prefix>_iter_<iter>.caffemodel`` then ``.solverstate`` (each atomically: a crash never
-        leaves a half-written file under either name).  Returns both paths.
+        leaves a half-written file under either name), then tell the observers (``on_snapshot``).  Returns
+        both paths.  An observer's ``around_snapshot`` may take this over (:mod:`~caffe_compat.solver.observers`).
 
         Temporaries of any ``<prefix>_iter_<N>.*`` snapshot left in the folder by a killed run (whose
         process is gone) are removed first (:func:`~caffe_compat.io.atomic.remove_stale_temporaries`)."""
+        return around_snapshot(self, self._write_snapshot)()
+
+    def _write_snapshot(self) -> tuple[str, str]:
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
             raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
         model_path = self.snapshot_filename(".caffemodel")
@@ -522,8 +524,7 @@ class Solver:
             state.history.append(array_to_blob(blob.detach().to("cpu", torch.float32).numpy()))
         log.info("Snapshotting solver state to binary proto file %s", state_path)
         write_solverstate(state, state_path)
-        for hook in self.snapshot_hooks:
-            hook(self, model_path, state_path)
+        notify(self, "on_snapshot", model_path, state_path)
         return model_path, state_path
 
     def _add_diffs(self, net_param: caffe_pb2.NetParameter) -> None:

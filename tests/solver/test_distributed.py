@@ -30,6 +30,7 @@ from torch import nn
 
 from caffe_compat.losses.fappy import FAPPYLoss
 from caffe_compat.losses.pairwise import cosine_matrix, label_masks
+from caffe_compat.solver import SolverObserver
 from caffe_compat.solver.distributed import (all_gather_with_grad, average_gradients, average_gradients_hook,
                                              gather_batch, gather_loss_bottoms)
 from tests.solver.caffe_cases import case_dir, load_case, make_solver, param_arrays
@@ -94,7 +95,7 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
             loss = fn(emb, lab)
             loss.backward()  # DDP averages the parameter gradients across ranks
             out[name] = (loss.item(), ddp.module.weight.grad.numpy().copy(), ddp.module.bias.grad.numpy().copy())
-        # the same through average_gradients (what the Solver's gradient_hook does) without DDP
+        # the same through average_gradients (what the Solver's averaging observer does) without DDP
         model = model_from(weight, bias)
         loss = pair_loss(all_gather_with_grad(model(x[rows])), labels)
         loss.backward()
@@ -131,7 +132,7 @@ def solver_step(rows=slice(None), distributed=False):
     solver.net.to(torch.float64)
     if distributed:
         assert gather_loss_bottoms(solver.net) == ["cosine", "loss"]
-        solver.gradient_hook = average_gradients_hook
+        solver.observers.append(SolverObserver(on_gradients_ready=average_gradients_hook))
     inputs, _ = load_case(FAPPY_CASE)
     solver.feed(data=torch.from_numpy(inputs["data"][0][rows]).double(),
                 label=torch.from_numpy(inputs["label"][0][rows]).double())
@@ -226,7 +227,7 @@ def _prepare(solver, dtype) -> list:
     """The net in ``dtype``; returns the list the losses of the iterations are appended to."""
     solver.net.to(dtype)
     losses = []
-    solver.iteration_hooks.append(lambda s: losses.append(s.last_loss))
+    solver.observers.append(SolverObserver(on_iteration=lambda s: losses.append(s.last_loss)))
     return losses
 
 

@@ -219,7 +219,7 @@ def test_core_solver_trains_plain_caffenets_and_keeps_no_blobs():
     inputs, reference = load_case(case)
     path = str(case_dir(case) / "solver.prototxt")
     core = solver_module.Solver(path, weights=str(case_dir(case) / "init.caffemodel"))
-    assert type(core.net) is CaffeNet and not hasattr(core.net, "blobs") and core.forward_watchers == []
+    assert type(core.net) is CaffeNet and not hasattr(core.net, "blobs") and core.observers == []
     assert set(core.inputs) == {"data", "label"} and core.inputs["data"].dtype == np.float32
     core.feed(data=inputs["data"][0], label=inputs["label"][0])
     core.step(1)

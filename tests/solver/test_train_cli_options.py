@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from caffe_compat.cli import main
-from caffe_compat.solver import Solver
+from caffe_compat.solver import Solver, SolverObserver
 from caffe_compat.solver.train import train, train_state_path
 from tests.conftest import REPO
 from tests.solver.caffe_cases import case_dir, make_solver, param_arrays
@@ -43,7 +43,8 @@ def _fp16_run(device, iters, prefix=None, resume=None):
     solver = make_solver(CASE, device=device, **({"snapshot_prefix": str(prefix)} if prefix else {}))
     solver.param.snapshot = 3
     losses, scales = [], []
-    solver.iteration_hooks.append(lambda s: (losses.append(s.last_loss), scales.append(s.grad_scaler.state_dict())))
+    solver.observers.append(SolverObserver(
+        on_iteration=lambda s: (losses.append(s.last_loss), scales.append(s.grad_scaler.state_dict()))))
     train(solver, loader(), iters=iters, amp="fp16", resume=resume, progress=False)
     return solver, losses, scales
 

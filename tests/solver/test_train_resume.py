@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from caffe_compat.data.samplers import CategoryHardSampler, LabelShufflingSampler, MPerClassSampler
-from caffe_compat.solver import Solver
+from caffe_compat.solver import Solver, SolverObserver
 from caffe_compat.solver.train import train, train_state_path
 
 BATCH = 6
@@ -87,7 +87,8 @@ def _run(path, data=None, *, resume=None, seed=1, iters=None, csv_log=None, dist
         except Exception:  # Input layers have nothing to advance
             pass
     losses, smoothed = [], []
-    solver.iteration_hooks.append(lambda s: (losses.append(s.last_loss), smoothed.append(s.smoothed_loss)))
+    solver.observers.append(SolverObserver(
+        on_iteration=lambda s: (losses.append(s.last_loss), smoothed.append(s.smoothed_loss))))
     train(solver, data, iters=iters, resume=resume, deterministic=True, seed=seed, progress=False, csv_log=csv_log)
     return losses, smoothed, _weights(solver)
 
@@ -231,7 +232,7 @@ def test_a_trainstate_of_another_iteration_is_ignored_with_a_warning(tmp_path, c
 
 
 def test_train_state_codec_round_trips_without_pickle():
-    from caffe_compat.solver.train import _decode, _encode
+    from caffe_compat.solver.trainstate import decode_state as _decode, encode_state as _encode
 
     value = {"a": (1, 2.5, None), "b": np.arange(5, dtype=np.uint32), "t": torch.arange(3, dtype=torch.uint8),
              "raw": b"\x00\x01", 3: "int key", "__x": [np.int64(4), np.float32(0.5)],

@@ -1,0 +1,89 @@
+"""What ``caffe-compat reproduce`` runs: :class:`ReproduceConfig`, one object for every option of
+:func:`caffe_compat.reproduce.pipeline.reproduce`, and :func:`resolve`, which checks it and fills in the
+data set's defaults (before anything is read or written).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from caffe_compat.errors import CaffeCompatError
+from caffe_compat.reproduce.setups import SETUPS, ReproduceSetup
+from caffe_compat.reproduce.training import prototxt_root
+
+__all__ = ["ReproduceConfig", "resolve"]
+
+
+@dataclass(frozen=True)
+class ReproduceConfig:
+    """The options of a ``reproduce`` invocation; ``None`` means the data set's default.
+
+    ``dataset``: a key of :data:`~caffe_compat.reproduce.setups.SETUPS`.  ``data_root``: the data set in
+    its native layout (``digits``: generated under ``out_dir`` when None).  ``losses`` (default: the
+    paper's table), ``seeds`` (0 1 2 for the toy set, 0 otherwise), ``weights`` (initial caffemodel),
+    ``delta_min`` (FAPPY's finest bin width), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"`` or
+    ``"cuda:N"``; checked), ``max_iter`` (iterations per run), ``out_dir`` (default ``runs/<dataset>``),
+    ``workers`` (data-loading processes: 0 for the toy set, 2 otherwise), ``snapshot_every`` (also snapshot
+    every N iterations), ``batch_size`` / ``per_label`` (override the paper's batch, e.g. a small one for a
+    CPU smoke run), ``progress`` (say what happens on the terminal), ``fresh`` (discard the requested
+    runs' directories and retrain them).
+    """
+
+    dataset: str
+    data_root: str | Path | None = None
+    losses: list[str] | None = None
+    seeds: list[int] | None = None
+    weights: str | None = None
+    delta_min: float | None = None
+    device: str = "cpu"
+    max_iter: int | None = None
+    out_dir: str | Path | None = None
+    workers: int | None = None
+    snapshot_every: int = 0
+    batch_size: int | None = None
+    per_label: int | None = None
+    progress: bool = True
+    fresh: bool = False
+
+
+def resolve(config: ReproduceConfig) -> tuple[ReproduceConfig, ReproduceSetup]:
+    """``config`` checked, with every default filled in (``losses``/``seeds`` lists, ``max_iter``,
+    ``out_dir`` a Path, ``workers``, ``device`` as torch names it), and the data set's setup (with the
+    batch overrides).  Raises CaffeCompatError for an unknown data set, an unusable device, a batch that is
+    no run of labels, a loss without a prototxt, ``max_iter`` < 1 or missing ``weights``."""
+    from caffe_compat.evaluate.inputs import parse_device
+
+    dataset = config.dataset
+    if dataset not in SETUPS:
+        raise CaffeCompatError(f"unknown data set {dataset!r}; choose one of {sorted(SETUPS)}")
+    device = str(parse_device(config.device, option="device"))
+    setup = _with_batch(SETUPS[dataset], config.batch_size, config.per_label)
+    losses = list(config.losses or setup.losses)
+    nets = prototxt_root() / setup.prototxt_dir
+    unknown = [l for l in losses if not (nets / f"train_{l}.prototxt").exists()]
+    if unknown:
+        raise CaffeCompatError(f"reproduce {dataset}: no prototxt for loss(es) {unknown}; "
+                               f"available: {', '.join(setup.losses)}")
+    seeds = list(config.seeds if config.seeds is not None else ((0, 1, 2) if setup.toy_kind else (0,)))
+    max_iter = int(config.max_iter or setup.max_iter)
+    if max_iter < 1:
+        raise CaffeCompatError(f"reproduce {dataset}: --max-iter must be >= 1, got {max_iter}")
+    if config.weights is not None and not Path(config.weights).is_file():
+        raise CaffeCompatError(f"reproduce {dataset}: --weights {config.weights}: no such file")
+    out_dir = Path(config.out_dir or Path("runs") / dataset)
+    workers = (0 if setup.toy_kind else 2) if config.workers is None else int(config.workers)
+    resolved = replace(config, losses=losses, seeds=seeds, max_iter=max_iter, out_dir=out_dir, workers=workers,
+                       device=device)
+    return resolved, setup
+
+
+def _with_batch(setup: ReproduceSetup, batch_size: int | None, per_label: int | None) -> ReproduceSetup:
+    if batch_size is None and per_label is None:
+        return setup
+    batch_size = int(batch_size or setup.batch_size)
+    per_label = int(per_label or min(setup.per_label, batch_size))
+    if not 2 <= per_label <= batch_size:
+        raise CaffeCompatError(f"reproduce {setup.name}: need 2 <= --per-label <= --batch-size, got "
+                               f"{per_label} and {batch_size} (a batch is made of label runs)")
+    return replace(setup, batch_size=batch_size, per_label=per_label)

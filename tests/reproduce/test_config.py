@@ -1,0 +1,44 @@
+"""ReproduceConfig: the data set's defaults filled in by ``resolve``, and a bad option refused before
+anything is written, whether the config is given as an object or as keywords."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from caffe_compat.errors import CaffeCompatError
+from caffe_compat.reproduce.config import ReproduceConfig, resolve
+from caffe_compat.reproduce.pipeline import reproduce
+from caffe_compat.reproduce.setups import SETUPS
+
+
+def test_resolve_fills_in_the_data_sets_defaults():
+    config, setup = resolve(ReproduceConfig("digits"))
+    assert setup == SETUPS["digits"]
+    assert config.losses == list(setup.losses) and config.seeds == [0, 1, 2] and config.workers == 0
+    assert config.max_iter == setup.max_iter and config.out_dir == Path("runs") / "digits" and config.device == "cpu"
+    config, setup = resolve(ReproduceConfig("digits", batch_size=8, per_label=4, seeds=[3], losses=["fappy"]))
+    assert (setup.batch_size, setup.per_label) == (8, 4) and config.seeds == [3] and config.losses == ["fappy"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(batch_size=4, per_label=5), "need 2 <= --per-label <= --batch-size"),
+    (dict(losses=["nope"]), "no prototxt for loss"),
+    (dict(max_iter=-1), "--max-iter must be >= 1"),
+    (dict(weights="missing.caffemodel"), "no such file"),
+])
+def test_bad_options_are_refused_before_anything_is_written(tmp_path, options, message):
+    out = tmp_path / "run"
+    with pytest.raises(CaffeCompatError, match=message):
+        reproduce(ReproduceConfig("digits", out_dir=out, progress=False, **options))
+    with pytest.raises(CaffeCompatError, match=message):
+        reproduce("digits", out_dir=out, progress=False, **options)
+    with pytest.raises(CaffeCompatError, match=message):  # keywords replace a config's fields
+        reproduce(ReproduceConfig("digits", out_dir=out, progress=False), **options)
+    assert not out.exists()
+
+
+def test_unknown_data_set():
+    with pytest.raises(CaffeCompatError, match="unknown data set 'mnist'"):
+        reproduce(ReproduceConfig("mnist"))
