@@ -431,7 +431,7 @@ def test_bin_counts_from_the_table_equal_the_binary_searches(monkeypatch, delta)
     """The per-row table of finest bins and the batched searchsorted are two ways to count a row's
     negatives below a bin; loss and diff must agree bit for bit, cosines on bin edges and at ±1
     included, in both modes."""
-    import caffe_compat.losses.fappy as fappy_module
+    import caffe_compat.losses.fappy_rows as fappy_rows
 
     gen = torch.Generator().manual_seed(7)
     lab = torch.randint(0, 5, (24,), generator=gen).double()
@@ -443,7 +443,7 @@ def test_bin_counts_from_the_table_equal_the_binary_searches(monkeypatch, delta)
     cos[~same] = cos[~same].clamp(max=0.999)  # a negative pair at 1.0 is Caffe's out-of-bounds read
     results = {}
     for columns in (0, 10 ** 9):
-        monkeypatch.setattr(fappy_module, "_TABLE_COLUMNS_PER_ROW", columns)
+        monkeypatch.setattr(fappy_rows, "_TABLE_COLUMNS_PER_ROW", columns)
         c = cos.clone().requires_grad_()
         fappy_paper(c, lab, delta).backward()
         results[columns] = (fappy_caffe_forward_backward(cos, lab, delta), c.grad)
