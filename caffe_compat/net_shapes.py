@@ -76,8 +76,14 @@ def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
     shapes, learnable blob shapes and multiply-adds.  ``input_shapes`` overrides/assigns blob shapes."""
     given = dict(input_shapes or {})
     blobs: dict[str, tuple[int, ...] | None] = dict(given)
+    producers: dict[str, str] = {}
     table = []
     for layer in net.layer:
+        for j, top in enumerate(layer.top):  # Caffe's Net::AppendTop: one producer per blob, in-place aside
+            if top in producers and not (j < len(layer.bottom) and layer.bottom[j] == top):
+                raise FormatError(f"layer '{layer.name}': top blob '{top}' is produced by multiple sources "
+                                  f"(already produced by layer '{producers[top]}')")
+            producers[top] = layer.name
         bottoms = []
         for name in layer.bottom:
             if name not in blobs:

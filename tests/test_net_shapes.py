@@ -126,3 +126,27 @@ def test_missing_bottom_is_a_format_error():
     text = _net('type: "Eltwise"')  # one bottom; Caffe's EltwiseLayer has MinBottomBlobs 2
     with pytest.raises(FormatError, match=r"layer 'l' \(Eltwise\): needs at least 2 bottom blob\(s\), got 1"):
         infer_shapes(read_net(text))
+
+
+SETUP_CHECKS = [
+    ('layer { name: "a" type: "ReLU" bottom: "data" top: "r" }\n'
+     'layer { name: "b" type: "Sigmoid" bottom: "data" top: "r" }',
+     "layer 'b': top blob 'r' is produced by multiple sources (already produced by layer 'a')"),
+    ('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+     'convolution_param { num_output: 2 kernel_size: 3 dilation: 0 } }',
+     "layer 'c' (Convolution): convolution_param.dilation must be >= 1, got (0, 0)"),
+    ('layer { name: "p" type: "Pooling" bottom: "data" top: "p" pooling_param { kernel_size: 9 pool: MAX round_mode: FLOOR } }',
+     "layer 'p' (Pooling): kernel (9, 9) with pad (0, 0) does not fit the 5x5 input"),
+]
+
+
+@pytest.mark.parametrize("layers,message", SETUP_CHECKS)
+def test_caffes_setup_checks_are_format_errors(layers, message):
+    """Caffe aborts these nets in Net::Init (a CHECK): inspect's inference names the layer instead."""
+    from caffe_compat.errors import FormatError
+
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 5 dim: 5 } } }\n'
+            + layers)
+    with pytest.raises(FormatError) as info:
+        infer_shapes(read_net(text))
+    assert message in str(info.value)

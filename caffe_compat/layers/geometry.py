@@ -92,6 +92,9 @@ def conv_geometry(layer) -> ConvGeometry:
     stride = hw("stride", p.stride, 1)
     pad = hw("pad", p.pad, 0)
     dilation = _pair(p.dilation, 1, "dilation", layer.name)
+    if min(dilation) < 1:
+        raise FormatError(f"layer '{layer.name}' ({layer.type}): convolution_param.dilation must be >= 1, got "
+                          f"{dilation}")
     if min(kernel) <= 0 or min(stride) <= 0:
         raise FormatError(f"layer '{layer.name}': kernel and stride must be > 0, got kernel {kernel} stride {stride}")
     if p.num_output == 0:

@@ -142,6 +142,9 @@ class Pooling(CaffeLayer):
         n, c, h, w = bottoms[0]
         g = pool_geometry(layer, (h, w))
         out = (1, 1) if g.global_pooling else pooled_hw((h, w), g.kernel, g.stride, g.pad, g.ceil_mode)
+        if min(out) < 1:  # Caffe's Blob::Reshape CHECK on the top's dims
+            raise FormatError(f"layer '{layer.name}' (Pooling): kernel {g.kernel} with pad {g.pad} does not fit the "
+                              f"{h}x{w} input (pooled size {out[0]}x{out[1]})")
         return Shapes([(n, c, *out)] * max(1, len(layer.top)))
 
     def __init__(self, param, bottom_shapes, phase="test"):
