@@ -73,6 +73,7 @@ from caffe_compat.io import read_net
 from caffe_compat.io.weights import read_weights
 from caffe_compat.layers import layer_class
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
+from caffe_compat.net_shapes import check_memory_budget
 from caffe_compat.net_weights import CaffemodelWeights
 from caffe_compat.proto import caffe_pb2
 
@@ -166,6 +167,7 @@ class CaffeNet(CaffemodelWeights, nn.Module):
         self._saved_params: list[caffe_pb2.LayerParameter] = []  # layer params as Caffe's ToProto writes them
         self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
         self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
+        check_memory_budget(self.net_param, f"net '{self.name}'")
         self._build(filtered)
         stored = None if weights is None else read_weights(weights)
         self.reinitialize(seed, skip=self._supplied_by(stored))

@@ -16,6 +16,7 @@ becomes such an error too (no bare ValueError reaches the CLI).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from caffe_compat.errors import FormatError
@@ -101,4 +102,63 @@ def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
     return blobs, table
 
 
-__all__ = ["LayerShapes", "count", "has_shape_rule", "infer_shapes", "layer_shapes", "types_without_rule"]
+def available_memory() -> int | None:
+    """Bytes of memory the process may use: ``CAFFE_COMPAT_MEMORY_BUDGET`` (e.g. ``512M``, ``8G``) when
+    set, else the system's available memory (``MemAvailable``), else None (unknown: no budget)."""
+    text = os.environ.get("CAFFE_COMPAT_MEMORY_BUDGET", "").strip()
+    if text:
+        units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+        scale = units.get(text[-1].upper(), 1)
+        try:
+            return int(float(text[:-1] if scale != 1 else text) * scale)
+        except ValueError:
+            raise FormatError(f"CAFFE_COMPAT_MEMORY_BUDGET={text!r} is not a size (bytes, or e.g. 512M, 8G)") from None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_needed(blobs: dict, table: list[LayerShapes], bytes_per_value: int = 4) -> tuple[int, str]:
+    """Bytes of the known blobs (each name once, as Caffe allocates them) and learnable blobs, and the layer
+    with the most."""
+    by_layer = {}
+    for entry in table:
+        tops = {name: shape for name, shape in zip(entry.tops, entry.top_shapes) if shape is not None}
+        by_layer[entry.name] = (sum(count(s) for s in tops.values()) + sum(count(p) for p in entry.param_shapes))
+    total = sum(count(s) for s in blobs.values() if s is not None) + sum(
+        count(p) for entry in table for p in entry.param_shapes)
+    largest = max(by_layer, key=by_layer.get) if by_layer else ""
+    return total * bytes_per_value, largest
+
+
+def check_memory_budget(net, where: str, budget: int | None = None) -> None:
+    """FormatError before anything is allocated when the net's blobs and parameters (float32, from the
+    shape rules) exceed ``budget`` bytes (default :func:`available_memory`): a hostile or mistyped
+    prototxt (an Input of 10^6 × 10^6, ``num_output: 2000000000``) is refused with the layer named,
+    instead of exhausting memory.  Caffe allocates every blob in ``Net::Init`` too, so a net it could
+    build passes.  Shapes that cannot be inferred (data layers, errors the build reports itself) are
+    left out: the check never refuses what it cannot measure."""
+    budget = available_memory() if budget is None else budget
+    if budget is None:
+        return
+    try:
+        blobs, table = infer_shapes(net)
+    except FormatError:
+        return  # the build reports the net's own error, with the port's message
+    needed, largest = memory_needed(blobs, table)
+    if needed > budget:
+        raise FormatError(f"{where}: its blobs and parameters need {needed / 2 ** 30:.3g} GiB (float32; the largest "
+                          f"share at layer '{largest}'), more than the {budget / 2 ** 30:.3g} GiB of memory available; "
+                          f"set CAFFE_COMPAT_MEMORY_BUDGET (e.g. 64G) to allow more")
+
+
+__all__ = ["LayerShapes", "available_memory", "check_memory_budget", "count", "has_shape_rule", "infer_shapes",
+           "layer_shapes", "memory_needed", "types_without_rule"]

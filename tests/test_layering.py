@@ -22,7 +22,7 @@ ALLOWED = {
     "layers": CORE | {"io", "losses", "data", "torch"},
     "net_graph": CORE,
     "net_weights": CORE | {"io", "torch"},
-    "net": CORE | {"io", "layers", "net_graph", "net_weights", "torch"},
+    "net": CORE | {"io", "layers", "net_graph", "net_shapes", "net_weights", "torch"},
     "net_shapes": CORE | {"layers"},
     "net_report": CORE | {"io", "layers", "net_shapes"},
     "evaluate": CORE | {"io", "losses", "torch"},

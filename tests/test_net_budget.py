@@ -1,0 +1,60 @@
+"""Memory is budgeted before allocation: CaffeNet refuses a net whose blobs and parameters (from the shape
+rules) exceed the memory available, naming the layer, before any tensor is made."""
+
+from __future__ import annotations
+
+import pytest
+
+from caffe_compat.errors import FormatError
+from caffe_compat.io import read_net
+from caffe_compat.net import CaffeNet
+from caffe_compat.net_shapes import check_memory_budget, infer_shapes, memory_needed
+
+INPUT = 'layer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{ {dims} }} }} }}\n'
+
+
+def _net(dims: str, extra: str = "") -> str:
+    return INPUT.format(dims=" ".join(f"dim: {d}" for d in dims.split())) + extra
+
+
+def test_memory_needed_counts_blobs_once_and_parameters():
+    text = _net("2 3", 'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "y" '
+                       'inner_product_param { num_output: 5 } }\n'
+                       'layer { name: "relu" type: "ReLU" bottom: "y" top: "y" }')
+    blobs, table = infer_shapes(read_net(text))
+    # data 2·3, y 2·5 (the in-place ReLU adds no blob), W 5·3 and b 5: 36 float32 values
+    assert memory_needed(blobs, table) == (36 * 4, "fc")
+
+
+def test_a_giant_input_is_refused_before_allocation():
+    with pytest.raises(FormatError, match=r"net '.*': its blobs and parameters need .* GiB .* layer 'data'.*"
+                                          r"CAFFE_COMPAT_MEMORY_BUDGET"):
+        CaffeNet(_net("1 1 1000000 1000000"))
+
+
+def test_a_giant_num_output_is_refused_naming_the_layer():
+    text = _net("1 1000", 'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "y" '
+                          'inner_product_param { num_output: 2000000000 } }')
+    with pytest.raises(FormatError, match="the largest share at layer 'fc'"):
+        CaffeNet(text)
+
+
+def test_the_budget_follows_the_environment(monkeypatch):
+    text = _net("1 1000", 'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "y" '
+                          'inner_product_param { num_output: 1000 } }')  # ≈ 1.0e6 values, 4 MB
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "1M")
+    with pytest.raises(FormatError, match="more than the 0.000977 GiB"):
+        CaffeNet(text)
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "8M")
+    assert CaffeNet(text).blob_shapes["y"] == (1, 1000)
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "lots")
+    with pytest.raises(FormatError, match="is not a size"):
+        CaffeNet(text)
+
+
+def test_a_net_the_rules_cannot_measure_is_left_to_the_build():
+    """An error the shape rules raise first is not reported by the budget: the build's own message wins."""
+    text = _net("2 3", 'layer { name: "e" type: "Eltwise" bottom: "data" top: "e" }')
+    check_memory_budget(read_net(text), "net", budget=1)  # no FormatError from the budget
+    with pytest.raises(FormatError, match=r"needs at least 2 bottom blob\(s\), got 1"):
+        CaffeNet(text)
