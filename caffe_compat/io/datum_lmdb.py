@@ -200,7 +200,7 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
         try:
             image = cv2.imdecode(np.frombuffer(datum.data, dtype=np.uint8), flag) if datum.data else None
         except cv2.error as exc:
-            raise DataError(f"{source}: OpenCV could not decode the encoded Datum ({_cv_reason(exc)})") from None
+            raise DataError(f"{source}: OpenCV could not decode the encoded Datum ({cv_reason(exc)})") from None
         if image is None:
             raise DataError(f"{source}: OpenCV could not decode the encoded Datum"
                             + ("" if datum.data else " (its data field is empty)"))
@@ -225,7 +225,7 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
     return np.asarray(datum.float_data, dtype=np.float32).reshape(shape)
 
 
-def _cv_reason(exc) -> str:
+def cv_reason(exc) -> str:
     """The last line of an OpenCV error (``cv2.error`` messages span several lines)."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
