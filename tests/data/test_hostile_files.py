@@ -42,7 +42,8 @@ def test_valid_datasets_read_as_float32(h5file):
     ("missing", DataError, "has no dataset 'missing'"),
     ("group", FormatError, "'group' is a Group, not a dataset"),
     ("names", FormatError, "dataset 'names' holds |S3 values"),
-    ("bomb", DataError, r"dataset 'bomb' of shape \(200000, 100000\) \(float64\) needs 240000000000 bytes.*memory budget"),
+    ("bomb", DataError, r"dataset 'bomb' of shape \(200000, 100000\) \(float64\) needs 240000000000 bytes"
+                        r".*memory budget"),
 ])
 def test_wrong_datasets_are_typed_errors_naming_file_and_dataset(h5file, top, error, message):
     with pytest.raises(error, match=f"{WHERE_RE}: .*{message}"):

@@ -42,14 +42,13 @@ def classify(func, *args) -> tuple[str, str]:
         func(*args)
     except CaffeCompatError as exc:
         return "typed", f"{type(exc).__name__}: {exc}"[:400]
-    except MemoryError as exc:
-        return "memory", f"MemoryError: {exc}"[:400]
     except BaseException as exc:  # noqa: BLE001 - everything else is what the fuzzer looks for
         message = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
         frames = traceback.extract_tb(exc.__traceback__)
         where = " | ".join(f"{os.path.relpath(f.filename)}:{f.lineno} {f.name}" for f in frames[-3:])
-        kind = "memory" if _ALLOCATION.search(str(exc)) and not isinstance(exc, (KeyError, SystemExit)) else "untyped"
-        return kind, f"{message[:300]} at {where}"
+        memory = isinstance(exc, MemoryError) or (_ALLOCATION.search(str(exc)) is not None
+                                                  and not isinstance(exc, (KeyError, SystemExit)))
+        return "memory" if memory else "untyped", f"{message[:300]} at {where}"
     return "ok", ""
 
 

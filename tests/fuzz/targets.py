@@ -58,7 +58,8 @@ class Target:
         target = where / "special"
         if not self.file_specials:
             return cases
-        inner = target / "data.mdb" if self.folder else target / f"x{self.suffix if isinstance(self.suffix, str) else ''}"
+        suffix = self.suffix if isinstance(self.suffix, str) else ""
+        inner = target / "data.mdb" if self.folder else target / f"x{suffix}"
         path = str(target) if self.folder else str(inner)
         cases.append(("fifo", lambda: os.mkfifo(inner), path))
         cases.append(("dev_zero", lambda: os.symlink("/dev/zero", inner), path))
