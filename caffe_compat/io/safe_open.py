@@ -66,11 +66,19 @@ def check_regular_file(path: str | os.PathLike, what: str | None = None,
 def read_regular_bytes(path: str | os.PathLike, what: str | None = None, max_bytes: int | None = None) -> bytes:
     """The bytes of ``path`` once :func:`check_regular_file` accepts it; never more than ``max_bytes``
     (NotRegularFileError if the file grew past it).  Missing files raise the usual OSError."""
-    check_regular_file(path, what, max_bytes)
+    st = check_regular_file(path, what, max_bytes)
     with open(path, "rb") as fh:
         if max_bytes is None:
             return fh.read()
-        data = fh.read(max_bytes + 1)
+        # fh.read(n) allocates n bytes up front: ask for what the file holds, then (if it grew) read on in
+        # chunks, never more than the bound
+        expected = st.st_size if st is not None else 0
+        data = fh.read(min(max_bytes, expected) + 1)
+        while len(data) <= max_bytes:
+            chunk = fh.read(min(1 << 20, max_bytes + 1 - len(data)))
+            if not chunk:
+                break
+            data += chunk
     if len(data) > max_bytes:
         raise NotRegularFileError(f"{_named(path, what)}: more than the {max_bytes} bytes this format allows")
     return data

@@ -9,7 +9,7 @@ import io
 import numpy as np
 import pytest
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, NotRegularFileError
 from caffe_compat.io.arrays import load_array_file
 from caffe_compat.tools.netsetup import load_inputs
 
@@ -63,3 +63,21 @@ def test_npz_member_with_a_truncated_array_names_the_member(tmp_path):
     with load_array_file(tmp_path / "m.npz") as npz:
         with pytest.raises(FormatError, match="m.npz: array 'data': .*declares shape \\(10,\\)"):
             npz["data"]
+
+
+def test_bounded_read_allocates_what_the_file_holds_not_the_bound(tmp_path):
+    """read_regular_bytes(max_bytes=2 GB) on a small file, under an address-space limit far below 2 GB
+    (found by the fuzzer: fh.read(n) allocates n bytes up front)."""
+    from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, read_regular_bytes
+    from tests.fuzz.runner import run_case
+
+    path = tmp_path / "small.bin"
+    path.write_bytes(b"x" * 1000)
+
+    def read():
+        assert read_regular_bytes(path, max_bytes=PROTOBUF_MAX_BYTES) == b"x" * 1000
+        assert read_regular_bytes(path, max_bytes=1000) == b"x" * 1000
+
+    assert run_case(read, (), timeout=20, memory_bytes=256 << 20) == ("ok", "")
+    with pytest.raises(NotRegularFileError, match="small.bin: 1000 bytes, more than the 999"):
+        read_regular_bytes(path, max_bytes=999)
