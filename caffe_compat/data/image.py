@@ -4,7 +4,9 @@
 uint8; if both ``new_height > 0`` and ``new_width > 0`` the image is resized with
 ``cv::resize(img, Size(new_width, new_height))``, i.e. the default ``INTER_LINEAR``.  If only one of
 the two is positive nothing is resized (Caffe's rule).  Caffe logs an error and returns an empty
-Mat for an unreadable file; here that is a :class:`~caffe_compat.errors.DataError`.
+Mat for an unreadable file; here that is a :class:`~caffe_compat.errors.DataError`, and so is any
+``cv2.error`` OpenCV raises on a hostile file (a decoder's failure, an image too large to allocate), with
+the file and the field or list that named it.
 
 The result is always ``H x W x C`` uint8 (``C`` = 3 colour, 1 grey), the layout
 :meth:`caffe_compat.data.transformer.DataTransformer.transform` takes.
@@ -18,7 +20,8 @@ import cv2
 import numpy as np
 
 from caffe_compat.errors import DataError
-from caffe_compat.io.safe_open import check_regular_file
+from caffe_compat.io.datum_lmdb import cv_reason
+from caffe_compat.io.safe_open import check_regular_file, memory_budget
 
 
 def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, new_width: int = 0,
@@ -26,13 +29,25 @@ def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, ne
     """Decode ``path`` like Caffe's ``ReadImageToCVMat(path, new_height, new_width, color)``; a path that
     is not a regular file (a FIFO, a device) raises NotRegularFileError naming ``what`` named it."""
     check_regular_file(path, what)
+    named = f" (named by {what})" if what else ""
     flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
-    image = cv2.imread(str(path), flag)
+    try:
+        image = cv2.imread(str(path), flag)
+    except cv2.error as exc:
+        raise DataError(f"{path}{named}: OpenCV could not decode the image ({cv_reason(exc)})") from None
     if image is None:
         reason = "file not found" if not Path(path).is_file() else "OpenCV could not decode it"
         raise DataError(f"{path}: could not open or find the image ({reason})")
     if new_height > 0 and new_width > 0:
-        image = cv2.resize(image, (int(new_width), int(new_height)))
+        need = int(new_height) * int(new_width) * (image.shape[2] if image.ndim == 3 else 1) * image.itemsize
+        if need > memory_budget():
+            raise DataError(f"{path}{named}: resizing to new_height {new_height} x new_width {new_width} needs {need} "
+                            f"bytes, more than the memory budget of {memory_budget()} bytes")
+        try:
+            image = cv2.resize(image, (int(new_width), int(new_height)))
+        except (cv2.error, OverflowError) as exc:
+            raise DataError(f"{path}{named}: cannot resize the image to new_height {new_height} x new_width "
+                            f"{new_width} ({cv_reason(exc)})") from None
     if image.ndim == 2:
         image = image[:, :, None]
     return image

@@ -17,7 +17,12 @@ Decoding and the LMDB environment are **not** implemented here: both come from
 Caffe's quirk kept: ``force_color``/``force_gray`` only act on encoded records; on a raw record Caffe
 merely logs an error and uses the bytes as stored (here: a ``UserWarning`` once per source).
 
-The environment (read-only, ``lock=False``) is the process-wide one of
+A hostile database is a typed error, never a crash: the environment is opened only after
+:func:`caffe_compat.io.lmdb_check.check_lmdb_file` accepted the data file (a truncated or corrupted
+``data.mdb`` would otherwise SIGBUS or abort the process inside liblmdb), and every ``lmdb.Error`` or
+record that is not a Datum is a :class:`FormatError` naming the database and the record (index and key).
+
+The environment (read-only, ``lock=False``: no lock file is created in the database's folder) is the process-wide one of
 :func:`~caffe_compat.io.datum_lmdb.open_lmdb`, opened lazily and again after pickling, so a source can
 be handed to ``DataLoader`` workers.  :class:`DatumDataset` wraps it with a
 :class:`~caffe_compat.data.transformer.DataTransformer` as a torch ``Dataset``.
@@ -34,8 +39,9 @@ from torch.utils.data import Dataset, get_worker_info
 
 from caffe_compat.data.transformer import DataTransformer
 from caffe_compat.errors import DataError, FormatError
-from caffe_compat.io.datum_lmdb import decode_datum, open_lmdb, warn_force_on_raw
-from caffe_compat.io.protofiles import parse_binary
+from caffe_compat.io.datum_lmdb import (decode_datum, iter_records, lmdb_errors, open_lmdb, parse_datum, record_key,
+                                        record_name, warn_force_on_raw)
+from caffe_compat.io.safe_open import check_regular_file
 from caffe_compat.proto import caffe_pb2
 
 
@@ -49,6 +55,7 @@ class DatumSource:
 
     def __init__(self, path: str | os.PathLike, force_color: bool = False, force_gray: bool = False) -> None:
         self.path = Path(path).absolute()
+        check_regular_file(self.path / "data.mdb", f"the LMDB {path}")
         if not (self.path / "data.mdb").is_file():
             raise DataError(f"{path}: not an LMDB database (no data.mdb in {self.path}); Caffe resolves the "
                             f"source relative to the working directory {Path.cwd()}")
@@ -57,8 +64,8 @@ class DatumSource:
         self.force_color, self.force_gray = bool(force_color), bool(force_gray)
         self._env = None
         self._warned_raw = False
-        with self._environment().begin() as txn:
-            self.keys: list[bytes] = [bytes(k) for k in txn.cursor().iternext(keys=True, values=False)]
+        with self._transaction() as txn:
+            self.keys: list[bytes] = [key for _, key, _ in iter_records(self.path, txn)]
         if not self.keys:
             raise DataError(f"{self.path}: the database holds no records")
 
@@ -75,27 +82,35 @@ class DatumSource:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def datum(self, index: int) -> caffe_pb2.Datum:
+    def _transaction(self):
+        with lmdb_errors(f"{self.path} (beginning a read transaction)"):
+            return self._environment().begin()
+
+    def _get(self, txn, index: int) -> caffe_pb2.Datum:
         key = self.keys[index]
-        with self._environment().begin() as txn:
+        with lmdb_errors(record_name(self.path, index, key)):
             value = txn.get(key)
         if value is None:
-            raise DataError(f"{self.path}: key {key!r} vanished from the database")
-        return parse_binary(bytes(value), caffe_pb2.Datum(), f"{self.path}[{key.decode('utf-8', 'replace')}]")
+            raise DataError(f"{record_name(self.path, index, key)}: the key vanished from the database (its keys "
+                            f"are not in order: corrupt?)")
+        return parse_datum(value, self.path, index, key)
+
+    def datum(self, index: int) -> caffe_pb2.Datum:
+        with self._transaction() as txn:
+            return self._get(txn, index)
 
     def labels(self) -> np.ndarray:
         """Every record's label (int64), in key order (reads the whole database once)."""
         out = np.empty(len(self.keys), dtype=np.int64)
-        with self._environment().begin() as txn:
-            for i, key in enumerate(self.keys):
-                datum = parse_binary(bytes(txn.get(key)), caffe_pb2.Datum(), f"{self.path}[{i}]")
-                out[i] = datum.label
+        with self._transaction() as txn:
+            for i in range(len(self.keys)):
+                out[i] = self._get(txn, i).label
         return out
 
     def image(self, index: int) -> tuple[np.ndarray, int]:
         """``(C x H x W pixels, label)`` of record ``index`` (see the module docstring)."""
         datum = self.datum(index)
-        where = f"{self.path}[{self.keys[index].decode('utf-8', 'replace')}]"
+        where = record_key(self.path, self.keys[index])
         if not datum.encoded and (self.force_color or self.force_gray) and not self._warned_raw:
             self._warned_raw = True
             warn_force_on_raw(self.path)

@@ -24,16 +24,26 @@ an encoded image file (``encoded: true``; JPEG/PNG bytes).
 same database files twice in one process ("already open in this process"), so every reader in this
 package goes through this module's cache, keyed by the identity ``(st_dev, st_ino)`` of the data file
 (what py-lmdb itself compares, so a database deleted and re-created at the same path is a new entry).
-Environments are opened read-only without a lock file (``lock=False``: fixture databases ship without
-``lock.mdb`` and readers never write).  :func:`open_lmdb` pins an environment for the rest of the
+Environments are opened read-only without a lock file (``readonly=True, lock=False``: fixture databases ship
+without ``lock.mdb``, readers never write, and nothing is created in the database's folder; a ``lock.mdb``
+there, whatever it is, is never opened).  :func:`open_lmdb` pins an environment for the rest of the
 process (a Data layer reads for its whole life); :func:`lmdb_environment` borrows one for a ``with``
 block and closes it afterwards unless it is pinned or still borrowed elsewhere.  A forked child
 (``DataLoader`` worker) reuses the environment it inherited: py-lmdb refuses to reopen the files there,
 and reading a read-only, lock-free environment through the inherited mapping is safe.
+
+**Hostile databases.** liblmdb memory-maps the data file and trusts it: a truncated ``data.mdb`` would kill
+the process with SIGBUS and a corrupted page with an ``abort()``.  So every environment is opened only
+after :func:`caffe_compat.io.lmdb_check.check_lmdb_file` has read the meta pages and walked the tree with
+``pread`` (its docstring gives the layout and the checks); what it refuses is a :class:`FormatError`
+naming the file, the page or record and the field.  Any ``lmdb.Error`` that still comes out of liblmdb
+(opening, a transaction, the cursor, a lookup) and a record that is not a valid ``Datum`` protobuf are a
+:class:`FormatError` naming the file and the record (its index in key order and its key).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import warnings
@@ -43,7 +53,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from caffe_compat.errors import DataError, FormatError
+from caffe_compat.errors import DataError, FormatError, ParseError
+from caffe_compat.io.lmdb_check import check_lmdb_file
 from caffe_compat.io.protofiles import parse_binary
 from caffe_compat.io.safe_open import check_regular_file
 from caffe_compat.proto import caffe_pb2
@@ -80,6 +91,7 @@ def _acquire(path: str | os.PathLike, pin: bool):
     lmdb = _lmdb()
     path = Path(path)
     data_file, subdir = _data_file(path)
+    check_lmdb_file(data_file)  # before liblmdb maps it (remembered per file identity, size and mtime)
     stat = data_file.stat()
     key = (stat.st_dev, stat.st_ino)
     with _ENV_LOCK:
@@ -87,13 +99,14 @@ def _acquire(path: str | os.PathLike, pin: bool):
         if entry is None:
             try:
                 env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, max_readers=512,
-                                subdir=subdir)
+                                subdir=subdir, create=False)
             except lmdb.Error as exc:
                 if "already open" in str(exc):
                     raise DataError(f"{path}: this LMDB is already open in this process through another handle "
                                     f"(py-lmdb allows one per process); close it, or open it with "
                                     f"caffe_compat.io.open_lmdb / lmdb_environment") from None
-                raise DataError(f"{path}: cannot open the LMDB database ({exc})") from None
+                raise FormatError(f"{data_file}: liblmdb cannot open the database ({type(exc).__name__}: "
+                                  f"{exc})") from None
             entry = _ENVIRONMENTS[key] = [env, 0, False]
         entry[1] += 1
         entry[2] = entry[2] or pin
@@ -128,6 +141,52 @@ def lmdb_environment(path: str | os.PathLike):
         _release(key)
 
 
+@contextmanager
+def lmdb_errors(place: str):
+    """Turn an ``lmdb.Error`` raised inside the block into a FormatError naming ``place`` (the database,
+    and the record when there is one: :func:`record_name`)."""
+    lmdb = _lmdb()
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise FormatError(f"{place}: corrupt LMDB ({type(exc).__name__}: {exc})") from None
+
+
+def record_key(path, key: bytes) -> str:
+    """``db[00000017]``: how decoding errors name a record (the database and the record's key)."""
+    return f"{path}[{key.decode('utf-8', 'replace')}]"
+
+
+def record_name(path, index: int, key: bytes) -> str:
+    """``db[00000017] (record 17)``: the database, the record's key and its index in key order."""
+    return f"{record_key(path, key)} (record {index})"
+
+
+def parse_datum(raw: bytes, path, index: int, key: bytes) -> caffe_pb2.Datum:
+    """The ``Datum`` stored under ``key`` (record ``index`` in key order) of the database ``path``; a value
+    that is not a valid Datum protobuf is a FormatError naming the file and the record."""
+    try:
+        return parse_binary(bytes(raw), caffe_pb2.Datum(), record_name(path, index, key))
+    except ParseError as exc:
+        raise FormatError(str(exc)) from None
+
+
+def iter_records(path, txn) -> Iterator[tuple[int, bytes, bytes]]:
+    """``(index, key, value)`` of every record of the transaction's main database, in key order; an
+    ``lmdb.Error`` on the way is a FormatError naming ``path`` and the record it stopped at."""
+    cursor = txn.cursor()
+    index, where = 0, f"{path} (record 0)"
+    with lmdb_errors(where):
+        more = cursor.first()
+    while more:
+        with lmdb_errors(where):
+            key, value = bytes(cursor.key()), bytes(cursor.value())
+        yield index, key, value
+        index, where = index + 1, f"{path} (record {index + 1}, after key {key.decode('utf-8', 'replace')!r})"
+        with lmdb_errors(where):
+            more = cursor.next()
+
+
 def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: bool = False,
                  source: str = "datum") -> np.ndarray:
     """The Datum's image as C×H×W, decoded as Caffe decodes it (see the module docstring): uint8 for
@@ -138,9 +197,13 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
         import cv2
 
         flag = cv2.IMREAD_COLOR if force_color else cv2.IMREAD_GRAYSCALE if force_gray else cv2.IMREAD_UNCHANGED
-        image = cv2.imdecode(np.frombuffer(datum.data, dtype=np.uint8), flag)
+        try:
+            image = cv2.imdecode(np.frombuffer(datum.data, dtype=np.uint8), flag) if datum.data else None
+        except cv2.error as exc:
+            raise DataError(f"{source}: OpenCV could not decode the encoded Datum ({cv_reason(exc)})") from None
         if image is None:
-            raise DataError(f"{source}: OpenCV could not decode the encoded Datum")
+            raise DataError(f"{source}: OpenCV could not decode the encoded Datum"
+                            + ("" if datum.data else " (its data field is empty)"))
         if image.dtype != np.uint8:
             raise DataError(f"{source}: decoded image is {image.dtype}; Caffe needs 8-bit images "
                             f"(DataTransformer/CVMatToDatum CHECK CV_8U)")
@@ -148,7 +211,9 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
             image = image[:, :, None]
         return np.ascontiguousarray(image.transpose(2, 0, 1))
     shape = (datum.channels, datum.height, datum.width)
-    count = int(np.prod(shape))
+    if min(shape) < 0:
+        raise DataError(f"{source}: raw Datum with a negative shape {shape} (channels, height, width)")
+    count = math.prod(shape)
     if count == 0:
         raise DataError(f"{source}: raw Datum with an empty shape {shape}")
     if datum.data:
@@ -158,6 +223,12 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
     if len(datum.float_data) != count:
         raise DataError(f"{source}: Datum {shape} needs {count} float_data values, holds {len(datum.float_data)}")
     return np.asarray(datum.float_data, dtype=np.float32).reshape(shape)
+
+
+def cv_reason(exc) -> str:
+    """The last line of an OpenCV error (``cv2.error`` messages span several lines)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def warn_force_on_raw(path, stacklevel: int = 3) -> None:
@@ -175,23 +246,25 @@ def iter_lmdb(path: str | os.PathLike, force_color: bool = False, force_gray: bo
     if force_color and force_gray:
         raise FormatError(f"{path}: cannot set both force_color and force_gray")
     warned = False
-    with lmdb_environment(path) as env, env.begin() as txn:
-        for key, value in txn.cursor():
-            name = key.decode("utf-8", errors="replace")
-            where = f"{path}[{name}]"
-            datum = parse_binary(bytes(value), caffe_pb2.Datum(), where)
-            if not decode:
-                yield name, datum, datum.label
-                continue
-            if not datum.encoded and (force_color or force_gray) and not warned:
-                warned = True
-                warn_force_on_raw(path)
-            yield name, decode_datum(datum, force_color, force_gray, where), datum.label
+    with lmdb_environment(path) as env:
+        with lmdb_errors(f"{path} (beginning a read transaction)"):
+            txn = env.begin()
+        with txn:
+            for index, key, value in iter_records(path, txn):
+                datum = parse_datum(value, path, index, key)
+                if not decode:
+                    yield key.decode("utf-8", errors="replace"), datum, datum.label
+                    continue
+                if not datum.encoded and (force_color or force_gray) and not warned:
+                    warned = True
+                    warn_force_on_raw(path)
+                yield (key.decode("utf-8", errors="replace"),
+                       decode_datum(datum, force_color, force_gray, record_key(path, key)), datum.label)
 
 
 def lmdb_length(path: str | os.PathLike) -> int:
     """Number of records in the database (through the shared environment cache)."""
-    with lmdb_environment(path) as env:
+    with lmdb_environment(path) as env, lmdb_errors(f"{path} (the database statistics)"):
         return env.stat()["entries"]
 
 

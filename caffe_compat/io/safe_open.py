@@ -8,6 +8,9 @@ with a size limit (protobuf's 2 GB message) is checked against ``st_size``.  A m
 caller's own open reports it the way it always has.  :func:`read_regular_bytes` and
 :func:`read_regular_text` check and then read at most the bound, so a file that grows (or is swapped)
 between the check and the read still cannot be read without limit.
+
+:func:`memory_budget` is the bound a reader compares a size declared by a file (an HDF5 dataset's shape, a
+resize asked for by a model) with before allocating it: half the memory available now.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import stat
 
 from caffe_compat.errors import NotRegularFileError
 
-__all__ = ["PROTOBUF_MAX_BYTES", "check_regular_file", "read_regular_bytes", "read_regular_text"]
+__all__ = ["PROTOBUF_MAX_BYTES", "check_regular_file", "memory_budget", "read_regular_bytes", "read_regular_text"]
 
 #: The largest message protobuf parses (2 GB, ``INT_MAX`` bytes): prototxt, caffemodel, solverstate,
 #: binaryproto.
@@ -63,11 +66,19 @@ def check_regular_file(path: str | os.PathLike, what: str | None = None,
 def read_regular_bytes(path: str | os.PathLike, what: str | None = None, max_bytes: int | None = None) -> bytes:
     """The bytes of ``path`` once :func:`check_regular_file` accepts it; never more than ``max_bytes``
     (NotRegularFileError if the file grew past it).  Missing files raise the usual OSError."""
-    check_regular_file(path, what, max_bytes)
+    st = check_regular_file(path, what, max_bytes)
     with open(path, "rb") as fh:
         if max_bytes is None:
             return fh.read()
-        data = fh.read(max_bytes + 1)
+        # fh.read(n) allocates n bytes up front: ask for what the file holds, then (if it grew) read on in
+        # chunks, never more than the bound
+        expected = st.st_size if st is not None else 0
+        data = fh.read(min(max_bytes, expected) + 1)
+        while len(data) <= max_bytes:
+            chunk = fh.read(min(1 << 20, max_bytes + 1 - len(data)))
+            if not chunk:
+                break
+            data += chunk
     if len(data) > max_bytes:
         raise NotRegularFileError(f"{_named(path, what)}: more than the {max_bytes} bytes this format allows")
     return data
@@ -80,3 +91,13 @@ def read_regular_text(path: str | os.PathLike, what: str | None = None, max_byte
 
     data = read_regular_bytes(path, what, max_bytes)
     return io.TextIOWrapper(io.BytesIO(data), encoding=encoding, errors=errors).read()
+
+
+def memory_budget(fraction: float = 0.5) -> int:
+    """``fraction`` of the memory available now (``SC_AVPHYS_PAGES``; of 8 GiB where the system does not
+    say), at least 1 MiB: the most a reader allocates for what a file declares."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        available = 8 << 30
+    return max(int(available * fraction), 1 << 20)

@@ -55,7 +55,12 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
     from caffe_compat.io.safe_open import check_regular_file
 
     check_regular_file(filename, "load_image")
-    image = cv2.imread(str(filename), cv2.IMREAD_UNCHANGED)
+    try:
+        image = cv2.imread(str(filename), cv2.IMREAD_UNCHANGED)
+    except cv2.error as exc:
+        from caffe_compat.io.datum_lmdb import cv_reason
+
+        raise DataError(f"{filename}: OpenCV could not decode the image ({cv_reason(exc)})") from None
     if image is None:
         raise DataError(f"{filename}: cannot read image (missing file or unsupported format)")
     scale = 65535.0 if image.dtype == np.uint16 else 255.0 if image.dtype == np.uint8 else 1.0

@@ -357,17 +357,10 @@ class HDF5Data(SourceLayer):
         self._load(self.files[self.file_order[0]])
 
     def _load(self, path: str) -> None:
-        h5py = _h5py()
-        arrays = []
-        check_regular_file(path, f"layer '{self.layer_name}' (HDF5Data) list {self.param.hdf5_data_param.source}")
-        try:
-            with h5py.File(path, "r") as f:
-                for top in self.param.top:
-                    if top not in f:
-                        raise DataError(f"layer '{self.layer_name}' (HDF5Data): {path} has no dataset '{top}'")
-                    arrays.append(np.asarray(f[top], dtype=np.float32))
-        except OSError as exc:
-            raise DataError(f"layer '{self.layer_name}' (HDF5Data): cannot read {path}: {exc}") from None
+        from caffe_compat.data.hdf5 import read_hdf5_tops
+
+        arrays = read_hdf5_tops(path, self.param.top, f"layer '{self.layer_name}' (HDF5Data)",
+                                self.param.hdf5_data_param.source)  # typed errors, memory budget (data/hdf5.py)
         rows = {a.shape[0] if a.ndim else 0 for a in arrays}
         if len(rows) != 1 or 0 in rows:
             raise DataError(f"layer '{self.layer_name}' (HDF5Data): {path}: every dataset needs the same positive "

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.errors import CaffeCompatError, DataError, FormatError, WriteError
 from caffe_compat.tools.netsetup import as_tensors
 
 __all__ = ["FORMATS", "ExtractedFeature", "check_request", "datum_key", "extract_features"]
@@ -84,6 +84,10 @@ def _h5py():
     return h5py
 
 
+# What h5py and numpy's memory-mapped writer raise when the output cannot be made or written.
+_SINK_ERRORS = (OSError, ValueError, RuntimeError, TypeError, OverflowError)
+
+
 class _FileSink:
     """npy (a memory-mapped ``.npy``) or HDF5, written into a temporary file renamed by :meth:`close`."""
 
@@ -94,19 +98,28 @@ class _FileSink:
         h5py = _h5py() if kind == "hdf5" else None
         self.context = atomic_path(path)
         tmp = self.context.__enter__()
+        self.path, self.blob = path, blob
         try:
-            if kind == "npy":
-                self.file = None
-                self.array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(total, *shape))
-            else:
-                self.file = h5py.File(tmp, "w")
-                self.array = self.file.create_dataset(blob, shape=(total, *shape), dtype="float32")
+            try:
+                if kind == "npy":
+                    self.file = None
+                    self.array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(total, *shape))
+                else:
+                    self.file = h5py.File(tmp, "w")
+                    self.array = self.file.create_dataset(blob, shape=(total, *shape), dtype="float32")
+            except _SINK_ERRORS as exc:  # h5py/numpy on a full disk, a bad name, a size the file system refuses
+                raise WriteError(f"{path}: cannot create the {kind} output of blob '{blob}' "
+                                 f"({type(exc).__name__}: {exc})") from None
         except BaseException as exc:
             self.context.__exit__(type(exc), exc, exc.__traceback__)
             raise
 
     def add(self, batch: np.ndarray, start: int) -> None:
-        self.array[start:start + batch.shape[0]] = batch
+        try:
+            self.array[start:start + batch.shape[0]] = batch
+        except _SINK_ERRORS as exc:
+            raise WriteError(f"{self.path}: cannot write rows {start}.. of blob '{self.blob}' "
+                             f"({type(exc).__name__}: {exc})") from None
 
     def _finish(self) -> None:
         if self.file is not None:

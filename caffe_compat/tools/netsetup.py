@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
-from caffe_compat.io.safe_open import check_regular_file
 
 __all__ = ["as_tensors", "build_net", "load_inputs", "resolve_device", "split_list", "synchronize"]
 
@@ -90,11 +89,9 @@ def build_net(model, weights=None, *, phase: str = "test", level: int | None = N
 
 
 def _read_array(path: Path, key: str | None, blob: str) -> np.ndarray:
-    check_regular_file(path, f"the array for blob '{blob}'")
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: cannot read a .npy/.npz array ({exc})") from None
+    from caffe_compat.io.arrays import load_array_file
+
+    data = load_array_file(path, f"the array for blob '{blob}'")  # typed errors, size checked before reading
     if isinstance(data, np.ndarray):
         if key is not None:
             raise FormatError(f"{path}: a .npy file holds one array; drop ':{key}'")

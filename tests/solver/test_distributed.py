@@ -254,7 +254,7 @@ def _digits_run(tmp, tag, dtype):
 
 def train_cases(tmp, tag: str) -> dict:
     """``{(case, dtype): (losses per iteration, weights after, calls of FAPPY's per-row-table path)}``."""
-    import caffe_compat.losses.fappy as fappy
+    import caffe_compat.losses.fappy_rows as fappy
     from caffe_compat.solver.train import train
 
     calls = [0]

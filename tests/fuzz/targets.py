@@ -1,0 +1,308 @@
+"""The fuzz targets: per file kind, its seeds, its mutations, how a case is written to disk and which
+public readers read it (in the child).  Special cases (a FIFO, ``/dev/zero``, a directory where the file
+should be; for LMDB also a ``lock.mdb`` FIFO and a folder without ``data.mdb``) run before the mutations."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from caffe_compat.errors import CaffeCompatError
+from tests.conftest import fixture_path
+from tests.fuzz import mutate
+
+
+@dataclass
+class Target:
+    """One file kind: ``seeds()`` (valid files, as bytes), ``mutator(rng, data, seeds)``, ``read(path)``."""
+
+    name: str
+    make_seeds: Callable[[], list[bytes]]
+    mutator: Callable[[random.Random, bytes, list[bytes]], bytes]
+    read: Callable[[str], None]
+    suffix: str = ".bin"
+    folder: bool = False  # an LMDB: the case is a folder holding data.mdb
+    extra_specials: list = field(default_factory=list)
+    file_specials: bool = True  # False for text the harness itself reads from a file (param_str)
+
+    @cached_property
+    def seeds(self) -> list[bytes]:
+        return self.make_seeds()
+
+    def mutate(self, rng: random.Random) -> bytes:
+        return self.mutator(rng, rng.choice(self.seeds), self.seeds)
+
+    def write(self, data: bytes, where: Path, name: str) -> str:
+        if self.folder:
+            folder = where / name
+            folder.mkdir()
+            (folder / "data.mdb").write_bytes(data)
+            return str(folder)
+        suffix = self.suffix(data) if callable(self.suffix) else self.suffix
+        path = where / f"{name}{suffix}"
+        path.write_bytes(data)
+        return str(path)
+
+    def specials(self, where: Path) -> list[tuple[str, Callable[[], None], str]]:
+        """``(label, make it, path)`` of the hostile non-files for this kind (made one at a time: each
+        ``make`` expects a fresh ``where / "special"`` folder, see :func:`tests.fuzz.__main__.fuzz`)."""
+        cases = []
+        target = where / "special"
+        if not self.file_specials:
+            return cases
+        suffix = self.suffix if isinstance(self.suffix, str) else ""
+        inner = target / "data.mdb" if self.folder else target / f"x{suffix}"
+        path = str(target) if self.folder else str(inner)
+        cases.append(("fifo", lambda: os.mkfifo(inner), path))
+        cases.append(("dev_zero", lambda: os.symlink("/dev/zero", inner), path))
+        cases.append(("directory", lambda: inner.mkdir(), path))
+        cases.append(("missing", lambda: None, path))
+        for label, make in self.extra_specials:
+            cases.append((label, lambda make=make: make(target), path))
+        return cases
+
+
+def _both(*readers):
+    def read(path):
+        for reader in readers:
+            reader(path)
+    return read
+
+
+# -- readers (imported here, before the runner forks) --------------------------------------------------
+
+def _read_prototxt(path):
+    from caffe_compat.io import infer_shapes, read_net
+
+    infer_shapes(read_net(path))
+
+
+def _read_caffemodel(path):
+    from caffe_compat.io import read_net, read_weights
+
+    read_weights(path)
+    read_net(path)
+
+
+def _read_solver(path):
+    from caffe_compat.io import read_solver
+
+    read_solver(path)
+
+
+def _read_blob(path):
+    from caffe_compat.io import read_blob
+
+    read_blob(path)
+
+
+def _read_lmdb(path):
+    from caffe_compat.data.lmdb_source import DatumSource
+    from caffe_compat.io import iter_lmdb, lmdb_length
+
+    for _ in iter_lmdb(path):
+        pass
+    lmdb_length(path)
+    source = DatumSource(path)
+    for i in range(len(source)):
+        source.image(i)
+    source.labels()
+
+
+def _read_npy(path):
+    from caffe_compat.tools.netsetup import load_inputs
+
+    load_inputs([f"data={path}"])
+
+
+def _read_hdf5(path):
+    from caffe_compat.data.hdf5 import read_hdf5_tops
+
+    read_hdf5_tops(path, ["data", "label"], "fuzz", max_bytes=1 << 28)
+
+
+def _read_image(path):
+    from caffe_compat.data.image import load_image_bgr
+    from caffe_compat.io import decode_datum, make_datum
+
+    load_image_bgr(path)
+    load_image_bgr(path, color=False, new_height=7, new_width=9)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    decode_datum(make_datum(data, 0, encoded=True))
+
+
+def _read_param_str(path):
+    from caffe_compat.layers.python_ports import parse_param_str
+
+    with open(path, "rb") as fh:
+        text = fh.read().decode("utf-8", "replace")
+    parse_param_str(text, "fuzz")
+
+
+class _ExitStatus(CaffeCompatError):
+    """The CLI exited 2: its typed-error path."""
+
+
+def _inspect(path):
+    import contextlib
+
+    from caffe_compat.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        status = main(["inspect", path])
+    if status == 2 and "Traceback" not in err.getvalue():
+        raise _ExitStatus(err.getvalue().strip()[-300:])
+    if status != 0:
+        raise RuntimeError(f"inspect exited {status}: {err.getvalue()[-300:]}")
+
+
+# -- seeds ----------------------------------------------------------------------------------------------
+
+def _file_seeds(*names):
+    return lambda: [fixture_path(name).read_bytes() for name in names]
+
+
+def _solver_seeds():
+    text = fixture_path("solvers/nesterov/solver.prototxt").read_text()
+    return [text.encode(), text.replace('type: "Nesterov"', "solver_type: NESTEROV").encode()]
+
+
+def _lmdb_seeds():
+    return [fixture_path(f"data/lmdb_{kind}/data.mdb").read_bytes() for kind in ("raw", "png", "jpeg")]
+
+
+def _npy_seeds():
+    out = []
+    for array in (np.arange(2 * 3 * 4 * 4, dtype=np.float32).reshape(2, 3, 4, 4), np.arange(6, dtype=np.float64)):
+        buf = io.BytesIO()
+        np.save(buf, array)
+        out.append(buf.getvalue())
+    buf = io.BytesIO()
+    np.savez(buf, data=np.ones((1, 3, 2, 2), np.float32))
+    out.append(buf.getvalue())
+    return out
+
+
+def _hdf5_seeds():
+    import h5py
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for options in ({}, {"compression": "gzip", "chunks": (2, 3)}):
+            path = Path(tmp) / "seed.h5"
+            with h5py.File(path, "w") as f:
+                f.create_dataset("data", data=np.arange(24, dtype=np.float64).reshape(8, 3), **options)
+                f["label"] = np.arange(8)
+            out.append(path.read_bytes())
+    return out
+
+
+def _image_seeds():
+    import cv2
+
+    with np.load(fixture_path("data/source_images.npz")) as z:
+        image = z["images_chw_bgr_uint8"][0].transpose(1, 2, 0)
+    return [cv2.imencode(ext, image)[1].tobytes() for ext in (".png", ".jpg", ".bmp")]
+
+
+def _param_str_seeds():
+    return [b" mean_file: imagenet_mean.binaryproto \n source: ./db/cub200_train_lmdb \n batch_size: 128 \n "
+            b"scales : [1, 1.] \n max_number_object_per_label : 10 ",
+            b"source: ../db/vehicleID_train_lmdb\nmean_file: VGG_mean.binaryproto\nbatch_size: 150\n"]
+
+
+# -- mutators -------------------------------------------------------------------------------------------
+
+def _text(rng, data, seeds):
+    return mutate.mutate_text(rng, data) if rng.random() < 0.7 else mutate.mutate_bytes(rng, data, seeds)
+
+
+def _protobuf(rng, data, seeds):
+    return mutate.mutate_protobuf(rng, data) if rng.random() < 0.6 else mutate.mutate_bytes(rng, data, seeds)
+
+
+def _npy(rng, data, seeds):
+    return mutate.mutate_npy(rng, data) if rng.random() < 0.5 else mutate.mutate_bytes(rng, data, seeds)
+
+
+_DATUMS: list = []
+
+
+def _lmdb(rng, data, seeds):
+    choice = rng.random()
+    if choice < 0.55:
+        return mutate.mutate_lmdb(rng, data)
+    if choice < 0.75:
+        return mutate.mutate_bytes(rng, data)
+    return _datum_level(rng)
+
+
+def _datum_level(rng):
+    """A database written (by the trusted writer) with one record's Datum mutated."""
+    import lmdb
+
+    from caffe_compat.io import iter_lmdb
+
+    if not _DATUMS:
+        for kind in ("raw", "png"):
+            _DATUMS.append([(key, datum.SerializeToString())
+                            for key, datum, _ in iter_lmdb(fixture_path(f"data/lmdb_{kind}"), decode=False)])
+    records = list(rng.choice(_DATUMS))
+    i = rng.randrange(len(records))
+    key, value = records[i]
+    records[i] = (key, mutate.mutate_protobuf(rng, value) if rng.random() < 0.7 else mutate.mutate_bytes(rng, value))
+    with tempfile.TemporaryDirectory() as tmp:
+        env = lmdb.open(tmp, map_size=1 << 26)
+        with env.begin(write=True) as txn:
+            for key, value in records:
+                txn.put(key.encode(), value)
+        env.close()
+        return (Path(tmp) / "data.mdb").read_bytes()
+
+
+def _npy_suffix(data: bytes) -> str:
+    return ".npz" if data.startswith(b"PK") else ".npy"
+
+
+def _lock_fifo(folder: Path) -> None:
+    (folder / "data.mdb").write_bytes(fixture_path("data/lmdb_raw/data.mdb").read_bytes())
+    os.mkfifo(folder / "lock.mdb")
+
+
+TARGETS = {t.name: t for t in [
+    Target("prototxt", _file_seeds("layer_zoo/deploy.prototxt", "authors/cub200/train.prototxt"), _text,
+           _read_prototxt, ".prototxt"),
+    Target("inspect", _file_seeds("layer_zoo/deploy.prototxt"), _text, _inspect, ".prototxt"),
+    Target("caffemodel", _file_seeds("layer_zoo/weights.caffemodel"), _protobuf, _read_caffemodel, ".caffemodel"),
+    Target("solver", _solver_seeds, _text, _read_solver, ".prototxt"),
+    Target("binaryproto", _file_seeds("data/mean.binaryproto", "losses/infogain_H.binaryproto"), _protobuf, _read_blob,
+           ".binaryproto"),
+    Target("lmdb", _lmdb_seeds, _lmdb, _read_lmdb, folder=True,
+           extra_specials=[("lock_mdb_fifo", _lock_fifo), ("no_data_mdb", lambda folder: None)]),
+    Target("npy", _npy_seeds, _npy, _read_npy, _npy_suffix),
+    Target("hdf5", _hdf5_seeds, lambda rng, data, seeds: mutate.mutate_bytes(rng, data, seeds), _read_hdf5, ".h5"),
+    Target("image", _image_seeds, lambda rng, data, seeds: mutate.mutate_bytes(rng, data, seeds), _read_image, ".img"),
+    Target("param_str", _param_str_seeds, _text, _read_param_str, ".txt", file_specials=False),
+]}
+
+
+def preload() -> None:
+    """Import what the readers import, so that forked children start warm."""
+    import caffe_compat.cli  # noqa: F401
+    import caffe_compat.data.hdf5  # noqa: F401
+    import caffe_compat.data.image  # noqa: F401
+    import caffe_compat.data.lmdb_source  # noqa: F401
+    import caffe_compat.layers.python_ports  # noqa: F401
+    import caffe_compat.tools.netsetup  # noqa: F401
+    from caffe_compat.cli import build_parser
+
+    build_parser()
