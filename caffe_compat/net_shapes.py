@@ -16,10 +16,10 @@ becomes such an error too (no bare ValueError reaches the CLI).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from caffe_compat.errors import FormatError
+from caffe_compat.io.safe_open import memory_budget
 from caffe_compat.layers.facts import Shapes, count
 from caffe_compat.layers.registry import port_for
 
@@ -102,30 +102,6 @@ def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
     return blobs, table
 
 
-def available_memory() -> int | None:
-    """Bytes of memory the process may use: ``CAFFE_COMPAT_MEMORY_BUDGET`` (e.g. ``512M``, ``8G``) when
-    set, else the system's available memory (``MemAvailable``), else None (unknown: no budget)."""
-    text = os.environ.get("CAFFE_COMPAT_MEMORY_BUDGET", "").strip()
-    if text:
-        units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
-        scale = units.get(text[-1].upper(), 1)
-        try:
-            return int(float(text[:-1] if scale != 1 else text) * scale)
-        except ValueError:
-            raise FormatError(f"CAFFE_COMPAT_MEMORY_BUDGET={text!r} is not a size (bytes, or e.g. 512M, 8G)") from None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def memory_needed(blobs: dict, table: list[LayerShapes], bytes_per_value: int = 4) -> tuple[int, str]:
     """Bytes of the known blobs (each name once, as Caffe allocates them) and learnable blobs, and the layer
     with the most."""
@@ -141,14 +117,13 @@ def memory_needed(blobs: dict, table: list[LayerShapes], bytes_per_value: int = 
 
 def check_memory_budget(net, where: str, budget: int | None = None) -> None:
     """FormatError before anything is allocated when the net's blobs and parameters (float32, from the
-    shape rules) exceed ``budget`` bytes (default :func:`available_memory`): a hostile or mistyped
+    shape rules) exceed ``budget`` bytes (default: all the memory available, or ``CAFFE_COMPAT_MEMORY_BUDGET``,
+    :func:`caffe_compat.io.safe_open.memory_budget`): a hostile or mistyped
     prototxt (an Input of 10^6 × 10^6, ``num_output: 2000000000``) is refused with the layer named,
     instead of exhausting memory.  Caffe allocates every blob in ``Net::Init`` too, so a net it could
     build passes.  Shapes that cannot be inferred (data layers, errors the build reports itself) are
     left out: the check never refuses what it cannot measure."""
-    budget = available_memory() if budget is None else budget
-    if budget is None:
-        return
+    budget = memory_budget(fraction=1.0) if budget is None else budget
     try:
         blobs, table = infer_shapes(net)
     except FormatError:
@@ -160,5 +135,5 @@ def check_memory_budget(net, where: str, budget: int | None = None) -> None:
                           f"set CAFFE_COMPAT_MEMORY_BUDGET (e.g. 64G) to allow more")
 
 
-__all__ = ["LayerShapes", "available_memory", "check_memory_budget", "count", "has_shape_rule", "infer_shapes",
+__all__ = ["LayerShapes", "check_memory_budget", "count", "has_shape_rule", "infer_shapes",
            "layer_shapes", "memory_needed", "types_without_rule"]

@@ -23,7 +23,7 @@ ALLOWED = {
     "net_graph": CORE,
     "net_weights": CORE | {"io", "torch"},
     "net": CORE | {"io", "layers", "net_graph", "net_shapes", "net_weights", "torch"},
-    "net_shapes": CORE | {"layers"},
+    "net_shapes": CORE | {"io", "layers"},
     "net_report": CORE | {"io", "layers", "net_shapes"},
     "evaluate": CORE | {"io", "losses", "torch"},
     "hardware": CORE | {"torch"},

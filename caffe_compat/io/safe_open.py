@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import stat
 
-from caffe_compat.errors import NotRegularFileError
+from caffe_compat.errors import FormatError, NotRegularFileError
 
-__all__ = ["PROTOBUF_MAX_BYTES", "check_regular_file", "memory_budget", "read_regular_bytes", "read_regular_text"]
+__all__ = ["PROTOBUF_MAX_BYTES", "available_memory", "check_regular_file", "memory_budget", "read_regular_bytes", "read_regular_text"]
 
 #: The largest message protobuf parses (2 GB, ``INT_MAX`` bytes): prototxt, caffemodel, solverstate,
 #: binaryproto.
@@ -93,11 +93,33 @@ def read_regular_text(path: str | os.PathLike, what: str | None = None, max_byte
     return io.TextIOWrapper(io.BytesIO(data), encoding=encoding, errors=errors).read()
 
 
-def memory_budget(fraction: float = 0.5) -> int:
-    """``fraction`` of the memory available now (``SC_AVPHYS_PAGES``; of 8 GiB where the system does not
-    say), at least 1 MiB: the most a reader allocates for what a file declares."""
+def available_memory() -> int:
+    """Bytes of memory available now: the system's ``MemAvailable`` (Linux), else ``SC_AVPHYS_PAGES``,
+    else 8 GiB where the system does not say."""
     try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        available = 8 << 30
-    return max(int(available * fraction), 1 << 20)
+        return 8 << 30
+
+
+def memory_budget(fraction: float = 0.5) -> int:
+    """The most a reader (or a net) may allocate for what a file declares: ``CAFFE_COMPAT_MEMORY_BUDGET``
+    (bytes, or e.g. ``512M``, ``8G``) when set, else ``fraction`` of :func:`available_memory`, at least
+    1 MiB."""
+    text = os.environ.get("CAFFE_COMPAT_MEMORY_BUDGET", "").strip()
+    if text:
+        units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+        scale = units.get(text[-1].upper(), 1)
+        try:
+            return int(float(text[:-1] if scale != 1 else text) * scale)
+        except ValueError:
+            raise FormatError(f"CAFFE_COMPAT_MEMORY_BUDGET={text!r} is not a size (bytes, or e.g. 512M, "
+                              f"8G)") from None
+    return max(int(available_memory() * fraction), 1 << 20)
