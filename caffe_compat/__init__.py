@@ -35,6 +35,15 @@ _LAZY = {
     "set_device": "caffe_compat.pycaffe",
     "set_random_seed": "caffe_compat.pycaffe",
     "Layer": "caffe_compat.pycaffe",
+    "NetSpec": "caffe_compat.pycaffe",
+    "params": "caffe_compat.pycaffe",  # caffe.layers is caffe_compat.pycaffe.layers (caffe_compat.layers: the ports)
+    "to_proto": "caffe_compat.pycaffe",
+    "coord_map": "caffe_compat.pycaffe",
+    "Classifier": "caffe_compat.pycaffe",
+    "Detector": "caffe_compat.pycaffe",
+    "register_python_layer": "caffe_compat.layers.python_user",
+    "allow_python_imports": "caffe_compat.layers.python_user",
+    "disallow_python_imports": "caffe_compat.layers.python_user",
 }
 
 

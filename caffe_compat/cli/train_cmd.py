@@ -17,6 +17,11 @@ layers over the N ranks, the pair losses see the gathered global batch, and rank
 snapshots, the logs and the summary line (see :mod:`caffe_compat.solver.train`).
 ``--no-distributed`` trains each rank alone.
 
+Python layers: a ``type: "Python"`` layer runs when it has a native port; ``--python-path DIR`` (repeatable)
+lets its ``python_param.module`` be imported from DIR (the user's opt-in, logged; see
+:mod:`caffe_compat.layers.python_user`).  Without it such a layer is refused (exit 2, naming the layer and
+the flag).
+
 The ``--log`` file's folder must exist (exit 2 before training); ``--tensorboard`` folders are created.
 """
 
@@ -53,6 +58,10 @@ def register(sub) -> None:
     p.add_argument("--tensorboard", help="TensorBoard log folder (when tensorboard is installed)")
     p.add_argument("--distributed", action=argparse.BooleanOptionalAction, default=None,
                    help="data-parallel training over the torchrun ranks (default: when WORLD_SIZE > 1)")
+    p.add_argument("--python-path", action="append", default=[], metavar="DIR",
+                   help="allow the net's Python layers to import their python_param.module from DIR (repeatable); "
+                        "without it a Python layer runs only when it has a native port (code named by a model "
+                        "file is never imported unless allowed)")
     p.set_defaults(func=run)
 
 
@@ -68,6 +77,10 @@ def run(args) -> int:
 
     if args.log:
         require_folder(args.log)
+    if args.python_path:
+        from caffe_compat.layers.python_user import allow_python_imports
+
+        allow_python_imports(args.python_path)
     device = None if args.device is None else str(parse_device(args.device, option="--device", allow_auto=False))
     with contextlib.ExitStack() as stack:
         stack.enter_context(cli_warnings("train"))

@@ -1,8 +1,9 @@
 """The one registry mapping a Caffe layer type to its PyTorch port.
 
 A port is a subclass of :class:`CaffeLayer` decorated with ``@register_layer("TypeName")``.
-``Python`` layers are looked up by ``"Python:<module>.<layer>"`` (their ``python_param``), so a model
-file can never make us import a module: only ports registered here run.
+``Python`` layers are looked up by ``"Python:<module>.<layer>"`` (their ``python_param``); a key without a
+native port resolves to a class the program registered or imported (:mod:`caffe_compat.layers.python_user`),
+so a model file never makes us import a module unless the user opted in (``--python-path``).
 
 Contract of a port (``caffe_compat.net.CaffeNet`` relies on it):
 
@@ -208,13 +209,15 @@ def layer_class(param) -> type[CaffeLayer]:
     try:
         return _REGISTRY[key]
     except KeyError:
-        if param.type == "Python":
-            what = (f"Python layer '{param.python_param.module}.{param.python_param.layer}' has no native port "
-                    f"(caffe-compat never imports modules named by a model file)")
-        else:
-            what = f"unknown layer type '{param.type}'"
+        if param.type == "Python":  # a class the program registered or imported, or (opted in) may import
+            from caffe_compat.layers.python_user import unresolved_message, user_layer_port
+
+            port = user_layer_port(param)
+            if port is None:
+                raise UnknownLayerError(unresolved_message(param)) from None
+            return port
         raise UnknownLayerError(
-            f"layer '{param.name}': {what}. Register a port with "
+            f"layer '{param.name}': unknown layer type '{param.type}'. Register a port with "
             f"@caffe_compat.layers.register_layer({key!r}) on a CaffeLayer subclass "
             f"(see caffe_compat/layers/registry.py)") from None
 
@@ -233,7 +236,12 @@ def registered_ports() -> dict[str, type[CaffeLayer]]:
 def port_for(layer) -> type[CaffeLayer] | None:
     """The registered port of a LayerParameter, or None (no error: for tools that accept unported types)."""
     _load_builtin_ports()
-    return _REGISTRY.get(registry_key(layer))
+    port = _REGISTRY.get(registry_key(layer))
+    if port is None and layer.type == "Python":
+        from caffe_compat.layers.python_user import user_layer_port
+
+        port = user_layer_port(layer)
+    return port
 
 
 #: Caffe 1.0 types without a port yet (each leaves this list when its port is registered; a test checks

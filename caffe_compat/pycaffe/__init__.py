@@ -22,6 +22,12 @@ pycaffe's surface, one module per concern (each docstring says what it reproduce
 * :mod:`~caffe_compat.pycaffe.layer`: ``caffe.Layer``, the Python-layer base class, and ``net.layers[i]``.
 * :mod:`~caffe_compat.pycaffe.solver`: ``get_solver``, ``SGDSolver`` ... ``AdamSolver``, whose
   ``solver.net`` / ``solver.test_nets`` answer pycaffe's ``Net`` names (``SolverNet``).
+* :mod:`~caffe_compat.pycaffe.net_spec`: ``NetSpec``, ``layers``, ``params``, ``to_proto``;
+  :mod:`~caffe_compat.pycaffe.coord_map`: ``coord_map_from_to``, ``crop``.
+* :mod:`~caffe_compat.pycaffe.classifier` / :mod:`~caffe_compat.pycaffe.detector`: ``Classifier``,
+  ``Detector``.
+* User Python layers: ``register_python_layer``, ``allow_python_imports``
+  (:mod:`caffe_compat.layers.python_user`).
 
 This package holds pycaffe's names; ``caffe_compat`` re-exports them at the top level, where ``caffe.io``
 and ``caffe.draw`` are :mod:`caffe_compat.io` and :mod:`caffe_compat.draw`.
@@ -34,9 +40,15 @@ from caffe_compat.pycaffe._mode import (_MODE, TEST, TRAIN, current_device, set_
 from caffe_compat.pycaffe.blob import Blob, ParamBlob
 from caffe_compat.pycaffe.layer import Layer
 from caffe_compat.pycaffe.net import Net
+from caffe_compat.layers.python_user import allow_python_imports, register_python_layer
+from caffe_compat.pycaffe import coord_map  # noqa: F401  (caffe.coord_map)
+from caffe_compat.pycaffe.classifier import Classifier
+from caffe_compat.pycaffe.detector import Detector
+from caffe_compat.pycaffe.net_spec import NetSpec, layers, params, to_proto
 from caffe_compat.pycaffe.solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver, PycaffeSolver,
                                          RMSPropSolver, SGDSolver, SolverNet, get_solver)
 
 __all__ = ["TRAIN", "TEST", "Net", "Blob", "ParamBlob", "Layer", "SolverNet", "PycaffeSolver", "get_solver",
            "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver",
-           "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed"]
+           "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed", "NetSpec", "layers", "params", "to_proto",
+           "coord_map", "Classifier", "Detector", "register_python_layer", "allow_python_imports"]
