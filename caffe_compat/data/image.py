@@ -24,6 +24,20 @@ from caffe_compat.io.datum_lmdb import cv_reason
 from caffe_compat.io.safe_open import check_regular_file, memory_budget
 
 
+def resize_within_budget(image: np.ndarray, height: int, width: int, where: str) -> np.ndarray:
+    """``cv::resize`` to ``height × width`` (bilinear, as Caffe's ReadImageToCVMat), after checking that the
+    result fits the memory budget; a DataError naming ``where`` otherwise, or when OpenCV cannot allocate it."""
+    need = int(height) * int(width) * (image.shape[2] if image.ndim == 3 else 1) * image.itemsize
+    if need > memory_budget():
+        raise DataError(f"{where}: resizing to new_height {height} x new_width {width} needs {need} bytes, more "
+                        f"than the memory budget of {memory_budget()} bytes")
+    try:
+        return cv2.resize(image, (int(width), int(height)))
+    except (cv2.error, OverflowError) as exc:
+        raise DataError(f"{where}: cannot resize the image to new_height {height} x new_width {width} "
+                        f"({cv_reason(exc)})") from None
+
+
 def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, new_width: int = 0,
                    what: str | None = None) -> np.ndarray:
     """Decode ``path`` like Caffe's ``ReadImageToCVMat(path, new_height, new_width, color)``; a path that
@@ -39,15 +53,7 @@ def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, ne
         reason = "file not found" if not Path(path).is_file() else "OpenCV could not decode it"
         raise DataError(f"{path}: could not open or find the image ({reason})")
     if new_height > 0 and new_width > 0:
-        need = int(new_height) * int(new_width) * (image.shape[2] if image.ndim == 3 else 1) * image.itemsize
-        if need > memory_budget():
-            raise DataError(f"{path}{named}: resizing to new_height {new_height} x new_width {new_width} needs {need} "
-                            f"bytes, more than the memory budget of {memory_budget()} bytes")
-        try:
-            image = cv2.resize(image, (int(new_width), int(new_height)))
-        except (cv2.error, OverflowError) as exc:
-            raise DataError(f"{path}{named}: cannot resize the image to new_height {new_height} x new_width "
-                            f"{new_width} ({cv_reason(exc)})") from None
+        image = resize_within_budget(image, new_height, new_width, f"{path}{named}")
     if image.ndim == 2:
         image = image[:, :, None]
     return image

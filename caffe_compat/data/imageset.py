@@ -51,7 +51,7 @@ from typing import Callable
 import numpy as np
 
 from caffe_compat.errors import DataError
-from caffe_compat.io.safe_open import memory_budget, read_regular_bytes, read_regular_text
+from caffe_compat.io.safe_open import read_regular_bytes, read_regular_text
 
 
 def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> list[tuple[int, str, int]]:
@@ -175,16 +175,9 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
         report(f"{where}: {image_path}: {noise} (decoded anyway; kept, as Caffe keeps it)")
     h, w = resize or (0, 0)
     if h > 0 and w > 0:
-        need = int(h) * int(w) * (image.shape[2] if image.ndim == 3 else 1)
-        if need > memory_budget():
-            raise DataError(f"{where}: resizing {image_path} to {h} x {w} needs {need} bytes, more than the memory "
-                            f"budget of {memory_budget()} bytes")
-        try:
-            image = cv2.resize(image, (int(w), int(h)))
-        except (cv2.error, OverflowError) as exc:
-            from caffe_compat.io.datum_lmdb import cv_reason
+        from caffe_compat.data.image import resize_within_budget
 
-            raise DataError(f"{where}: cannot resize {image_path} to {h} x {w} ({cv_reason(exc)})") from None
+        image = resize_within_budget(image, h, w, f"{where}: {image_path}")
     if image.ndim == 2:
         image = image[:, :, None]
     if encode_type is None:

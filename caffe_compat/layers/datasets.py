@@ -67,20 +67,26 @@ def _legacy_transform_fields(param, message, names=("scale", "mean_file", "crop_
                       f"by Caffe (V1 nets get them moved by the upgrade); put them in transform_param", stacklevel=3)
 
 
-class _RecordLayer(SourceLayer):
-    """Shared machinery: ``batch_size`` records from ``position`` on, transformed and stacked."""
+class DataSetLayer(SourceLayer):
+    """Base of the layers that read a data set: export stands an Input in for them (``reads_source``,
+    ``input_facts`` from the DataTransformer's settings), and their tops' shapes are unknown without opening
+    the data set (the records or files decide them)."""
 
-    tops = BlobCount(1, 2)  # data and (optionally) label
     reads_source = True
 
     @classmethod
     def infer(cls, layer, bottoms):
-        """Unknown without opening the data set (the records decide the image size)."""
         return Shapes([None] * len(layer.top))
 
     @classmethod
     def input_facts(cls, layer) -> InputFacts:
         return transform_input_facts(layer)
+
+
+class _RecordLayer(DataSetLayer):
+    """Shared machinery: ``batch_size`` records from ``position`` on, transformed and stacked."""
+
+    tops = BlobCount(1, 2)  # data and (optionally) label
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
@@ -303,7 +309,7 @@ def _h5py():
 
 
 @register_layer("HDF5Data")
-class HDF5Data(SourceLayer):
+class HDF5Data(DataSetLayer):
     """Caffe's HDF5Data layer (needs the optional ``h5py`` package; without it: a DataError saying so).
 
     ``hdf5_data_param { source batch_size shuffle }``: ``source`` is a text file naming HDF5 files
@@ -313,17 +319,6 @@ class HDF5Data(SourceLayer):
     around).  ``shuffle`` permutes the file order at setup and on each wrap, and the rows of each
     loaded file, from the layer's seeded RandomState.  Top shapes: ``(batch_size, *dataset.shape[1:])``.
     """
-
-    reads_source = True
-
-    @classmethod
-    def infer(cls, layer, bottoms):
-        """Unknown without opening the files (the datasets decide the shapes)."""
-        return Shapes([None] * len(layer.top))
-
-    @classmethod
-    def input_facts(cls, layer) -> InputFacts:
-        return transform_input_facts(layer)
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)

@@ -54,6 +54,22 @@ def forward_all(net, blobs=None, **kwargs) -> dict:
     return {name: np.asarray(values[:total]) for name, values in outs.items()}
 
 
+def image_transformer(net, blob: str, mean, input_scale, raw_scale, channel_swap) -> Transformer:
+    """pycaffe's set-up of a :class:`Transformer` for an image input (HxWxC → CxHxW, then the optional mean,
+    input/raw scales and channel swap), shared by :class:`Classifier` and the Detector."""
+    transformer = Transformer({blob: net.blobs[blob].data.shape})
+    transformer.set_transpose(blob, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(blob, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(blob, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(blob, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(blob, channel_swap)
+    return transformer
+
+
 class Classifier(Net):
     """pycaffe's ``caffe.Classifier`` (see the module docstring)."""
 
@@ -63,16 +79,7 @@ class Classifier(Net):
         in_ = self.inputs[0] if self.inputs else None
         if in_ is None:
             raise CaffeCompatError(f"Classifier: net {model_file} has no Input layer to feed images to")
-        self.transformer = Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = image_transformer(self, in_, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         self.image_dims = self.crop_dims if image_dims is None or len(image_dims) == 0 else image_dims
 

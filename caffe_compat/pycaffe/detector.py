@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 from caffe_compat.errors import CaffeCompatError
-from caffe_compat.io.transformer import Transformer, load_image, resize_image
+from caffe_compat.io.transformer import load_image, resize_image
 from caffe_compat.pycaffe._mode import TEST
-from caffe_compat.pycaffe.classifier import forward_all
+from caffe_compat.pycaffe.classifier import forward_all, image_transformer
 from caffe_compat.pycaffe.net import Net
 
 __all__ = ["Detector", "SelectiveSearchUnavailable"]
@@ -51,16 +51,7 @@ class Detector(Net):
         if not self.inputs:
             raise CaffeCompatError(f"Detector: net {model_file} has no Input layer to feed windows to")
         in_ = self.inputs[0]
-        self.transformer = Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = image_transformer(self, in_, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
     def detect_windows(self, images_windows) -> list[dict]:
