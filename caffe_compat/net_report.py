@@ -10,8 +10,8 @@ registry (torch); reading the files themselves (:mod:`caffe_compat.io`) does not
 
 A layer whose type neither Caffe 1.0 nor this project knows (a typo such as ``Convolutoin``) raises
 :class:`~caffe_compat.errors.UnknownLayerError` naming the layer and the type, as Caffe refuses the net
-("Unknown layer type").  Caffe 1.0 types without a port here (``LSTM``, ``WindowData``, ...) and
-``Python`` layers without a native port are accepted: their output shapes are unknown (``?``) unless
+("Unknown layer type").  Caffe 1.0 types without a port here (none is left but ``Python``:
+``caffe_compat.layers.registry.CAFFE_1_0_UNPORTED``) and ``Python`` layers without a native port are accepted: their output shapes are unknown (``?``) unless
 given as input shapes, and ``types_without_shape_rule`` names them.  Layers downstream of an unknown
 shape are listed in ``unresolved_layers`` (their parameters and multiply-adds are not in the totals),
 and the weights check lists their caffemodel blobs as ``unchecked``: the net is then not reported

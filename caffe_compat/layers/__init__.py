@@ -6,6 +6,7 @@ here, not later as an unknown layer type), and each registers its ports."""
 from caffe_compat.layers.registry import CaffeLayer, layer_class, register_layer, registered_types
 
 from caffe_compat.layers import (  # noqa: E402,F401  (imported for their registrations)
-    activations, common, data, datasets, loss, metric_learning, normalization, pooling, python_ports, shape, vision)
+    activations, common, data, datasets, hdf5_output, loss, metric_learning, normalization, pooling, python_ports, recurrent,
+    shape, vision, window_data)
 
 __all__ = ["CaffeLayer", "layer_class", "register_layer", "registered_types"]

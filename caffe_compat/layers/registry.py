@@ -246,7 +246,7 @@ def port_for(layer) -> type[CaffeLayer] | None:
 
 #: Caffe 1.0 types without a port yet (each leaves this list when its port is registered; a test checks
 #: that no type here is registered).  ``Python`` is Caffe 1.0's too: its ports are keyed by module.layer.
-CAFFE_1_0_UNPORTED = ("Filter", "HDF5Output", "Im2col", "LSTM", "LSTMUnit", "Python", "RNN", "WindowData")
+CAFFE_1_0_UNPORTED = ("Python",)
 
 
 def caffe_1_0_types() -> frozenset[str]:

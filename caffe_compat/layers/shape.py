@@ -1,4 +1,5 @@
-"""Caffe's blob-shape layers: Concat, Slice, Split, Flatten, Reshape, Crop, Tile, Silence, BatchReindex.
+"""Caffe's blob-shape layers: Concat, Slice, Split, Flatten, Reshape, Crop, Tile, Silence, BatchReindex,
+Filter.
 
 They only move values, so their gradients are autograd's (sums for Split's copies, zero-padding for
 Slice/Crop).  Tops are views or new tensors; no port writes its bottom.  Output shapes follow the
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from caffe_compat.errors import DataError, FormatError
+from caffe_compat.errors import DataError, FormatError, ShapeMismatchError
 from caffe_compat.layers.facts import NONE, ONE, BlobCount, Shapes, canonical_axis, count
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
@@ -366,3 +367,57 @@ class BatchReindex(CaffeLayer):
             bad = index[(rows < 0) | (rows >= data.shape[0])].flatten()[0].item()
             raise DataError(f"layer '{self.layer_name}' (BatchReindex): index {bad} is outside [0, {data.shape[0]})")
         return (data.index_select(0, rows),)
+
+
+@register_layer("Filter")
+class Filter(CaffeLayer):
+    """Caffe's FilterLayer: bottoms ``b_1..b_k`` and a selector ``s`` (the last bottom), tops ``t_1..t_k``
+    holding the rows ``n`` of each ``b_i`` with ``s[n] != 0``, in batch order.
+
+    The selector is ``(N,)`` or ``(N, 1, ...)`` (every axis but the first a singleton) and each bottom
+    leads with the same ``N`` (Caffe's CHECKs); there is one top per filtered bottom.  A nonzero float
+    (NaN included) keeps its row.  The shape rule gives Caffe's setup shapes, the bottoms' own (its first
+    Reshape keeps all ``N`` rows); at run time a top has as many rows as the selector has nonzeros (none:
+    an empty top).  Backward: a kept row's gradient is copied back to the row it came from, every other
+    row of the bottom gets 0; the selector gets none (Caffe refuses to backpropagate to it).  Caffe divides
+    by the top's row count there, so it crashes when nothing is kept; we give the zero gradient.
+    """
+
+    bottoms = BlobCount.at_least(2)
+    tops = BlobCount.at_least(1)
+    in_caffe_1_0 = True
+
+    @classmethod
+    def check_blob_counts(cls, layer, num_bottoms: int, check_tops: bool = True) -> None:
+        """At least 2 bottoms; exactly one top per filtered bottom (Caffe's ``CHECK_EQ(top.size(),
+        bottom.size() - 1)``)."""
+        super().check_blob_counts(layer, num_bottoms, check_tops)
+        if check_tops and len(layer.top) != num_bottoms - 1:
+            raise FormatError(f"layer '{layer.name}' (Filter): needs one top per filtered bottom ({num_bottoms - 1}), "
+                              f"got {len(layer.top)}")
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        selector = tuple(bottoms[-1])
+        where = f"layer '{layer.name}' (Filter)"
+        if not selector or any(d != 1 for d in selector[1:]):
+            raise FormatError(f"{where}: selector blob dimensions must be singletons (1), except the first; got "
+                              f"{selector}")
+        for i, shape in enumerate(bottoms[:-1]):
+            if not shape or shape[0] != selector[0]:
+                raise FormatError(f"{where}: bottom {i} {tuple(shape)} must have the selector's 0th dimension "
+                                  f"{selector[0]}")
+        return Shapes([tuple(shape) for shape in bottoms[:-1]])
+
+    def __init__(self, param, bottom_shapes, phase: str = "test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.infer(param, self.bottom_shapes)
+
+    def forward(self, *bottoms):
+        selector = bottoms[-1]
+        rows = selector.shape[0] if selector.dim() else -1
+        if any(b.dim() == 0 or b.shape[0] != rows for b in bottoms):
+            raise ShapeMismatchError(f"layer '{self.layer_name}' (Filter): every bottom must lead with the selector's "
+                                     f"{rows} rows, got {[tuple(b.shape) for b in bottoms]}")
+        kept = torch.nonzero(selector.detach().reshape(rows, -1)[:, 0] != 0).flatten()
+        return tuple(b.index_select(0, kept) for b in bottoms[:-1])

@@ -1,4 +1,4 @@
-"""Vision layers: Convolution, Deconvolution, InnerProduct (Caffe semantics, 2-D spatial).
+"""Vision layers: Convolution, Deconvolution, InnerProduct (Caffe semantics, 2-D spatial) and Im2col.
 
 (Pooling and SPP are in :mod:`caffe_compat.layers.pooling`.)
 
@@ -16,6 +16,8 @@
   shape ``shape[:axis] + (N,)``.  Defaults: axis 1, bias_term true, transpose false, fillers constant 0.
 
 Only ``axis: 1`` is supported for (De)Convolution, and 4-D blobs; anything else raises FormatError.
+
+* **Im2col** is Convolution's column buffer as a top, N-D (see :class:`Im2col`).
 """
 
 from __future__ import annotations
@@ -209,3 +211,112 @@ class InnerProduct(CaffeLayer):
     def extra_repr(self):
         return (f"{super().extra_repr()}, num_output={self.num_output}, axis={self.axis}, "
                 f"transpose={self.transpose}, bias_term={self.bias is not None}")
+
+
+# ------------------------------------------------------------------------------------------ Im2col
+
+
+def _nd_field(p, name: str, spatial: int, default, where: str) -> list[int]:
+    """Caffe's Im2col/BaseConvolution rule for kernel/stride/pad: ``<name>_h``/``_w`` (2-D only, never with
+    the repeated field), else the repeated field once or once per spatial axis (``default`` when empty)."""
+    repeated = [int(v) for v in getattr(p, name if name != "kernel" else "kernel_size")]
+    field = "kernel_size" if name == "kernel" else name
+    if p.HasField(f"{name}_h") or p.HasField(f"{name}_w"):
+        if spatial != 2:
+            raise FormatError(f"{where}: convolution_param.{name}_h & {name}_w can only be used for 2D convolution")
+        if repeated:
+            raise FormatError(f"{where}: either convolution_param.{field} or {name}_h/w should be specified; not both")
+        return [int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))]
+    if not repeated:
+        if default is None:
+            raise FormatError(f"{where}: convolution_param.kernel_size (or kernel_h and kernel_w) is required")
+        return [default] * spatial
+    if len(repeated) not in (1, spatial):
+        raise FormatError(f"{where}: convolution_param.{field} must be specified once, or once per spatial dimension "
+                          f"({field} specified {len(repeated)} times; {spatial} spatial dims)")
+    return repeated * spatial if len(repeated) == 1 else repeated
+
+
+@register_layer("Im2col")
+class Im2col(CaffeLayer):
+    """Caffe's Im2colLayer: the column buffer Convolution multiplies by its weights, as a top.
+
+    ``convolution_param`` gives ``axis`` (the channel axis, default 1; every later axis is spatial),
+    kernel/stride/pad (repeated once or once per spatial axis, or ``_h``/``_w`` in 2-D) and ``dilation``
+    (repeated; default 1); ``num_output`` and the fillers are unused.  For an input ``(..., C, S_1..S_k)``
+    the top is ``(..., C·K_1···K_k, O_1..O_k)`` with ``O_i = (S_i + 2·p_i − (d_i·(K_i − 1) + 1)) // s_i + 1``
+    and row ``c·∏K + (k_1·K_2 + k_2)…`` (channel-major, kernel offsets row-major), holding
+    ``x[c, o_i·s_i − p_i + k_i·d_i]``, or 0 where that lies in the padding.  ``force_nd_im2col`` only
+    picks Caffe's N-D routine, whose values are the 2-D one's, so it changes nothing here.  Backward is
+    Caffe's col2im: each column entry's gradient is added back to the input element it was copied from
+    (overlapping windows accumulate; padding receives nothing).  Computed explicitly: zero padding, then
+    one strided slice per kernel offset (an ONNX trace gives Pad + Slice + Concat).  Setup checks:
+    at least one spatial axis, kernel and stride nonzero, the repeated fields' counts as Caffe requires.
+    """
+
+    bottoms = tops = ONE
+    in_caffe_1_0 = True
+    param_message = "convolution_param"
+
+    @classmethod
+    def geometry(cls, layer, shape):
+        where = f"layer '{layer.name}' (Im2col)"
+        p = layer.convolution_param
+        axis = canonical_axis(p.axis, len(shape), layer.name, "convolution_param.axis")
+        spatial = len(shape) - axis - 1
+        if spatial < 1:
+            raise FormatError(f"{where}: needs at least one spatial axis after channel axis {axis}, got shape "
+                              f"{tuple(shape)}")
+        kernel = _nd_field(p, "kernel", spatial, None, where)
+        stride = _nd_field(p, "stride", spatial, 1, where)
+        pad = _nd_field(p, "pad", spatial, 0, where)
+        dilation = [int(d) for d in p.dilation]
+        if len(dilation) not in (0, 1, spatial):
+            raise FormatError(f"{where}: convolution_param.dilation must be specified once, or once per spatial "
+                              f"dimension (specified {len(dilation)} times; {spatial} spatial dims)")
+        dilation = [1] * spatial if not dilation else dilation * spatial if len(dilation) == 1 else dilation
+        if min(kernel) <= 0:
+            raise FormatError(f"{where}: filter dimensions must be nonzero, got kernel {kernel}")
+        if min(stride) <= 0:
+            raise FormatError(f"{where}: stride dimensions must be nonzero, got stride {stride}")
+        out = [conv_out_size(int(shape[axis + 1 + i]), kernel[i], stride[i], pad[i], dilation[i])
+               for i in range(spatial)]
+        if min(out) < 0:
+            raise FormatError(f"{where}: the kernel extent exceeds the padded input {tuple(shape)} (output {out})")
+        return axis, kernel, stride, pad, dilation, out
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        shape = tuple(bottoms[0])
+        axis, kernel, _, _, _, out = cls.geometry(layer, shape)
+        top = shape[:axis] + (shape[axis] * math.prod(kernel),) + tuple(out)
+        return Shapes([top])
+
+    def __init__(self, param, bottom_shapes, phase="test"):
+        super().__init__(param, bottom_shapes, phase)
+        self.axis, self.kernel, self.stride, self.pad, self.dilation, _ = self.geometry(param, self.bottom_shapes[0])
+
+    def forward(self, x):
+        axis = self.axis
+        if x.dim() != axis + 1 + len(self.kernel):
+            raise ShapeMismatchError(f"layer '{self.layer_name}' (Im2col): set up for {axis + 1 + len(self.kernel)} "
+                                     f"axes, got shape {tuple(x.shape)}")
+        out = self.infer(self.param, [tuple(x.shape)]).tops[0][axis + 1:]
+        pads = [p for p in reversed(self.pad) for _ in (0, 1)]
+        padded = F.pad(x, pads) if any(self.pad) else x
+        columns = []
+        for offset in _offsets(self.kernel):
+            index = [slice(None)] * (axis + 1)
+            for k, s, d, o in zip(offset, self.stride, self.dilation, out):
+                index.append(slice(k * d, k * d + (o - 1) * s + 1, s) if o > 0 else slice(0, 0))
+            columns.append(padded[tuple(index)])
+        stacked = torch.stack(columns, dim=axis + 1)  # (..., C, prod(K), O...)
+        return (stacked.reshape(*x.shape[:axis], -1, *out),)
+
+
+def _offsets(kernel):
+    """Every kernel offset, row-major (last axis fastest), as Caffe's im2col loops over them."""
+    offsets = [()]
+    for k in kernel:
+        offsets = [o + (i,) for o in offsets for i in range(k)]
+    return offsets

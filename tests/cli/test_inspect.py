@@ -123,7 +123,7 @@ def test_unknown_layer_type_exit_2(tmp_path, capsys):
 
 
 def test_caffe_types_without_a_port_and_python_layers_are_not_unknown(capsys):
-    """Caffe 1.0 knows Im2col (no port here) and any Python layer: their tops are just not inferred."""
+    """Caffe 1.0 knows any Python layer: its tops are just not inferred (Im2col, once unported, now is)."""
     text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }\n'
             'layer { name: "col" type: "Im2col" bottom: "data" top: "col" convolution_param { kernel_size: 2 } }\n'
             'layer { name: "py" type: "Python" bottom: "data" top: "py" python_param { module: "m" layer: "L" } }\n')
@@ -131,23 +131,24 @@ def test_caffe_types_without_a_port_and_python_layers_are_not_unknown(capsys):
     from caffe_compat.net_report import inspect_net
 
     report = inspect_net(read_net(text))
-    assert [r["top_shapes"] for r in report["layers"]] == [[[1, 3, 8, 8]], [None], [None]]
+    assert [r["top_shapes"] for r in report["layers"]] == [[[1, 3, 8, 8]], [[1, 12, 7, 7]], [None]]
 
 
 def test_inspect_names_the_types_without_a_shape_rule(tmp_path, capsys):
-    """A type with no shape rule (a Caffe 1.0 type without a port, a Python layer without a native port)
-    is named, in the JSON report and in the table's footer."""
+    """A type with no shape rule (a Python layer without a native port; every other Caffe 1.0 type has a
+    port) is named, in the JSON report and in the table's footer."""
     from caffe_compat.cli import main
 
     text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }\n'
             'layer { name: "col" type: "Im2col" bottom: "data" top: "col" convolution_param { kernel_size: 2 } }\n'
-            'layer { name: "py" type: "Python" bottom: "col" top: "py" python_param { module: "m" layer: "L" } }\n')
+            'layer { name: "py" type: "Python" bottom: "col" top: "py" python_param { module: "m" layer: "L" } }\n'
+            'layer { name: "py2" type: "Python" bottom: "py" top: "py2" python_param { module: "m" layer: "K" } }\n')
     path = tmp_path / "net.prototxt"
     path.write_text(text)
     from caffe_compat.io import read_net
     from caffe_compat.net_report import inspect_net
 
-    assert inspect_net(read_net(text))["types_without_shape_rule"] == ["Im2col", "Python:m.L"]
+    assert inspect_net(read_net(text))["types_without_shape_rule"] == ["Python:m.K", "Python:m.L"]
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "no shape rule for layer type(s) Im2col, Python:m.L" in out
+    assert "no shape rule for layer type(s) Python:m.K, Python:m.L" in out
