@@ -135,7 +135,7 @@ def test_param_message_comes_from_the_ports_fact_then_caffes_convention():
     assert param_message_of("Convolution") == "convolution_param"
     assert param_message_of("Deconvolution") == "convolution_param"  # the port's fact (not <type>_param)
     assert param_message_of("Python") == "python_param"  # no port keyed "Python": the convention
-    assert param_message_of("WindowData") == "window_data_param"  # unported type: the convention
+    assert param_message_of("WindowData") == "window_data_param"  # its port names it (the convention agrees)
     assert param_message_of("Silence") is None
     n = NetSpec()
     n.data = L.Input(shape=dict(dim=[1, 2, 3, 3]))
