@@ -23,12 +23,27 @@ pycaffe's surface, one module per concern (each docstring says what it reproduce
 * :mod:`~caffe_compat.pycaffe.solver`: ``get_solver``, ``SGDSolver`` ... ``AdamSolver``, whose
   ``solver.net`` / ``solver.test_nets`` answer pycaffe's ``Net`` names (``SolverNet``).
 
-This package holds pycaffe's names; ``caffe_compat`` re-exports them at the top level, where ``caffe.io``
-and ``caffe.draw`` are :mod:`caffe_compat.io` and :mod:`caffe_compat.draw`.
+* :mod:`~caffe_compat.pycaffe._caffe`: ``layer_type_list``, ``solver_count``/``solver_rank`` and their
+  setters, ``set_multiprocess``, ``has_nccl``, ``NCCL``, ``Timer``, ``init_log``, ``log``, ``__version__``.
+* :mod:`~caffe_compat.pycaffe.io`: pycaffe's ``caffe.io`` names (Transformer, the BlobProto and Datum
+  converters).
+
+This package is what ``import caffe`` gives under the alias (:mod:`caffe_compat.alias`): pycaffe's
+top-level names, ``caffe.io`` (:mod:`caffe_compat.pycaffe.io`), ``caffe.proto`` (:mod:`caffe_compat.proto`),
+and, loaded on first use, ``layers``, ``params``, ``NetSpec``, ``to_proto`` (``net_spec``), ``Classifier``
+and ``Detector`` when those modules are present.  ``caffe_compat`` also re-exports the names at its top
+level, where ``caffe_compat.io`` is the file-format package (it holds the same pycaffe io helpers).
 """
 
 from __future__ import annotations
 
+import importlib
+
+from caffe_compat import proto  # noqa: F401  (caffe.proto.caffe_pb2)
+from caffe_compat.pycaffe import io  # noqa: F401  (caffe.io)
+from caffe_compat.pycaffe._caffe import (NCCL, Timer, __version__, has_nccl, init_log, layer_type_list,  # noqa: F401
+                                         log, multiprocess, set_multiprocess, set_solver_count, set_solver_rank,
+                                         solver_count, solver_rank)
 from caffe_compat.pycaffe._mode import (_MODE, TEST, TRAIN, current_device, set_device, set_mode_cpu,  # noqa: F401
                                         set_mode_gpu, set_random_seed)
 from caffe_compat.pycaffe.blob import Blob, ParamBlob
@@ -39,4 +54,19 @@ from caffe_compat.pycaffe.solver import (AdaDeltaSolver, AdaGradSolver, AdamSolv
 
 __all__ = ["TRAIN", "TEST", "Net", "Blob", "ParamBlob", "Layer", "SolverNet", "PycaffeSolver", "get_solver",
            "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver",
-           "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed"]
+           "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed", "layer_type_list", "has_nccl", "NCCL",
+           "solver_count", "solver_rank", "set_solver_count", "set_solver_rank", "set_multiprocess", "Timer",
+           "init_log", "log", "io", "proto"]
+
+# pycaffe's names from modules loaded on first use (caffe.layers, caffe.NetSpec, caffe.Classifier, ...)
+_LAZY = {"layers": "net_spec", "params": "net_spec", "NetSpec": "net_spec", "to_proto": "net_spec",
+         "Classifier": "classifier", "Detector": "detector"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'caffe_compat.pycaffe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"caffe_compat.pycaffe.{module}"), name)
+    globals()[name] = value
+    return value
