@@ -17,11 +17,13 @@ pycaffe's surface, one module per concern (each docstring says what it reproduce
   ``set_device``, ``set_random_seed`` (process-wide, read when a net is built).
 * :mod:`~caffe_compat.pycaffe.blob`: ``Blob`` and ``ParamBlob``, numpy ``data``/``diff`` over torch
   tensors, with Caffe's host/device synchronisation on CUDA.
-* :mod:`~caffe_compat.pycaffe.net`: ``caffe.Net`` (blobs, params, forward/backward with Caffe's diff
-  rules, reshape, copy_from, save, set_input_arrays).
+* :mod:`~caffe_compat.pycaffe.net`: ``caffe.Net`` (blobs, params, layers, forward/backward and their
+  ranges with Caffe's diff rules, reshape); its weights (:mod:`~caffe_compat.pycaffe.net_params`:
+  copy_from, save, save_hdf5/load_hdf5, share_with, clear_param_diffs, set_input_arrays), batches
+  (:mod:`~caffe_compat.pycaffe.net_batch`) and backward ranges (:mod:`~caffe_compat.pycaffe.net_backward`).
 * :mod:`~caffe_compat.pycaffe.layer`: ``caffe.Layer``, the Python-layer base class, and ``net.layers[i]``.
 * :mod:`~caffe_compat.pycaffe.solver`: ``get_solver``, ``SGDSolver`` ... ``AdamSolver``, whose
-  ``solver.net`` / ``solver.test_nets`` answer pycaffe's ``Net`` names (``SolverNet``).
+  ``solver.net`` / ``solver.test_nets`` are pycaffe ``Net`` s over the trained CaffeNets (``SolverNet``).
 
 * :mod:`~caffe_compat.pycaffe._caffe`: ``layer_type_list``, ``solver_count``/``solver_rank`` and their
   setters, ``set_multiprocess``, ``has_nccl``, ``NCCL``, ``Timer``, ``init_log``, ``log``, ``__version__``.
