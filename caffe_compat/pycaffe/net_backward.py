@@ -17,8 +17,9 @@ accumulate.  Reproduced here with autograd on the last forward's graph:
 
 The last forward's graph is used when it computed every layer of the range with autograd on.  Otherwise
 (no forward yet, a forward of another range, a shared parameter also used outside the range) the range is
-recomputed from the blobs' stored data, which is what those layers read in Caffe: exact for layers that
-keep no state, but a Dropout in the range draws a new mask and a data layer in it reads a new batch.
+recomputed from the blobs' stored data (a data layer's tops included: nothing is read or drawn anew),
+which is what those layers read in Caffe: exact for layers that keep no state, but a Dropout in the range
+draws a new mask.
 """
 
 from __future__ import annotations
@@ -85,12 +86,15 @@ def _recompute(net: "Net", first: int, last: int):
     cnet, steps = net._cnet, net._cnet.steps
     produced, feed = set(), {}
     for step in steps[first:last + 1]:
-        for b in step.bottoms:
-            if b not in produced and b not in feed:
-                feed[b] = net._blobs[b]._data.device().detach().clone()
+        for name in [b for b in step.bottoms if b not in produced]:
+            if name not in feed:
+                feed[name] = net._blobs[name]._data.device().detach().clone().requires_grad_()
+        for name in ([] if step.bottoms else step.tops):  # a data layer's tops: Caffe reads its memory, draws
+            feed[name] = net._blobs[name]._data.device().detach().clone()  # nothing new; their diff only
+            feed[name].requires_grad_(cnet.force_backward)  # with force_backward
         produced.update(step.tops)
     with torch.enable_grad():
-        return cnet.run(feed, start=steps[first].name, end=steps[last].name, input_grad=True)
+        return cnet.run(feed, start=steps[first].name, end=steps[last].name, input_grad=False)
 
 
 def backward_range(net: "Net", first: int, last: int) -> list[str]:
