@@ -3,12 +3,17 @@
 The file readers need no deep-learning stack: ``read_net``, ``read_solver``, ``read_blob``,
 ``read_solverstate``, ``write_net``, ``write_blob`` come from :mod:`caffe_compat.io`.  The torch side
 (``load_net``, the pycaffe-compatible ``Net``, solvers) is imported on first use.
+
+``caffe_compat.install_alias()`` makes ``import caffe`` (and ``caffe.io``, ``caffe.proto``, ...) resolve to
+caffe_compat for unchanged pycaffe scripts (:mod:`caffe_compat.alias`; ``caffe-compat run SCRIPT.py`` does it
+for a script).  It is never installed by default.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from caffe_compat.alias import install_alias, uninstall_alias
 from caffe_compat.io import read_blob, read_net, read_solver, read_solverstate, read_weights, write_blob, write_net
 
 __version__ = "0.1.0"
@@ -44,6 +49,14 @@ _LAZY = {
     "register_python_layer": "caffe_compat.layers.python_user",
     "allow_python_imports": "caffe_compat.layers.python_user",
     "disallow_python_imports": "caffe_compat.layers.python_user",
+    "layer_type_list": "caffe_compat.pycaffe",
+    "has_nccl": "caffe_compat.pycaffe",
+    "NCCL": "caffe_compat.pycaffe",
+    "solver_count": "caffe_compat.pycaffe",
+    "solver_rank": "caffe_compat.pycaffe",
+    "set_solver_count": "caffe_compat.pycaffe",
+    "set_solver_rank": "caffe_compat.pycaffe",
+    "set_multiprocess": "caffe_compat.pycaffe",
 }
 
 
@@ -56,4 +69,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["read_blob", "read_net", "read_solver", "read_solverstate", "read_weights", "write_blob", "write_net", *_LAZY]
+__all__ = ["install_alias", "uninstall_alias", "read_blob", "read_net", "read_solver", "read_solverstate", "read_weights", "write_blob", "write_net", *_LAZY]

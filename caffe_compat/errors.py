@@ -25,6 +25,12 @@ class FormatError(CaffeCompatError):
     """A file parsed but its content is not what Caffe would accept (wrong message, bad shapes)."""
 
 
+class ArrayShapeError(FormatError, ValueError):
+    """Values that do not fit the shape asked for (a BlobProto whose value count disagrees with its shape, a
+    Datum from an array that is not 3-D).  Also a :class:`ValueError`: pycaffe's ``caffe.io`` raised
+    numpy's ValueError there, and scripts catch that."""
+
+
 class ShapeMismatchError(CaffeCompatError):
     """Weights and net disagree: names the layer, the blob index and both shapes."""
 

@@ -101,6 +101,8 @@ class Blobs(OrderedDict):
 
     ``diff_targets``: name -> tensor whose gradient is Caffe's diff of that blob (the output of the first
     layer of an in-place chain).  ``loss_terms``: ``(top name, loss_weight, tensor)`` of the objective.
+    ``step_outputs``: step index -> the tops that step produced (every version of an in-place blob), kept
+    when autograd is on.
     """
 
     def __init__(self, *args, **kwargs):
@@ -109,6 +111,7 @@ class Blobs(OrderedDict):
         super().__init__(*args, **kwargs)
         self.diff_targets: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.loss_terms: list[tuple[str, float, torch.Tensor]] = []
+        self.step_outputs: dict[int, tuple] = {}  # step index -> the tensors it produced (pycaffe's backward ranges)
 
     def __setitem__(self, name, value):
         old = self.get(name)
@@ -415,8 +418,10 @@ class CaffeNet(CaffemodelWeights, nn.Module):
             for n, value in inputs.items():
                 blobs[n] = value
                 blobs.diff_targets[n] = value
-        for step in self.steps[first:last + 1]:
+        for index, step in enumerate(self.steps[first:last + 1], first):
             outs = self._run_step(step, blobs, inputs, want_grad)
+            if torch.is_grad_enabled():  # kept for backward ranges only (no cost for inference)
+                blobs.step_outputs[index] = outs
             if not step.bottoms:
                 blobs.source_tops.update(step.tops)
             for top, out, weight in zip(step.tops, outs, step.loss_weights):

@@ -47,6 +47,8 @@ def imported_modules(tree: ast.AST) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "caffe_compat":
+            names.extend(f"caffe_compat.{alias.name}" for alias in node.names)  # from caffe_compat import proto
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
@@ -59,7 +61,7 @@ def _part(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] in ("torch",):
         return "torch"
-    if parts[0] != "caffe_compat":
+    if parts[0] != "caffe_compat" or (len(parts) > 1 and parts[1].startswith("__")):  # the package's __version__
         return None
     return parts[1] if len(parts) > 1 else "caffe_compat"
 

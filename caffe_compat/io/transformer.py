@@ -1,7 +1,8 @@
 """pycaffe's ``caffe.io`` helpers (numpy + OpenCV, no torch): :class:`Transformer`, :func:`load_image`,
 :func:`resize_image`, :func:`oversample` and the BlobProto converters :func:`blobproto_to_array`,
 :func:`array_to_blobproto`, :func:`arraylist_to_blobprotovector_str`,
-:func:`blobprotovector_str_to_arraylist`.
+:func:`blobprotovector_str_to_arraylist`, and the Datum converters :func:`array_to_datum`,
+:func:`datum_to_array`.
 
 Nearly every old inference script does::
 
@@ -41,12 +42,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.errors import ArrayShapeError, CaffeCompatError, DataError, FormatError
 from caffe_compat.io.blobs import blob_shape, set_packed_floats
 from caffe_compat.proto import caffe_pb2
 
-__all__ = ["Transformer", "array_to_blobproto", "arraylist_to_blobprotovector_str", "blobproto_to_array",
-           "blobprotovector_str_to_arraylist", "load_image", "oversample", "resize_image"]
+__all__ = ["Transformer", "array_to_blobproto", "array_to_datum", "arraylist_to_blobprotovector_str",
+           "blobproto_to_array", "blobprotovector_str_to_arraylist", "datum_to_array", "load_image", "oversample",
+           "resize_image"]
 
 
 def load_image(filename: str, color: bool = True) -> np.ndarray:
@@ -147,7 +149,8 @@ def blobproto_to_array(blob, return_diff: bool = False) -> np.ndarray:
     float64 array (pycaffe's ``np.array(blob.data)``) of shape ``(num, channels, height, width)`` for a
     legacy blob (any of those fields set), else ``shape.dim``.  Beyond pycaffe: a blob storing only
     ``double_data``/``double_diff`` is read too; a value count that does not fit the shape is a
-    :class:`~caffe_compat.errors.FormatError` naming both."""
+    :class:`~caffe_compat.errors.ArrayShapeError` naming both (a FormatError and, as numpy's reshape error
+    in pycaffe, a ValueError; e.g. a shape-less blob of more than one value)."""
     if not isinstance(blob, caffe_pb2.BlobProto):
         raise CaffeCompatError(f"blobproto_to_array: expected a caffe_pb2.BlobProto, got {type(blob).__name__}")
     single, double = (blob.diff, blob.double_diff) if return_diff else (blob.data, blob.double_data)
@@ -156,7 +159,8 @@ def blobproto_to_array(blob, return_diff: bool = False) -> np.ndarray:
     count = int(np.prod(shape)) if shape else 1
     if data.size != count:
         what = "diff" if return_diff else "data"
-        raise FormatError(f"blobproto_to_array: blob of shape {shape} ({count} values) holds {data.size} {what} values")
+        raise ArrayShapeError(f"blobproto_to_array: blob of shape {shape} ({count} values) holds {data.size} {what} "
+                              f"values")
     return data.reshape(shape)
 
 
@@ -193,6 +197,48 @@ def blobprotovector_str_to_arraylist(str_) -> list[np.ndarray]:
     except (DecodeError, TypeError) as exc:
         raise FormatError(f"blobprotovector_str_to_arraylist: not a serialised BlobProtoVector ({exc})") from None
     return [blobproto_to_array(blob) for blob in vec.blobs]
+
+
+# ---------------------------------------------------------------------------------------------- Datum
+
+def array_to_datum(arr, label=None) -> caffe_pb2.Datum:
+    """pycaffe's ``caffe.io.array_to_datum``: a Datum of a C×H×W array, its bytes in ``data`` when the
+    array is uint8, else its values (as float) in ``float_data``; ``label`` is set only when given (an
+    unset label is not serialised).  Any other number of axes raises
+    :class:`~caffe_compat.errors.ArrayShapeError` (a ValueError, as pycaffe's)."""
+    arr = np.asarray(arr)
+    if arr.ndim != 3:
+        raise ArrayShapeError(f"array_to_datum: the array must be 3-D (channels, height, width), got shape "
+                              f"{arr.shape}")
+    datum = caffe_pb2.Datum()
+    datum.channels, datum.height, datum.width = (int(d) for d in arr.shape)
+    if arr.dtype == np.uint8:
+        datum.data = np.ascontiguousarray(arr).tobytes()
+    else:
+        datum.float_data.extend(arr.astype(np.float64).ravel().tolist())
+    if label is not None:
+        datum.label = int(label)
+    return datum
+
+
+def datum_to_array(datum) -> np.ndarray:
+    """pycaffe's ``caffe.io.datum_to_array``: the Datum's C×H×W values, uint8 from ``data`` (bytes), else
+    float64 from ``float_data`` (the label is ``datum.label``).  An encoded Datum (JPEG/PNG bytes) is
+    refused, as pycaffe's reshape of the compressed bytes fails; a value count that does not fit
+    channels×height×width raises :class:`~caffe_compat.errors.ArrayShapeError`."""
+    if not isinstance(datum, caffe_pb2.Datum):
+        raise CaffeCompatError(f"datum_to_array: expected a caffe_pb2.Datum, got {type(datum).__name__}")
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
+    if datum.encoded:
+        raise FormatError("datum_to_array: the Datum is encoded (compressed image bytes); decode it with "
+                          "caffe_compat.io.decode_datum")
+    if len(datum.data):
+        values = np.frombuffer(datum.data, dtype=np.uint8)
+    else:
+        values = np.array(datum.float_data, dtype=np.float64)
+    if values.size != int(np.prod(shape)):
+        raise ArrayShapeError(f"datum_to_array: Datum of shape {shape} holds {values.size} values")
+    return values.reshape(shape).copy() if values.dtype == np.uint8 else values.reshape(shape)
 
 
 class Transformer:

@@ -154,10 +154,11 @@ class Blob:
 
 class ParamBlob:
     """One learnable (or statistics) blob of a layer, pycaffe's ``net.params[layer][i]``: ``data`` and
-    ``diff`` share memory with the torch tensor and its ``.grad`` on CPU (host copies on CUDA)."""
+    ``diff`` share memory with the torch tensor and its ``.grad`` on CPU (host copies on CUDA).  It keeps
+    its net alive (as pycaffe's blobs are shared pointers): it stays valid after the net is deleted."""
 
     def __init__(self, owner: "Net", module_key: str, index: int):
-        self._owner = weakref.ref(owner)
+        self._owner = lambda: owner
         self._key, self._index = module_key, index
 
     @property

@@ -1,9 +1,10 @@
-"""pycaffe's ``caffe.Net`` over a :class:`~caffe_compat.net.CaffeNet`: ``import caffe_compat as caffe`` runs
-old pycaffe inference and fine-tuning scripts.
+"""pycaffe's ``caffe.Net`` over a :class:`~caffe_compat.net.CaffeNet`: ``import caffe`` (the alias,
+:mod:`caffe_compat.alias`) or ``import caffe_compat as caffe`` runs old pycaffe inference and fine-tuning
+scripts.
 
 ::
 
-    import caffe_compat as caffe
+    import caffe
     caffe.set_mode_gpu(); caffe.set_device(0)
     net = caffe.Net("deploy.prototxt", "weights.caffemodel", caffe.TEST)   # or Net(proto, caffe.TEST, weights=...)
     net.blobs["data"].reshape(1, 3, 224, 224)
@@ -12,27 +13,37 @@ old pycaffe inference and fine-tuning scripts.
 
 What is reproduced from pycaffe / Caffe:
 
-* Both constructors, ``Net(file, phase, weights=..., level=..., stages=...)`` and ``Net(file, weights,
-  phase)``; the device and filler seed are those of the mode when the net is built
-  (:mod:`caffe_compat.pycaffe._mode`).
+* Every constructor form, ``Net(file, phase)``, ``Net(file, weights, phase)``, ``Net(file, phase,
+  weights=..., level=..., stages=...)``; the device and filler seed are those of the mode when the net is
+  built (:mod:`caffe_compat.pycaffe._mode`).
 * ``net.blobs``: every blob in Caffe's creation order (automatic Split tops included), each a
   :class:`~caffe_compat.pycaffe.blob.Blob` whose ``data``/``diff`` keep their memory: ``forward()`` copies
   its results into them, and what ``forward()`` returns are these very arrays (as in pycaffe, copy them to
   keep them past the next forward).  A blob written in place holds the value after the last in-place layer.
+  The tops of a DummyData layer with a constant filler are filled once, at construction, and then read
+  from the blobs (Caffe does not refill them): what a script writes into them (labels) is what the
+  following forwards use.
 * ``blob.reshape(*shape)`` on a net input re-infers every shape (the net is rebuilt with the new Input shape,
   keeping the same parameter tensors); when the inputs are inconsistent for a moment (two inputs reshaped
   one after the other) the new shapes are applied at ``net.reshape()`` / the next ``forward()``.
-* ``backward()`` follows Caffe's ``Net::Backward``: the top gradients are the current ``.diff`` of the output
-  blobs; a loss top's diff is initialised to its ``loss_weight`` (Caffe's ``SetLossWeights``).  Blobs whose
-  diff Caffe computes are overwritten; the others keep their diff.  **Parameter diffs accumulate** over
-  backward calls (Caffe only clears them in the Solver).  A net with neither a loss nor ``force_backward``
-  has nothing to back-propagate (Caffe skips every layer): ``backward()`` then changes nothing and warns.
-* ``net.params[layer][i].data`` / ``.diff`` (:class:`~caffe_compat.pycaffe.blob.ParamBlob`), ``layers``,
-  ``_layer_names``, ``top_names``, ``bottom_names``, ``inputs``, ``outputs``, ``phase``, ``copy_from``,
-  ``save``, ``set_input_arrays`` (MemoryData, with pycaffe's checks: :func:`set_input_arrays_of`).
-
-Not reproduced: ``backward(start=..., end=...)`` and ``forward(start=...)`` past an in-place chain start
-(``start`` works for layers that read blobs already computed).
+* ``forward(blobs=None, start=None, end=None, **inputs)`` / ``_forward(start_index, end_index)``: Caffe's
+  ``ForwardFromTo``; with ``start`` the layers read the blobs' stored data; returns ``{blob: data}`` for
+  the outputs (``end``'s tops when given) plus ``blobs``.
+* ``backward(diffs=None, start=None, end=None, **top_diffs)`` / ``_backward(start_index, end_index)``:
+  Caffe's ``Net::Backward`` / ``BackwardFromTo``: the top gradients are the current ``.diff`` of the blobs;
+  a loss top's diff is initialised to its ``loss_weight`` (Caffe's ``SetLossWeights``).  Blobs whose diff
+  Caffe computes are overwritten; the others keep their diff.  **Parameter diffs accumulate** over
+  backward calls (``clear_param_diffs()`` or the Solver clears them).  A net with neither a loss nor
+  ``force_backward`` has nothing to back-propagate (Caffe skips every layer): ``backward()`` then changes
+  nothing and warns.  Ranges: :mod:`caffe_compat.pycaffe.net_backward`.  Returns ``{blob: diff}`` for the
+  inputs (``end``'s bottoms when given) plus ``diffs``.
+* ``net.params[layer][i].data`` / ``.diff`` (:class:`~caffe_compat.pycaffe.blob.ParamBlob`, valid as long
+  as someone holds them, even after the net is gone), ``layers`` (``type``, ``name``, ``blobs``,
+  ``reshape(bottom, top)``), ``layer_dict``, ``_layer_names``, ``top_names``, ``bottom_names``, ``inputs``,
+  ``outputs``, ``blob_loss_weights``, ``_blob_names``, ``name``, ``phase``.
+* Weights (:mod:`caffe_compat.pycaffe.net_params`): ``copy_from``, ``save``, ``save_hdf5``, ``load_hdf5``,
+  ``share_with``, ``clear_param_diffs``, ``set_input_arrays``; batches
+  (:mod:`caffe_compat.pycaffe.net_batch`): ``forward_all``, ``forward_backward_all``.
 """
 
 from __future__ import annotations
@@ -50,9 +61,11 @@ from caffe_compat.net_graph import PHASE_NAMES, phase_value
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.pycaffe._mode import current_device, filler_seed
 from caffe_compat.pycaffe.blob import Blob, ParamBlob, grad_of
-from caffe_compat.pycaffe.layer import LayerView
+from caffe_compat.pycaffe.net_backward import backward_range
+from caffe_compat.pycaffe.net_batch import NetBatchMixin
+from caffe_compat.pycaffe.net_params import NetParamsMixin, set_input_arrays_of, transplant_state
 
-__all__ = ["Net", "set_input_arrays_of"]
+__all__ = ["Net", "NetLayer", "set_input_arrays_of"]
 
 
 def _looks_like_phase(value) -> bool:
@@ -79,25 +92,69 @@ def _parse_net_args(args, phase, weights):
     return PHASE_NAMES[phase_value(phase)], weights
 
 
-class Net:
+class NetLayer:
+    """pycaffe's ``net.layers[i]``: ``type``, ``name``, ``blobs`` (its parameter blobs) and
+    ``reshape(bottom, top)``, which sets the top blobs' shapes from the bottoms' by the layer's shape rule
+    (Caffe's ``Layer::Reshape``)."""
+
+    def __init__(self, net: "Net", index: int):
+        step = net._cnet.steps[index]
+        self._net, self._index = net, index
+        self.name, self.type = step.name, step.type
+        self.blobs = net._layer_param_blobs(step)
+
+    def reshape(self, bottom, top) -> None:
+        step = self._net._cnet.steps[self._index]
+        shapes = [tuple(b.shape) for b in bottom]
+        if step.module_key is None:  # a Split: every top has the bottom's shape
+            tops = [shapes[0]] * len(top)
+        else:
+            layer = self._net._cnet.layers[step.module_key]
+            inferred = type(layer).infer(layer.param, shapes)
+            if inferred is None:
+                raise CaffeCompatError(f"layer '{self.name}' ({self.type}): its port has no shape rule to reshape by")
+            tops = list(inferred.tops)
+        if len(tops) != len(top):
+            raise CaffeCompatError(f"layer '{self.name}' ({self.type}): {len(top)} tops given, it has {len(tops)}")
+        for blob, shape in zip(top, tops):
+            blob.reshape(*shape)
+
+    def __repr__(self) -> str:
+        return f"Layer({self.name!r}, type={self.type!r})"
+
+
+class Net(NetParamsMixin, NetBatchMixin):
     """pycaffe's ``caffe.Net`` over a :class:`~caffe_compat.net.CaffeNet` (``net.torch_net``)."""
 
     def __init__(self, network_file, *args, phase=None, weights=None, level: int = 0, stages=()):
         phase, weights = _parse_net_args(args, phase, weights)
-        self._source = read_net(str(network_file) if not isinstance(network_file, caffe_pb2.NetParameter)
-                                else network_file)
-        self._phase, self._level, self._stages = phase, int(level), tuple(stages)
-        self._seed = filler_seed()
-        self._device = current_device()
-        cnet = CaffeNet(self._source, phase=phase, level=self._level, stages=self._stages, seed=self._seed,
+        source = read_net(str(network_file) if not isinstance(network_file, caffe_pb2.NetParameter)
+                          else network_file)
+        seed, device = filler_seed(), current_device()
+        cnet = CaffeNet(source, phase=phase, level=int(level), stages=tuple(stages), seed=seed,
                         weights=str(weights) if weights is not None else None)
-        self._cnet = cnet.to(self._device)
+        self._attach(cnet.to(device), source, phase, int(level), tuple(stages), seed, device)
+
+    @classmethod
+    def over(cls, cnet: CaffeNet, source: caffe_pb2.NetParameter, seed: int = 0, **extra) -> "Net":
+        """The pycaffe view of an existing CaffeNet (its state already in ``source``), e.g. a solver's net."""
+        net = cls.__new__(cls)
+        for name, value in extra.items():
+            setattr(net, name, value)
+        net._attach(cnet, source, cnet.phase, None, (), seed, cnet._device())
+        return net
+
+    def _attach(self, cnet, source, phase, level, stages, seed, device) -> None:
+        self._cnet, self._source = cnet, source
+        self._phase, self._level, self._stages = phase, level, stages
+        self._seed, self._device = seed, device
         self._param_mirrors: dict = {}
         self._pending_inputs: set[str] = set()
         self._last = None
         self._warned_no_backward = False
         self._blobs: OrderedDict[str, Blob] = OrderedDict()
         self._sync_blobs_with_net()
+        self._fill_kept_tops()
 
     # ------------------------------------------------------------------------------ structure
 
@@ -107,24 +164,45 @@ class Net:
         return self._cnet
 
     @property
+    def name(self) -> str:
+        return self._cnet.name
+
+    @property
     def blobs(self) -> OrderedDict:
         return self._blobs
+
+    @property
+    def _blob_names(self) -> list[str]:
+        return list(self._blobs)
+
+    @property
+    def blob_loss_weights(self) -> OrderedDict:
+        """Every blob -> its loss weight (0 for blobs that are not part of the objective)."""
+        return OrderedDict((name, float(self._cnet.loss_weights.get(name, 0.0))) for name in self._blobs)
+
+    def _layer_param_blobs(self, step) -> list:
+        if step.module_key is None:
+            return []
+        n = len(self._cnet.layers[step.module_key].caffe_blobs())
+        return [ParamBlob(self, step.module_key, i) for i in range(n)]
 
     @property
     def params(self) -> OrderedDict:
         out = OrderedDict()
         for step in self._cnet.steps:
-            if step.module_key is not None:
-                n = len(self._cnet.layers[step.module_key].caffe_blobs())
-                if n:
-                    out[step.name] = [ParamBlob(self, step.module_key, i) for i in range(n)]
+            blobs = self._layer_param_blobs(step)
+            if blobs:
+                out[step.name] = blobs
         return out
 
     @property
-    def layers(self) -> list[LayerView]:
-        params = self.params
-        return [LayerView(s.name, s.type, params.get(s.name, []) if s.module_key is not None else [])
-                for s in self._cnet.steps]
+    def layers(self) -> list[NetLayer]:
+        return [NetLayer(self, i) for i in range(len(self._cnet.steps))]
+
+    @property
+    def layer_dict(self) -> OrderedDict:
+        """Layer name -> ``net.layers[i]`` (pycaffe's ``layer_dict``)."""
+        return OrderedDict(zip(self._layer_names, self.layers))
 
     @property
     def _layer_names(self) -> list[str]:
@@ -158,12 +236,39 @@ class Net:
         for name, shape in self._cnet.blob_shapes.items():
             blob = old.get(name)
             if blob is None:
-                blob = Blob(name, shape, self._device, self)
+                blob = self._new_blob(name, shape)
             elif blob.shape != tuple(shape):
                 blob._realloc(tuple(shape))
             self._blobs[name] = blob
         for name, weight in self._cnet.loss_weights.items():
             self._blobs[name]._diff.fill(weight)
+
+    def _new_blob(self, name: str, shape) -> Blob:
+        return Blob(name, shape, self._device, self)
+
+    @property
+    def _kept_tops(self) -> list[str]:
+        """Tops of DummyData layers with a constant filler: filled once, then read from the blobs."""
+        kept = []
+        for step in self._cnet.steps:
+            if step.type == "DummyData" and step.module_key is not None:
+                refill = getattr(self._cnet.layers[step.module_key], "refill", [True] * len(step.tops))
+                kept += [top for top, again in zip(step.tops, refill) if not again]
+        return kept
+
+    def _fill_kept_tops(self) -> None:
+        """Caffe's DummyData setup fill of the constant tops (no random draw: the value is the filler's)."""
+        kept = set(self._kept_tops)
+        for step in self._cnet.steps:
+            if step.type != "DummyData" or step.module_key is None:
+                continue
+            fillers = self._cnet.layers[step.module_key].fillers
+            for top, filler in zip(step.tops, fillers):
+                if top in kept:
+                    self._blobs[top]._data.fill(float(filler.value))
+
+    def _feed_tensor(self, name: str) -> torch.Tensor:
+        return self._blobs[name]._data.device()
 
     # ------------------------------------------------------------------------------ reshaping
 
@@ -191,37 +296,15 @@ class Net:
                     layer.input_param.shape.add().dim.extend(shapes.get(top, dims))
         new = CaffeNet(source, phase=self._phase, level=self._level, stages=self._stages, seed=self._seed)
         new = new.to(self._device)
-        _transplant_state(self._cnet, new)
-        self._cnet = new
+        transplant_state(self._cnet, new)
+        self._replace_cnet(new)
         self._source = source
         self._pending_inputs.clear()
         self._last = None
         self._sync_blobs_with_net()
 
-    # ------------------------------------------------------------------------------ weights
-
-    def _upload_params(self) -> None:
-        for mirror in self._param_mirrors.values():
-            mirror.device()
-
-    def _forget_param_mirrors(self) -> None:
-        for mirror in self._param_mirrors.values():
-            mirror.head = "device"
-
-    def copy_from(self, path) -> None:
-        """Load weights by layer name from a caffemodel (``CopyTrainedLayersFrom``)."""
-        self._upload_params()
-        self._cnet.load_caffemodel(str(path))
-        self._forget_param_mirrors()
-
-    def save(self, path) -> None:
-        """Write the weights as a binary caffemodel (``Net::ToProto``, Split layers included, as Caffe)."""
-        self._upload_params()
-        self._cnet.save_caffemodel(str(path))
-
-    def set_input_arrays(self, data, labels) -> None:
-        """Feed the first layer, a MemoryData layer (pycaffe's checks: float32, C-contiguous, 4-D data)."""
-        set_input_arrays_of(self._cnet, data, labels)
+    def _replace_cnet(self, new: CaffeNet) -> None:
+        self._cnet = new
 
     # ------------------------------------------------------------------------------ forward / backward
 
@@ -235,20 +318,30 @@ class Net:
         except ValueError:
             raise FormatError(f"no layer named '{name}' in net '{self._cnet.name}'") from None
 
+    def _layer_name(self, index: int) -> str:
+        index = int(index)
+        if not 0 <= index < len(self._cnet.steps):
+            raise CaffeCompatError(f"net '{self._cnet.name}': layer index {index} out of range "
+                                   f"(0..{len(self._cnet.steps) - 1})")
+        return self._cnet.steps[index].name
+
+    def _set_from_kwargs(self, kwargs: dict, names: list[str], field: str, what: str) -> None:
+        if set(kwargs) != set(names):
+            raise CaffeCompatError(f"{what}(): blob arguments {sorted(kwargs)} do not match the net's "
+                                   f"{'inputs' if field == 'data' else 'outputs'} {names}")
+        for name, value in kwargs.items():
+            value = np.asarray(value)
+            if value.shape[:1] != self._blobs[name].shape[:1]:
+                raise ShapeMismatchError(f"{what}(): '{name}' is not batch sized: {value.shape[:1]} vs "
+                                         f"{self._blobs[name].shape[:1]} (reshape the blob first)")
+            getattr(self._blobs[name], field)[...] = value
+
     def forward(self, blobs=None, start=None, end=None, **kwargs) -> dict:
         """pycaffe's ``net.forward``: keyword inputs are copied into the input blobs first; returns
         ``{blob: data}`` for the outputs (or ``end``'s tops) plus ``blobs``."""
         blobs = list(blobs or [])
         if kwargs:
-            if set(kwargs) != set(self.inputs):
-                raise CaffeCompatError(f"forward(): input blob arguments {sorted(kwargs)} do not match the net "
-                                       f"inputs {self.inputs}")
-            for name, value in kwargs.items():
-                value = np.asarray(value)
-                if value.shape[:1] != self._blobs[name].shape[:1]:
-                    raise ShapeMismatchError(f"forward(): input '{name}' is not batch sized: {value.shape[:1]} vs "
-                                             f"{self._blobs[name].shape[:1]} (reshape the blob first)")
-                self._blobs[name].data[...] = value
+            self._set_from_kwargs(kwargs, self.inputs, "data", "forward")
         if self._pending_inputs:
             self.reshape()
         self._upload_params()
@@ -256,14 +349,17 @@ class Net:
         first = 0 if start is None else self._step_index(start)
         last = len(steps) - 1 if end is None else self._step_index(end)
         if start is None:
-            feed = {n: self._blobs[n]._data.device() for n in self._cnet.input_names}
+            feed = {n: self._feed_tensor(n) for n in self._cnet.input_names + self._kept_tops}
         else:
             feed, produced = {}, set()
             for step in steps[first:last + 1]:
                 for b in step.bottoms:
                     if b not in produced and b not in feed:
-                        feed[b] = self._blobs[b]._data.device()
+                        feed[b] = self._feed_tensor(b)
                 produced.update(step.tops)
+            for name in self._kept_tops:
+                if name not in feed and name in produced:
+                    feed[name] = self._feed_tensor(name)
         with torch.set_grad_enabled(self._needs_backward):
             result = self._cnet.run(feed, start=start, end=end)
         for name, tensor in result.items():
@@ -272,25 +368,21 @@ class Net:
         outputs = set((list(steps[last].tops) if end is not None else self.outputs) + blobs)
         return {name: self._blobs[name].data for name in outputs}
 
+    def _forward(self, start: int, end: int) -> None:
+        """pycaffe's ``net._forward(start_index, end_index)`` (Caffe's ``ForwardFromTo``)."""
+        self.forward(start=self._layer_name(start), end=self._layer_name(end))
+
     def backward(self, diffs=None, start=None, end=None, **kwargs) -> dict:
         """pycaffe's ``net.backward``: keyword top diffs are copied into the output blobs first; every
         computed blob diff is written and parameter diffs accumulate.  Returns ``{blob: diff}`` for the
-        inputs plus ``diffs``."""
-        if start is not None or end is not None:
-            raise CaffeCompatError("backward(start=..., end=...) is not supported; run the whole backward")
+        inputs (or ``end``'s bottoms) plus ``diffs``."""
         diffs = list(diffs or [])
         if kwargs:
-            if set(kwargs) != set(self.outputs):
-                raise CaffeCompatError(f"backward(): top diff arguments {sorted(kwargs)} do not match the net "
-                                       f"outputs {self.outputs}")
-            for name, value in kwargs.items():
-                value = np.asarray(value)
-                if value.shape[:1] != self._blobs[name].shape[:1]:
-                    raise ShapeMismatchError(f"backward(): diff '{name}' is not batch sized")
-                self._blobs[name].diff[...] = value
-        outputs = set(self.inputs + diffs)
-        if self._last is None:
-            raise CaffeCompatError("backward() needs a forward() first")
+            self._set_from_kwargs(kwargs, self.outputs, "diff", "backward")
+        steps = self._cnet.steps
+        last = len(steps) - 1 if start is None else self._step_index(start)
+        first = 0 if end is None else self._step_index(end)
+        outputs = set((list(steps[first].bottoms) if end is not None else self.inputs) + diffs)
         if not self._needs_backward:
             if not self._warned_no_backward:
                 warnings.warn(f"net '{self._cnet.name}' has no loss and no force_backward: Caffe computes no "
@@ -298,6 +390,20 @@ class Net:
                 self._warned_no_backward = True
             return {name: self._blobs[name].diff for name in outputs}
         self._upload_params()
+        full = start is None and end is None and self._last is not None and not self._last.step_outputs.keys() ^ \
+            set(range(len(steps)))
+        if full:
+            self._backward_all()
+        elif first <= last:
+            backward_range(self, first, last)
+        return {name: self._blobs[name].diff for name in outputs}
+
+    def _backward(self, start: int, end: int) -> None:
+        """pycaffe's ``net._backward(start_index, end_index)`` (Caffe's ``BackwardFromTo``, start >= end)."""
+        self.backward(start=self._layer_name(start), end=self._layer_name(end))
+
+    def _backward_all(self) -> None:
+        """The whole net's backward on the last (full) forward's graph."""
         last = self._last
         top_diffs = {n: self._blobs[n]._diff.device() for n in self.outputs
                      if n in last and last[n].requires_grad}
@@ -315,43 +421,6 @@ class Net:
             target = last.diff_targets.get(name)
             if target is not None and target.requires_grad:
                 self._blobs[name]._diff.assign(grad)
-        return {name: self._blobs[name].diff for name in outputs}
 
     def __repr__(self) -> str:
         return f"Net({self._cnet.name!r}, phase={self._phase!r}, device={self._device}, blobs={len(self._blobs)})"
-
-
-def set_input_arrays_of(cnet: CaffeNet, data, labels) -> None:
-    """pycaffe's ``Net::set_input_arrays`` on ``cnet``: its first layer must be MemoryData; float32,
-    C-contiguous arrays, 4-D data, labels one per row."""
-    first = cnet.steps[0] if cnet.steps else None
-    if first is None or first.type != "MemoryData":
-        raise CaffeCompatError("set_input_arrays may only be called if the first layer is a MemoryData layer")
-    data, labels = np.asarray(data), np.asarray(labels)
-    for what, arr in (("data", data), ("labels", labels)):
-        if arr.dtype != np.float32:
-            raise CaffeCompatError(f"set_input_arrays: {what} must be float32, got {arr.dtype}")
-        if not arr.flags["C_CONTIGUOUS"]:
-            raise CaffeCompatError(f"set_input_arrays: {what} must be C contiguous")
-    if data.ndim != 4:
-        raise ShapeMismatchError(f"set_input_arrays: data must be 4-d, got shape {data.shape}")
-    if labels.ndim == 1:
-        labels = labels[:, None, None, None]
-    cnet.layers[first.module_key].set_input_arrays(data, labels)
-
-
-def _transplant_state(old: CaffeNet, new: CaffeNet) -> None:
-    """Give ``new`` (same layers, other input shapes) the very tensors of ``old``'s blobs and the state of
-    its data layers, so that views on parameters and their gradients stay valid."""
-    for key, module in new.layers.items():
-        previous = old.layers[key]
-        old_blobs, new_blobs = previous.caffe_blobs(), module.caffe_blobs()
-        for i, (a, b) in enumerate(zip(old_blobs, new_blobs)):
-            if tuple(a.shape) != tuple(b.shape):
-                raise ShapeMismatchError(f"layer '{module.layer_name}': blob {i} would change shape from "
-                                         f"{tuple(a.shape)} to {tuple(b.shape)} with the new input shape")
-        for i, blob in enumerate(old_blobs):
-            module.share_caffe_blob(i, blob)
-        for attr in ("_data", "_labels", "position", "_generator", "generator", "order", "_stream"):
-            if attr in previous.__dict__:
-                setattr(module, attr, previous.__dict__[attr])

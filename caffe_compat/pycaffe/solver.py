@@ -9,127 +9,131 @@ classes do), so that old solver scripts run::
         solver.net.blobs["data"].data[...] = batch
         solver.net.blobs["label"].data[...] = labels
         solver.step(1)
-        print(solver.net.blobs["loss"].data)
+        print(solver.net.blobs["loss"].data, solver.net.params["conv1"][0].diff.std())
 
-They are :class:`PycaffeSolver` s: core Solvers (training is the core's, number for number) whose nets,
-``solver.net`` and ``solver.test_nets[i]``, are :class:`SolverNet` s: CaffeNets (everything a CaffeNet
-offers is unchanged, ``params``/``layers``/``forward``/``phase`` included) that also answer pycaffe's
-``Net`` names CaffeNet lacks:
+They are :class:`PycaffeSolver` s: core Solvers (training is the core's, number for number) whose
+``solver.net`` and ``solver.test_nets[i]`` are :class:`SolverNet` s, pycaffe ``caffe.Net`` s
+(:class:`~caffe_compat.pycaffe.net.Net`: numpy ``data``/``diff``, ``layers``, ``forward``/``backward`` with
+ranges, ...) over the CaffeNets the core trains (``net.torch_net``).  What Caffe does and this reproduces:
 
-* ``blobs``: pycaffe's ``net.blobs`` (every blob, Caffe's order).  An Input blob's ``data`` *is* the
-  solver's input array (``solver.inputs[name]``, ``solver.test_inputs[i][name]``): ``data[...] = x`` feeds
-  the next ``solver.step`` / ``solver.test`` as Caffe's input blobs do; ``reshape`` replaces it by zeros of
-  the new shape.  Any other blob's ``data`` is a host copy of its value after the last forward (a solver
-  step's last sub-batch, a test iteration, or the net's own ``forward()``), zeros before the first;
-  writing to it changes nothing.  Blob ``diff`` is not kept (use ``params[layer][i].grad`` or
-  :class:`~caffe_compat.pycaffe.net.Net`).
-* ``forward()`` with an Input top not given reads it from the input arrays (pycaffe's ``net.forward()``
-  reads the input blobs).
-* ``copy_from(path)``, ``save(path)``, ``set_input_arrays(data, labels)`` (MemoryData), ``inputs``,
-  ``outputs``, ``top_names``, ``bottom_names``, ``_layer_names``.
-
-Their ``params`` are torch tensors, as on any CaffeNet: pycaffe's ``params[l][i].data[...] = array`` and
-``.diff`` need :class:`~caffe_compat.pycaffe.net.Net`.
-
-Keeping the last forward's blobs is the view's cost, not the core's: like Caffe, which keeps every blob
-allocated, a SolverNet keeps them (detached) until its next forward starts, so peak memory does not grow;
-``keep_blobs = False`` keeps none (those blobs then read as zeros).  A compiled forward
-(``solver.forward_fn``) runs no Python of the net, so the solver's forward watcher records it.
+* An Input blob's ``data`` *is* the solver's input array (``solver.inputs[name]``,
+  ``solver.test_inputs[i][name]``), and so is the top of a DummyData layer with a constant filler (Caffe
+  fills it once: what a script writes there, labels say, is what training reads); ``data[...] = x`` feeds
+  the next ``step``/``test``; ``reshape`` gives zeros of the new shape and re-infers the net's shapes.
+* After ``step()`` every blob holds the last forward of the step (its last sub-batch) and its ``diff``;
+  after ``test(i)`` the TEST net's blobs hold its last test iteration.  ``keep_blobs = False`` keeps none
+  (no copy, no blob diff).  A compiled forward (``solver.forward_fn``) is recorded by a forward watcher.
+* ``params[layer][i].data``/``.diff`` are the tensors the solver updates and their gradients: written
+  between steps they take effect (``apply_update()`` after setting ``diff`` by hand updates with it; the
+  diffs keep their memory across steps, holding Caffe's update values after one).
+* The TEST nets share the TRAIN net's parameter memory from the start (Caffe's
+  ``ShareTrainedLayersWith``, which ``Test`` re-applies); ``share_weights(net)`` makes another net share
+  them too.
+* The nets outlive the solver (``del solver`` leaves ``solver.net`` working on its last input arrays).
+* ``add_callback(on_start, on_gradients_ready)`` (two callables, or one object with those methods, e.g.
+  ``caffe.NCCL``), ``apply_update()``, ``iter``, ``step``, ``solve(resume_file=None)``, ``restore``,
+  ``snapshot``, ``test``, ``param``.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
 
 import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError
+from caffe_compat.io import read_net
+from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.net import CaffeNet
-from caffe_compat.pycaffe.blob import Blob, reshape_argument
-from caffe_compat.pycaffe.net import set_input_arrays_of
-from caffe_compat.solver import Solver, zero_inputs
+from caffe_compat.pycaffe.blob import Blob, _Synced, grad_of
+from caffe_compat.pycaffe.net import Net
+from caffe_compat.pycaffe.net_params import share_trained_layers
+from caffe_compat.solver import Solver
 
 __all__ = ["PycaffeSolver", "SolverNet", "get_solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
            "RMSPropSolver", "AdaDeltaSolver", "AdamSolver"]
 
 
-class SolverNet(CaffeNet):
-    """A pycaffe solver's TRAIN or TEST net: a :class:`~caffe_compat.net.CaffeNet` plus pycaffe's ``Net``
-    names (see the module docstring).  ``input_arrays`` are the arrays fed to its Input tops: those of the
-    solver it belongs to (:meth:`attach_solver`), else its own zero-filled ones."""
+class _BuiltNet(CaffeNet):
+    """The CaffeNet a pycaffe solver builds: it keeps the NetParameter it was built from (the view rebuilds
+    from it when an input is reshaped)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._solver = None  # weakref to the solver whose inputs this net reads
-        self._test_index: int | None = None  # None: the solver's TRAIN net
-        self._own_inputs: dict | None = None
-        self.keep_blobs = True
-        self._last_blobs: dict = {}
-        self._host_values: dict = {}
+    def __init__(self, net, **kwargs):
+        super().__init__(net, **kwargs)
+        self.source_param = read_net(net)
 
-    def attach_solver(self, solver: Solver, test_index: int | None = None) -> None:
-        """Read the input arrays from ``solver``: its ``inputs`` (TRAIN net) or ``test_inputs[test_index]``."""
-        self._solver, self._test_index = weakref.ref(solver), test_index
+
+class _ArrayBlob(Blob):
+    """A blob whose ``data`` is an array of the solver's input dicts (see :class:`SolverNet`)."""
+
+    def __init__(self, name: str, net: "SolverNet"):
+        self.name = name
+        self._owner = weakref.ref(net)
+        self._diff = _Synced(torch.zeros(self._array().shape, dtype=torch.float32))
+
+    def _array(self) -> np.ndarray:
+        return self._owner().input_array(self.name)
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._array()
+
+    @property
+    def _data(self) -> _Synced:
+        return _Synced(torch.from_numpy(self._array()))
+
+    @property
+    def diff(self) -> np.ndarray:
+        if self._diff.shape != self._array().shape:
+            self._diff = _Synced(torch.zeros(self._array().shape, dtype=torch.float32))
+        return self._diff.host().numpy()
+
+    def _realloc(self, shape) -> None:
+        self._owner().input_arrays[self.name] = np.zeros(shape, dtype=np.float32)
+        self._diff = _Synced(torch.zeros(shape, dtype=torch.float32))
+
+
+class SolverNet(Net):
+    """A pycaffe solver's TRAIN or TEST net (see the module docstring): a pycaffe ``Net`` over the core's
+    CaffeNet, plus the CaffeNet names the core Solver calls on its nets (it is called like one)."""
+
+    keep_blobs = True
+
+    @classmethod
+    def of_solver(cls, solver: "PycaffeSolver", cnet: _BuiltNet, test_index: int | None = None) -> "SolverNet":
+        arrays = solver.inputs if test_index is None else solver.test_inputs[test_index]
+        seed = max(int(solver.param.random_seed), 0)
+        net = cls.over(cnet, cnet.source_param, seed, _solver=weakref.ref(solver), _test_index=test_index,
+                       _arrays=arrays, _last_blobs={})
+        for name in net._kept_tops:  # Caffe fills constant DummyData tops once: the solver feeds them
+            if name not in arrays:
+                arrays[name] = net._blobs[name].data.copy()
+        net._sync_blobs_with_net()
+        return net
 
     @property
     def input_arrays(self) -> dict:
-        """Input top -> the float32 array its forwards read (the solver's, see :meth:`attach_solver`)."""
-        solver = self._solver() if self._solver is not None else None
+        """Blob -> the float32 array the forwards read (the solver's ``inputs`` / ``test_inputs[i]``; after
+        the solver is gone, the last ones)."""
+        solver = self._solver()
         if solver is not None:
-            return solver.inputs if self._test_index is None else solver.test_inputs[self._test_index]
-        if self._own_inputs is None:
-            self._own_inputs = zero_inputs(self)
-        return self._own_inputs
+            self._arrays = solver.inputs if self._test_index is None else solver.test_inputs[self._test_index]
+        return self._arrays
 
     @input_arrays.setter
     def input_arrays(self, value: dict) -> None:
-        solver = self._solver() if self._solver is not None else None
-        if solver is None:
-            self._own_inputs = value
-        elif self._test_index is None:
+        solver = self._solver()
+        if solver is not None and self._test_index is None:
             solver.inputs = value
-        else:
+        elif solver is not None:
             solver.test_inputs[self._test_index] = value
-
-    # ------------------------------------------------------------------------------ forward
-
-    def forward(self, **inputs):
-        """CaffeNet's forward; an Input top not given is read from ``input_arrays`` (pycaffe's
-        ``net.forward()`` reads the input blobs).  The blobs are kept for ``blobs`` (when not compiling)."""
-        if not torch.compiler.is_compiling():
-            self.forget_blobs()
-            for name in self.input_names:
-                if name not in inputs:
-                    inputs[name] = self.input_array(name)
-        blobs = super().forward(**inputs)
-        if not torch.compiler.is_compiling():
-            self.record_blobs(blobs)
-        return blobs
-
-    def forget_blobs(self) -> None:
-        """Drop the last forward's blobs (done when a forward starts)."""
-        self._last_blobs, self._host_values = {}, {}
-
-    def record_blobs(self, blobs) -> None:
-        """Keep ``blobs`` (detached) as the values ``self.blobs[...].data`` shows (unless ``keep_blobs``
-        is false)."""
-        self._last_blobs, self._host_values = {}, {}
-        if self.keep_blobs:
-            self._last_blobs = {name: value.detach() for name, value in blobs.items()}
-
-    # ------------------------------------------------------------------------------ pycaffe names
+        self._arrays = value
 
     def input_array(self, name: str) -> np.ndarray:
-        """The float32 numpy array fed to Input top ``name`` (a value of another kind put in
-        ``input_arrays`` is converted once, in place in the dict)."""
+        """The float32 array fed to ``name`` (another kind of value in the dict is converted once, in place)."""
         arrays = self.input_arrays
-        try:
-            value = arrays[name]
-        except KeyError:
-            raise CaffeCompatError(f"net '{self.name}': '{name}' is not an input blob; the inputs are "
-                                   f"{self.input_names}") from None
+        value = arrays[name]
         if not (isinstance(value, np.ndarray) and value.dtype == np.float32 and value.flags["C_CONTIGUOUS"]
                 and value.flags["WRITEABLE"]):
             if torch.is_tensor(value):
@@ -138,124 +142,209 @@ class SolverNet(CaffeNet):
             arrays[name] = value
         return value
 
-    def _host_value(self, name: str) -> np.ndarray:
-        value = self._host_values.get(name)
-        if value is None:
-            last = self._last_blobs.get(name)
-            if last is None:
-                value = np.zeros(self.blob_shapes[name], dtype=np.float32)
-            else:
-                value = last.to("cpu", torch.float32).numpy().copy()
-            self._host_values[name] = value
-        return value
+    def _new_blob(self, name: str, shape) -> Blob:
+        if name in getattr(self, "_arrays", {}):
+            return _ArrayBlob(name, self)
+        return super()._new_blob(name, shape)
 
-    @property
-    def blobs(self) -> OrderedDict:
-        return OrderedDict((name, _SolverBlob(self, name)) for name in self.blob_shapes)
+    def _sync_blobs_with_net(self) -> None:
+        arrays = getattr(self, "_arrays", {})
+        for name in list(getattr(self, "_blobs", {})):
+            if name in arrays and not isinstance(self._blobs[name], _ArrayBlob):
+                del self._blobs[name]
+        super()._sync_blobs_with_net()
 
-    @property
-    def inputs(self) -> list[str]:
-        return self.input_names
+    def _feed_tensor(self, name: str) -> torch.Tensor:
+        if name in self.input_arrays:
+            return torch.from_numpy(self.input_array(name)).to(self._device)
+        return super()._feed_tensor(name)
 
-    @property
-    def outputs(self) -> list[str]:
-        return self.output_names
+    def _blob_reshaped(self, name: str) -> None:
+        if name in self.input_arrays and name not in self._cnet.input_names:
+            return  # a constant DummyData top: the next forward reads the new array
+        super()._blob_reshaped(name)
 
-    @property
-    def top_names(self) -> OrderedDict:
-        return OrderedDict((s.name, list(s.tops)) for s in self.steps)
+    def _replace_cnet(self, new: CaffeNet) -> None:
+        new.source_param = self._cnet.source_param
+        self._cnet = new
 
-    @property
-    def bottom_names(self) -> OrderedDict:
-        return OrderedDict((s.name, list(s.bottoms)) for s in self.steps)
+    # ------------------------------------------------------------------------------ the core's names
 
-    @property
-    def _layer_names(self) -> list[str]:
-        return self.layer_names
+    def __call__(self, **inputs):
+        blobs = self._cnet(**inputs)
+        self.record(blobs)
+        return blobs
 
-    def copy_from(self, path) -> None:
-        """Load weights by layer name from a caffemodel (``CopyTrainedLayersFrom``)."""
-        self.load_caffemodel(str(path))
+    def objective(self, blobs):
+        return self._cnet.objective(blobs)
 
-    def save(self, path) -> None:
-        """Write the weights as a binary caffemodel."""
-        self.save_caffemodel(str(path))
+    def to_netparameter(self):
+        self._upload_params()
+        return self._cnet.to_netparameter()
 
-    def set_input_arrays(self, data, labels) -> None:
-        """Feed the first layer, a MemoryData layer (pycaffe's checks: float32, C-contiguous, 4-D data)."""
-        set_input_arrays_of(self, data, labels)
+    def load_caffemodel(self, model, strict: bool = False) -> None:
+        self._cnet.load_caffemodel(model, strict=strict)
+        self._forget_param_mirrors()
 
+    def load_caffemodels(self, models, strict: bool = False) -> None:
+        self._cnet.load_caffemodels(models, strict=strict)
+        self._forget_param_mirrors()
 
-class _SolverBlob(Blob):
-    """``SolverNet.blobs[name]`` (see :class:`SolverNet`): a view, the values live in the net."""
+    output_names = property(lambda self: self._cnet.output_names)
+    input_names = property(lambda self: self._cnet.input_names)
+    feedable_names = property(lambda self: self._cnet.feedable_names)
+    loss_weights = property(lambda self: self._cnet.loss_weights)
+    blob_shapes = property(lambda self: self._cnet.blob_shapes)
+    steps = property(lambda self: self._cnet.steps)
+    layer_names = property(lambda self: self._cnet.layer_names)
 
-    def __init__(self, net: SolverNet, name: str):  # noqa: the base class's storage is not used
-        self.name = name
-        self._net = net
+    # ------------------------------------------------------------------------------ the last forward
 
-    @property
-    def _is_input(self) -> bool:
-        return self.name in self._net.input_arrays
+    def record(self, blobs) -> None:
+        """Keep a forward's blobs (and ask autograd for their diffs) until :meth:`materialize`."""
+        if not self.keep_blobs or torch.compiler.is_compiling():
+            self._last_blobs = {}
+            return
+        if torch.is_grad_enabled():
+            for tensor in blobs.diff_targets.values():
+                if tensor.requires_grad and not tensor.is_leaf:
+                    tensor.retain_grad()
+        self._last_blobs = blobs
 
-    @property
-    def data(self) -> np.ndarray:
-        if self._is_input:
-            return self._net.input_array(self.name)
-        return self._net._host_value(self.name)
-
-    @property
-    def diff(self) -> np.ndarray:
-        raise CaffeCompatError(f"blob '{self.name}': a solver's net keeps no blob diffs; read the parameter "
-                               f"gradients as solver.net.params[layer][i].grad, or use caffe_compat.Net for "
-                               f"forward/backward with blob diffs")
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
-
-    def reshape(self, *shape) -> None:
-        """An Input blob: new zero-filled input array of that shape (the next forward runs with it)."""
-        shape = reshape_argument(self.name, shape)
-        if not self._is_input:
-            raise CaffeCompatError(f"blob '{self.name}' is not an input of the solver's net; only input blobs "
-                                   f"({self._net.input_names}) can be reshaped")
-        self._net.input_arrays[self.name] = np.zeros(shape, dtype=np.float32)
-
-    def _realloc(self, shape) -> None:
-        raise CaffeCompatError("a solver net's blob has no storage of its own")
-
-    def __repr__(self) -> str:
-        return f"Blob({self.name!r}, shape={self.shape})"
+    def materialize(self) -> None:
+        """Copy the recorded forward's values and diffs into the blobs (Caffe's memory after the step)."""
+        blobs, self._last_blobs = self._last_blobs, {}
+        if not blobs:
+            return
+        arrays = self.input_arrays
+        for name, value in blobs.items():
+            if name in self._blobs and name not in arrays:
+                self._blobs[name]._data.assign(value.detach())
+        for name, target in getattr(blobs, "diff_targets", {}).items():
+            grad = target.grad if target.requires_grad else None
+            if grad is not None and name in self._blobs:
+                self._blobs[name]._diff.assign(grad)
+        self._last = None  # the step's graph is freed: backward() needs a new forward
 
 
-class _CompiledForwardRecorder:
-    """The forward observer of a :class:`PycaffeSolver`: a compiled TRAIN forward (``forward_fn``) runs none of
-    :meth:`SolverNet.forward`'s Python, so its blobs are dropped and recorded here (an eager forward
-    recorded them itself)."""
-
-    @staticmethod
-    def before_forward(solver, net) -> None:
-        if isinstance(net, SolverNet):
-            net.forget_blobs()
+class _ForwardRecorder:
+    """The forward observer of a :class:`PycaffeSolver` (:mod:`caffe_compat.solver.observers`): a compiled
+    TRAIN forward (``forward_fn``) runs none of :meth:`SolverNet.__call__`, so its blobs are recorded here
+    (an eager forward recorded them itself)."""
 
     @staticmethod
     def after_forward(solver, net, blobs) -> None:
-        if isinstance(net, SolverNet) and not net._last_blobs:
-            net.record_blobs(blobs)
+        if isinstance(net, SolverNet) and net._last_blobs is not blobs:
+            net.record(blobs)
+
 
 
 class PycaffeSolver(Solver):
-    """A core :class:`~caffe_compat.solver.Solver` whose nets are :class:`SolverNet` s reading this solver's
-    ``inputs`` / ``test_inputs`` (see the module docstring).  Same arguments as the core Solver."""
+    """A core :class:`~caffe_compat.solver.Solver` whose nets are :class:`SolverNet` s (see the module
+    docstring).  Same arguments as the core Solver."""
 
-    net_class = SolverNet
+    net_class = _BuiltNet
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.net.attach_solver(self)
-        for i, net in enumerate(self.test_nets):
-            net.attach_solver(self, i)
-        self.observers.append(_CompiledForwardRecorder())
+        train = SolverNet.of_solver(self, self.net)
+        tests = [SolverNet.of_solver(self, net, i) for i, net in enumerate(self.test_nets)]
+        for view in tests:
+            share_trained_layers(train.torch_net, view.torch_net)
+        self.net, self.test_nets = train, tests
+        self.observers.append(_ForwardRecorder())
+
+    def _views(self) -> list[SolverNet]:
+        return [self.net, *self.test_nets]
+
+    # ------------------------------------------------------------------------------ pycaffe's methods
+
+    def add_callback(self, on_start, on_gradients_ready=None):
+        """Caffe's solver callback: ``on_start()`` before each iteration's forward/backward,
+        ``on_gradients_ready()`` before its update (two callables, or one object with both methods); an
+        observer of the core solver."""
+        if on_gradients_ready is None:
+            if not (callable(getattr(on_start, "on_start", None))
+                    and callable(getattr(on_start, "on_gradients_ready", None))):
+                raise CaffeCompatError("add_callback: give two callables (on_start, on_gradients_ready) or an "
+                                       "object with on_start() and on_gradients_ready() methods")
+            on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
+        if not (callable(on_start) and callable(on_gradients_ready)):
+            raise CaffeCompatError("add_callback: on_start and on_gradients_ready must be callables")
+        return super().add_callback(on_start, on_gradients_ready)
+
+    def share_weights(self, net) -> None:
+        """Make ``net`` (a ``caffe.Net``) share this solver's TRAIN net parameters (same-named layers)."""
+        target = getattr(net, "torch_net", net)
+        if not isinstance(target, CaffeNet):
+            raise CaffeCompatError(f"share_weights: expected a caffe.Net, got {type(net).__name__}")
+        self.net._upload_params()
+        share_trained_layers(self.net.torch_net, target)
+
+    def apply_update(self) -> float:
+        """Caffe's ``ApplyUpdate`` with the current diffs (every parameter has one, zero unless set)."""
+        for view in self._views():
+            view._upload_params()
+        for p in self.net.torch_net.parameters():
+            grad_of(p)
+        rate = super().apply_update()
+        for view in self._views():
+            view._forget_param_mirrors()
+        return rate
+
+    def step(self, iters: int = 1) -> float:
+        """Caffe's ``Step``; the parameter diffs keep their memory and the blobs show the last forward."""
+        for view in self._views():
+            view._upload_params()
+        params = list(self.net.torch_net.parameters())
+        grads = {id(p): grad_of(p) for p in params}
+        try:
+            return super().step(iters)
+        finally:
+            with torch.no_grad():
+                for p in params:  # the step's zero_grad(set_to_none) made new .grad tensors: keep the old memory
+                    old = grads[id(p)]
+                    if p.grad is not None and p.grad is not old:
+                        old.copy_(p.grad)
+                    elif p.grad is None:
+                        old.zero_()
+                    p.grad = old
+            for view in self._views():
+                view._forget_param_mirrors()
+            self.net.materialize()
+
+    def solve(self, resume_file=None) -> None:
+        super().solve(resume_file)
+        self.net.materialize()
+
+    def test(self, index: int = 0):
+        scores = super().test(index)
+        self.test_nets[index].materialize()
+        return scores
+
+    def restore(self, state_file) -> None:
+        self.net._upload_params()
+        super().restore(state_file)
+        for view in self._views():
+            view._forget_param_mirrors()
+
+    def snapshot(self):
+        self.net._upload_params()
+        return super().snapshot()
+
+    # ------------------------------------------------------------------------------ the core's hooks
+
+    def _share_weights(self, test_net) -> None:
+        """Caffe's ``ShareTrainedLayersWith`` at each ``Test``: the TEST net shares the TRAIN net's tensors."""
+        if share_trained_layers(self.net.torch_net, test_net.torch_net):
+            test_net._forget_param_mirrors()
+
+    def _add_diffs(self, net_param) -> None:
+        params = self.net.torch_net.params
+        for layer in net_param.layer:
+            for blob, tensor in zip(layer.blobs, params.get(layer.name, [])):
+                diff = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
+                set_packed_floats(blob, diff.detach().to("cpu", torch.float32).reshape(-1).numpy(), "diff")
 
 
 def get_solver(solver, weights=None, device=None) -> PycaffeSolver:

@@ -1,6 +1,7 @@
 """Old pycaffe solver scripts, unchanged, on ``import caffe_compat as caffe``: the top-level solver names,
-and ``solver.net`` / ``solver.test_nets[i]`` answering pycaffe's Net names (``copy_from``, ``blobs``,
-``set_input_arrays``, ``forward``) while staying CaffeNets.  Checked against the real-Caffe fixtures."""
+and ``solver.net`` / ``solver.test_nets[i]``, pycaffe ``Net`` s (``copy_from``, ``blobs``,
+``set_input_arrays``, ``forward``) over the CaffeNets the core trains (``net.torch_net``).  Checked against
+the real-Caffe fixtures."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_forced_rule_solvers_take_the_first_step_of_their_rule(kind, rule, momen
     solver.step(1)
     p = solver.param
     checked = 0
-    for layer, blobs in solver.net.params.items():
+    for layer, blobs in solver.net.torch_net.params.items():
         for i, blob in enumerate(blobs):
             key = f"param:{layer}:{i}"
             w0, w1 = reference[key][0].astype(np.float64), reference[key][1].astype(np.float64)
@@ -75,8 +76,8 @@ def test_forced_rule_solvers_take_the_first_step_of_their_rule(kind, rule, momen
 # ------------------------------------------------------------------------------------------ solver.net
 
 def _pycaffe_params(solver) -> dict[str, np.ndarray]:
-    """``{k: v[i].data}`` as a pycaffe script reads the weights (torch tensors on a solver's net)."""
-    return {f"param:{layer}:{i}": blob.data.numpy().copy() for layer, blobs in solver.net.params.items()
+    """``{k: v[i].data}`` as a pycaffe script reads the weights (numpy arrays, as pycaffe's)."""
+    return {f"param:{layer}:{i}": blob.data.copy() for layer, blobs in solver.net.params.items()
             for i, blob in enumerate(blobs)}
 
 
@@ -150,7 +151,7 @@ def test_test_net_the_pycaffe_way(tmp_path):
     solver = caffe.SGDSolver(str(path))
     solver.net.copy_from(d / "init.caffemodel")
     test_net = solver.test_nets[0]
-    assert isinstance(test_net, CaffeNet) and test_net.phase == "test"
+    assert isinstance(test_net.torch_net, CaffeNet) and test_net.torch_net.phase == "test"
     test_net.blobs["data"].data[...] = inputs["data"][0]
     test_net.blobs["label"].data[...] = inputs["label"][0]
     assert test_net.blobs["data"].data is solver.test_inputs[0]["data"]
@@ -158,7 +159,7 @@ def test_test_net_the_pycaffe_way(tmp_path):
     np.testing.assert_allclose(float(scores["loss"]), reference["loss_blob"][0], rtol=2e-6)
     assert float(test_net.blobs["loss"].data) == float(scores["loss"])
     out = test_net.forward()  # pycaffe's forward(): reads the input blobs
-    assert float(out["loss"].detach()) == float(scores["loss"])
+    assert float(out["loss"]) == float(scores["loss"])
     test_net.blobs["data"].data[...] = inputs["data"][1]
     test_net.blobs["label"].data[...] = inputs["label"][1]
     test_net.forward()  # the blobs follow the new feed
@@ -166,14 +167,19 @@ def test_test_net_the_pycaffe_way(tmp_path):
     np.testing.assert_array_equal(test_net.blobs["data"].data, inputs["data"][1])
 
 
-def test_solver_net_is_still_a_caffenet():
+def test_solver_net_is_a_pycaffe_net_over_the_trained_caffenet():
+    """As in pycaffe, ``solver.net`` is a ``caffe.Net`` (numpy params, ``layers[i]``); the CaffeNet the core
+    trains is its ``torch_net``, whose parameters are the very tensors the numpy views show."""
     case = "sgd_step_momentum"
     solver = caffe.SGDSolver(str(case_dir(case) / "solver.prototxt"))
-    net = solver.net
-    assert isinstance(net, CaffeNet) and net.phase == "train"
-    assert isinstance(net.params["conv1"][0], torch.nn.Parameter)  # CaffeNet's params: torch tensors
-    assert isinstance(net.layers, torch.nn.ModuleDict) and net.layer("ip1") is net.layers["ip1"]
-    assert net.inputs == net.input_names == ["data", "label"] and net.outputs == ["loss"]
+    net, core = solver.net, solver.net.torch_net
+    assert isinstance(net, caffe.Net) and isinstance(core, CaffeNet) and core.phase == "train"
+    assert net.phase == caffe.TRAIN and solver.test_nets == []  # this solver file has no test net
+    assert isinstance(core.params["conv1"][0], torch.nn.Parameter)  # CaffeNet's params: torch tensors
+    assert np.shares_memory(net.params["conv1"][0].data, core.params["conv1"][0].detach().numpy())
+    assert isinstance(core.layers, torch.nn.ModuleDict) and core.layer("ip1") is core.layers["ip1"]
+    assert [layer.type for layer in net.layers] == [s.type for s in core.steps] and net.layers[2].name == "conv1"
+    assert net.inputs == core.input_names == ["data", "label"] and net.outputs == ["loss"]
     assert list(net.blobs) == list(net.blob_shapes)
     assert net.top_names["conv1"] == ["conv1"] and net.bottom_names["loss"] == ["ip1", "label"]
 
@@ -194,20 +200,18 @@ def test_solver_net_blobs_can_be_turned_off():
     assert float(solver.net.blobs["loss"].data) == pytest.approx(float(reference["loss_blob"][1]), rel=2e-6)
 
 
-def test_solver_net_blob_errors_and_reshape():
+def test_solver_net_blob_diffs_errors_and_reshape():
     solver = caffe.SGDSolver(str(case_dir("sgd_step_momentum") / "solver.prototxt"))
     blobs = solver.net.blobs
-    with pytest.raises(CaffeCompatError, match="keeps no blob diffs"):
-        blobs["ip1"].diff
-    with pytest.raises(CaffeCompatError, match="only input blobs"):
-        blobs["ip1"].reshape(2, 5)
+    assert blobs["ip1"].diff.shape == (4, 5) and not blobs["ip1"].diff.any()  # Caffe's diffs exist from the start
     with pytest.raises(CaffeCompatError, match="MemoryData"):
         solver.net.set_input_arrays(np.zeros((4, 3, 10, 10), np.float32), np.zeros(4, np.float32))
     blobs["data"].reshape(2, 3, 10, 10)
     blobs["label"].reshape(2)
     assert solver.inputs["data"].shape == (2, 3, 10, 10) and blobs["data"].num == 2
+    assert blobs["ip1"].shape == (2, 5)  # pycaffe's reshape of an input re-infers every shape at once
     solver.step(1)  # the next step runs on the new batch size
-    assert solver.net.blobs["ip1"].data.shape == (2, 5)
+    assert solver.net.blobs["ip1"].data.shape == (2, 5) and solver.net.blobs["ip1"].diff.any()
 
 
 # ------------------------------------------------------------------------------------------ core vs facade

@@ -1,0 +1,185 @@
+"""pycaffe's ``caffe.Net`` surface beyond inference: backward ranges (a slice of the full backward, and
+Caffe's reading of the blobs without a forward), forward from a layer, clear_param_diffs, layer_dict,
+blob_loss_weights, HDF5 weights, share_with, forward_all, layers[i].reshape, constant DummyData tops that
+keep what the script writes, and parameters that outlive their net."""
+
+from __future__ import annotations
+
+import gc
+
+import h5py
+import numpy as np
+import pytest
+
+import caffe_compat as caffe
+from caffe_compat.errors import ShapeMismatchError
+from caffe_compat.pycaffe import Blob
+
+NET = """name: 'surface' force_backward: true
+layer { name: 'data' type: 'Input' top: 'data' top: 'label'
+  input_param { shape { dim: 5 dim: 2 dim: 3 dim: 4 } shape { dim: 5 } } }
+layer { name: 'conv' type: 'Convolution' bottom: 'data' top: 'conv'
+  convolution_param { num_output: 3 kernel_size: 2 pad: 1 weight_filler { type: 'gaussian' std: 0.5 }
+                      bias_filler { type: 'constant' value: 0.1 } } }
+layer { name: 'relu' type: 'ReLU' bottom: 'conv' top: 'conv' }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'conv' top: 'ip'
+  inner_product_param { num_output: 4 weight_filler { type: 'gaussian' std: 0.3 } } }
+layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'ip' bottom: 'label' top: 'loss' }
+"""
+
+
+@pytest.fixture
+def proto(tmp_path):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    return str(path)
+
+
+def _fed(proto, seed=0):
+    caffe.set_random_seed(seed)
+    net = caffe.Net(proto, caffe.TRAIN)
+    rng = np.random.default_rng(seed)
+    net.blobs["data"].data[...] = rng.standard_normal((5, 2, 3, 4))
+    net.blobs["label"].data[...] = [0, 1, 2, 3, 1]
+    return net
+
+
+def test_backward_range_equals_the_slice_of_the_full_backward(proto):
+    net = _fed(proto)
+    net.forward()
+    full = net.backward()
+    expected = {name: net.blobs[name].diff.copy() for name in ("data", "conv", "ip")}
+    grads = {layer: [p.diff.copy() for p in blobs] for layer, blobs in net.params.items()}
+    assert np.abs(expected["data"]).max() > 0 and np.array_equal(full["data"], expected["data"])
+    net.clear_param_diffs()
+    for name in ("data", "conv", "ip"):
+        net.blobs[name].diff[...] = 0
+    only_loss = net.backward(start="loss", end="loss")  # the loss layer alone: ip's diff, bottoms of 'loss'
+    assert set(only_loss) == {"ip", "label"}
+    np.testing.assert_array_equal(net.blobs["ip"].diff, expected["ip"])
+    assert not net.blobs["conv"].diff.any() and not net.params["ip"][0].diff.any()
+    out = net.backward(start="ip", end="conv")  # then ip, relu, conv: the rest of the chain
+    assert set(out) == {"data"}
+    np.testing.assert_allclose(net.blobs["conv"].diff, expected["conv"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(net.blobs["data"].diff, expected["data"], rtol=1e-6, atol=1e-7)
+    for layer, diffs in grads.items():
+        for i, diff in enumerate(diffs):
+            np.testing.assert_allclose(net.params[layer][i].diff, diff, rtol=1e-6, atol=1e-7)
+
+
+def test_backward_of_one_layer_reads_the_blobs_without_a_forward(proto):
+    net = _fed(proto)
+    top = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    net.blobs["ip"].diff[...] = top
+    net._backward(3, 3)  # index of 'ip': Caffe's BackwardFromTo on the blobs in memory (conv data: zeros)
+    weights = net.params["ip"][0].data
+    np.testing.assert_allclose(net.blobs["conv"].diff.reshape(5, -1), top @ weights, rtol=1e-5, atol=1e-6)
+    assert not net.params["ip"][0].diff.any()  # d(W) = top^T · conv data, and conv data is still zero
+    np.testing.assert_allclose(net.params["ip"][1].diff, top.sum(0), rtol=1e-5)
+
+
+def test_forward_from_a_layer_reads_the_stored_blob(proto):
+    net = _fed(proto)
+    conv = np.random.default_rng(2).uniform(size=net.blobs["conv"].shape).astype(np.float32)
+    net.blobs["conv"].data[...] = conv
+    out = net.forward(start="ip", end="ip")
+    assert list(out) == ["ip"]
+    w, b = net.params["ip"][0].data, net.params["ip"][1].data
+    np.testing.assert_allclose(out["ip"], conv.reshape(5, -1) @ w.T + b, rtol=1e-5, atol=1e-6)
+    net._forward(0, 1)  # data, conv: conv is recomputed from data
+    assert not np.allclose(net.blobs["conv"].data, conv)
+
+
+def test_clear_param_diffs_zeroes_the_same_memory(proto):
+    net = _fed(proto)
+    net.forward()
+    net.backward()
+    view = net.params["conv"][0].diff
+    assert np.abs(view).max() > 0
+    net.clear_param_diffs()
+    assert not view.any() and not net.torch_net.params["conv"][0].grad.any()
+
+
+def test_structure_names(proto):
+    net = _fed(proto)
+    assert list(net.layer_dict) == net._layer_names == ["data", "conv", "relu", "ip", "loss"]
+    assert [layer.type for layer in net.layer_dict.values()] == ["Input", "Convolution", "ReLU", "InnerProduct",
+                                                                  "SoftmaxWithLoss"]
+    assert net.blob_loss_weights == {"data": 0.0, "label": 0.0, "conv": 0.0, "ip": 0.0, "loss": 1.0}
+    assert net._blob_names == ["data", "label", "conv", "ip", "loss"] and net.name == "surface"
+    conv = net.layers[1]
+    assert [tuple(b.shape) for b in conv.blobs] == [(3, 2, 2, 2), (3,)]
+    top = net.blobs["conv"]
+    conv.reshape([Blob("x", (2, 2, 7, 7), net._device, net)], [top])  # Caffe's Layer::Reshape
+    assert top.shape == (2, 3, 8, 8)
+
+
+def test_hdf5_weights_round_trip_and_mismatch(proto, tmp_path):
+    a, b = _fed(proto, seed=0), _fed(proto, seed=1)
+    assert not np.array_equal(a.params["conv"][0].data, b.params["conv"][0].data)
+    path = tmp_path / "w.h5"
+    a.save_hdf5(str(path))
+    with h5py.File(path, "r") as f:
+        assert sorted(f["data"]) == ["conv", "data", "ip", "loss", "relu"]
+        assert sorted(f["data/conv"]) == ["0", "1"] and f["data/ip/0"].shape == (4, 60)
+    b.load_hdf5(str(path))
+    for layer in a.params:
+        for pa, pb in zip(a.params[layer], b.params[layer]):
+            np.testing.assert_array_equal(pa.data, pb.data)
+    c = _fed(proto, seed=2)
+    c.copy_from(str(path))  # Caffe reads *.h5 as HDF5
+    np.testing.assert_array_equal(c.params["ip"][0].data, a.params["ip"][0].data)
+    with h5py.File(path, "r+") as f:
+        del f["data/ip/0"]
+        f["data/ip/0"] = np.zeros((4, 5), np.float32)
+    with pytest.raises(ShapeMismatchError, match=r"layer 'ip' blob 0 has shape \(4, 5\)"):
+        c.load_hdf5(str(path))
+
+
+def test_share_with_shares_the_memory(proto):
+    a, b = _fed(proto, seed=0), _fed(proto, seed=1)
+    b.share_with(a)
+    assert np.shares_memory(a.params["ip"][0].data, b.params["ip"][0].data)
+    a.params["ip"][1].data[...] = 5.0
+    b.blobs["data"].data[...] = a.blobs["data"].data
+    np.testing.assert_allclose(b.forward(blobs=["ip"])["ip"], a.forward(blobs=["ip"])["ip"], rtol=0, atol=0)
+
+
+def test_forward_all_batches_pads_and_trims(tmp_path):
+    path = tmp_path / "deploy.prototxt"
+    path.write_text("""layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 3 dim: 6 } } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'data' top: 'ip'
+  inner_product_param { num_output: 2 weight_filler { type: 'gaussian' std: 1 } bias_filler { type: 'constant' value: 0.5 } } }""")
+    net = caffe.Net(str(path), caffe.TEST)
+    x = np.random.default_rng(3).standard_normal((7, 6)).astype(np.float32)
+    out = net.forward_all(data=x)
+    w, b = net.params["ip"][0].data, net.params["ip"][1].data
+    assert out["ip"].shape == (7, 2)  # batches of 3: 3 + 3 + 1 padded with 2 zero rows, padding removed
+    np.testing.assert_allclose(out["ip"], x @ w.T + b, rtol=1e-5, atol=1e-6)
+    assert net.blobs["ip"].data.shape == (3, 2)
+    np.testing.assert_allclose(net.blobs["ip"].data[1:], b.reshape(1, 2).repeat(2, 0), rtol=0, atol=0)  # padding
+
+
+def test_constant_dummydata_tops_keep_what_the_script_writes(tmp_path):
+    path = tmp_path / "dummy.prototxt"
+    path.write_text("""layer { name: 'data' type: 'DummyData' top: 'x' top: 'label'
+  dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 } data_filler { type: 'constant' value: 0.25 }
+                     data_filler { type: 'constant' value: 2 } } }
+layer { name: 'loss' type: 'SoftmaxWithLoss' bottom: 'x' bottom: 'label' top: 'loss' }""")
+    net = caffe.Net(str(path), caffe.TRAIN)
+    assert np.all(net.blobs["label"].data == 2) and np.all(net.blobs["x"].data == 0.25)  # filled at setup
+    net.blobs["x"].data[...] = np.log([[1, 1, 2]] * 4)  # softmax (1/4, 1/4, 1/2)
+    net.blobs["label"].data[...] = [0, 1, 2, 2]
+    loss = float(net.forward()["loss"])
+    assert loss == pytest.approx((2 * np.log(4) + 2 * np.log(2)) / 4, rel=1e-6)
+    assert np.array_equal(net.blobs["label"].data, [0, 1, 2, 2])  # not refilled
+
+
+def test_params_and_blobs_outlive_the_net(proto):
+    net = _fed(proto)
+    expected = net.params["conv"][0].data.sum()
+    params, blobs = net.params, list(net.blobs.values())
+    del net
+    gc.collect()
+    assert params["conv"][0].data.sum() == expected and params["conv"][0].diff.shape == (3, 2, 2, 2)
+    assert blobs[0].data.shape == (5, 2, 3, 4)
