@@ -39,6 +39,11 @@ class UnknownLayerError(CaffeCompatError):
     """A layer type (or a Python layer's ``module.layer``) has no registered port."""
 
 
+class PythonLayerError(CaffeCompatError, RuntimeError):
+    """A user's Python layer raised: names the layer and the method; a RuntimeError too, as pycaffe raises
+    when a Python layer fails (Caffe's PythonLayer turns the Python exception into a C++ one)."""
+
+
 class DataError(CaffeCompatError):
     """A data set file is missing or malformed: names the file and the line."""
 

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from caffe_compat.errors import CaffeCompatError, DataError
+from caffe_compat.errors import CaffeCompatError, DataError, PythonLayerError
 from caffe_compat.layers.facts import ANY, Shapes
 from caffe_compat.layers.registry import CaffeLayer
 
@@ -350,7 +350,7 @@ class UserPythonLayer(CaffeLayer):
         except NotImplementedError:
             raise
         except Exception as exc:  # the user's code failed: say which layer and method
-            raise CaffeCompatError(f"layer '{self.layer_name}' ({self.caffe_type}): {type(self.user).__name__}."
+            raise PythonLayerError(f"layer '{self.layer_name}' ({self.caffe_type}): {type(self.user).__name__}."
                                    f"{method} raised {type(exc).__name__}: {exc}") from exc
 
     def caffe_blobs(self) -> list[torch.Tensor]:

@@ -247,3 +247,23 @@ def test_cli_trains_a_user_loss_with_python_path_and_refuses_it_without(tmp_path
     with open(log) as f:
         losses = [float(row["loss"]) for row in csv.DictReader(f)]
     assert len(losses) == 8 and losses[-1] < 0.5 * losses[0]
+
+
+def test_a_failing_user_layer_is_a_typed_runtime_error(tmp_path):
+    """pycaffe raises RuntimeError when a Python layer's setup fails; ours is also a CaffeCompatError naming
+    the layer and the method."""
+    import caffe_compat
+    from caffe_compat.errors import CaffeCompatError, PythonLayerError
+    from caffe_compat.net import CaffeNet
+
+    class Failing(caffe_compat.Layer):
+        def setup(self, bottom, top):
+            raise ValueError("no good")
+
+    caffe_compat.register_python_layer("failing_mod", "Failing", Failing)
+    text = ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 } } }\n'
+            'layer { name: "bad" type: "Python" bottom: "x" top: "y" python_param { module: "failing_mod" '
+            'layer: "Failing" } }\n')
+    with pytest.raises(PythonLayerError, match=r"layer 'bad' .*Failing.setup raised ValueError: no good") as info:
+        CaffeNet(text)
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, CaffeCompatError)
