@@ -38,8 +38,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
-import re
 import time
 from pathlib import Path
 
@@ -47,17 +45,14 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
-from caffe_compat.io import (array_to_blob, blob_to_array, read_net, read_solver, read_solverstate, upgrade_solver,
-                             write_net, write_solverstate)
-from caffe_compat.io.atomic import remove_stale_temporaries
-from caffe_compat.io.blobs import set_packed_floats
-from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
 from caffe_compat.net import CaffeNet
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
 from caffe_compat.io.glog import g6 as _g6  # a number as glog/iostream prints it
-from caffe_compat.solver.observers import SolverObserver, around_snapshot, notify
+from caffe_compat.solver.observers import SolverObserver, notify
+from caffe_compat.solver.setup import SolverSetup
+from caffe_compat.solver.snapshots import SolverSnapshots
 
 __all__ = ["Solver", "learnable_blobs", "zero_inputs"]
 
@@ -80,11 +75,7 @@ def zero_inputs(net: CaffeNet) -> dict[str, np.ndarray]:
     return {name: np.zeros(net.blob_shapes[name], dtype=np.float32) for name in net.input_names}
 
 
-def _phase_state(state: caffe_pb2.NetState) -> tuple[int | None, tuple[str, ...]]:
-    return (int(state.level) if state.HasField("level") else None), tuple(state.stage)
-
-
-class Solver:
+class Solver(SolverSetup, SolverSnapshots):
     """A Caffe solver (see the module docstring).
 
     ``solver``: solver prototxt path, prototxt text or SolverParameter.  ``weights``: caffemodel path(s)
@@ -153,107 +144,6 @@ class Solver:
         self.outputs: dict[str, torch.Tensor] = {}
         self.last_lr = float("nan")
         self.test_scores: list[dict[str, np.ndarray]] = []
-
-    # ----------------------------------------------------------------------------- construction
-
-    @staticmethod
-    def _is_path(solver) -> bool:
-        """Whether the solver was given as a file (not text nor a SolverParameter)."""
-        from caffe_compat.io.path_or_text import is_existing_file
-
-        return is_existing_file(solver)
-
-    def _upgrade_snapshot_prefix(self, path: str) -> None:
-        """Caffe's ``UpgradeSnapshotPrefixProperty``: no prefix -> the solver path without its extension;
-        a prefix naming a directory -> ``<directory>/<solver file stem>``."""
-        if not self.param.HasField("snapshot_prefix"):
-            self.param.snapshot_prefix = os.path.splitext(path)[0]
-        elif os.path.isdir(self.param.snapshot_prefix):
-            self.param.snapshot_prefix = os.path.join(self.param.snapshot_prefix, Path(path).stem)
-
-    @staticmethod
-    def _read_param(solver) -> caffe_pb2.SolverParameter:
-        if isinstance(solver, caffe_pb2.SolverParameter):
-            param = caffe_pb2.SolverParameter()
-            param.CopyFrom(solver)
-            upgrade_solver(param, "<SolverParameter>")
-            return param
-        return read_solver(solver)
-
-    def _resolve(self, path: str) -> str:
-        """Caffe opens relative paths against the working directory; fall back to the solver's folder."""
-        if os.path.isabs(path) or os.path.exists(path):
-            return path
-        candidate = self.base_dir / path
-        return str(candidate) if candidate.exists() else path
-
-    @staticmethod
-    def _weight_list(weights) -> list[str]:
-        if weights is None:
-            return []
-        if isinstance(weights, (str, os.PathLike)):
-            return [w for w in str(weights).split(",") if w]
-        return [str(w) for w in weights]
-
-    def _read_net_file(self, path: str, field: str = "net") -> caffe_pb2.NetParameter:
-        resolved = self._resolve(path)
-        if not os.path.exists(resolved):
-            folders = list(dict.fromkeys(str(Path(d).resolve()) for d in (os.getcwd(), self.base_dir)))
-            where = self.solver_path if self.solver_path is not None else "solver (SolverParameter message)"
-            raise FormatError(f"{where}: the net file of its '{field}' field, {path!r}, was not found (looked in "
-                              + " and ".join(folders) + ")")
-        where = self.solver_path if self.solver_path is not None else "solver"
-        check_regular_file(resolved, f"{where} field '{field}'")
-        return read_net(resolved)
-
-    def _train_net(self, seed: int) -> CaffeNet:
-        p = self.param
-        given = [f for f in ("train_net_param", "train_net", "net_param", "net")
-                 if (p.HasField(f) if f.endswith("param") else bool(getattr(p, f)))]
-        if len(given) != 1:
-            raise FormatError("solver: give exactly one of train_net_param, train_net, net_param or net "
-                              f"(found {given or 'none'})")
-        source = given[0]
-        net_param = (getattr(p, source) if source.endswith("param")
-                     else self._read_net_file(getattr(p, source), source))
-        net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
-        log.info("Creating training net from %s", source)
-        return self.net_class(net_param, phase="train", seed=seed)
-
-    @staticmethod
-    def _with_state(net_param, state) -> caffe_pb2.NetParameter:
-        """Caffe: ``net_state`` = the net's own state, then ``MergeFrom(train_state/test_state)``."""
-        copy = caffe_pb2.NetParameter()
-        copy.CopyFrom(net_param)
-        if state is not None:
-            merged = caffe_pb2.NetState()
-            merged.CopyFrom(copy.state)
-            merged.MergeFrom(state)
-            copy.state.CopyFrom(merged)
-        return copy
-
-    def _test_nets(self, seed: int) -> list[CaffeNet]:
-        p = self.param
-        sources = [n for n in p.test_net_param] + [self._read_net_file(f, "test_net") for f in p.test_net]
-        generic = None
-        if p.HasField("net_param"):
-            generic = p.net_param
-        elif p.net:
-            generic = self._read_net_file(p.net, "net")
-        remaining = len(p.test_iter) - len(sources)
-        if generic is not None and remaining > 0:
-            sources += [generic] * remaining
-        if len(p.test_state) not in (0, len(sources)):
-            raise FormatError(f"test_state must be unspecified or given once per test net ({len(sources)}), got "
-                              f"{len(p.test_state)}")
-        nets = []
-        for i, net_param in enumerate(sources):
-            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
-            if p.test_state:
-                state.MergeFrom(p.test_state[i])
-                state.phase = caffe_pb2.TEST
-            nets.append(self.net_class(self._with_state(net_param, state), phase="test", seed=seed))
-        return nets
 
     # ----------------------------------------------------------------------------- feeding
 
@@ -492,64 +382,3 @@ class Solver:
     def test_all(self) -> list[dict[str, np.ndarray]]:
         self.test_scores = [self.test(i) for i in range(len(self.test_nets))]
         return self.test_scores
-
-    # ----------------------------------------------------------------------------- snapshots
-
-    def snapshot_filename(self, extension: str) -> str:
-        return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
-
-    def snapshot(self) -> tuple[str, str]:
-        """Write ``<prefix>_iter_<iter>.caffemodel`` then ``.solverstate`` (each atomically: a crash never
-        leaves a half-written file under either name), then tell the observers (``on_snapshot``).  Returns
-        both paths.  An observer's ``around_snapshot`` may take this over (:mod:`~caffe_compat.solver.observers`).
-
-        Temporaries of any ``<prefix>_iter_<N>.*`` snapshot left in the folder by a killed run (whose
-        process is gone) are removed first (:func:`~caffe_compat.io.atomic.remove_stale_temporaries`)."""
-        return around_snapshot(self, self._write_snapshot)()
-
-    def _write_snapshot(self) -> tuple[str, str]:
-        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
-            raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
-        model_path = self.snapshot_filename(".caffemodel")
-        state_path = self.snapshot_filename(".solverstate")
-        folder, base = os.path.split(self.param.snapshot_prefix)
-        remove_stale_temporaries(folder or ".", re.escape(base) + r"_iter_[0-9]+\.[A-Za-z0-9]+")
-        net_param = self.net.to_netparameter()
-        if self.param.snapshot_diff:
-            self._add_diffs(net_param)
-        log.info("Snapshotting to binary proto file %s", model_path)
-        write_net(net_param, model_path, binary=True)
-        state = caffe_pb2.SolverState(iter=self.iter, learned_net=model_path, current_step=self.current_step)
-        for blob in self.optimizer.history_blobs():
-            state.history.append(array_to_blob(blob.detach().to("cpu", torch.float32).numpy()))
-        log.info("Snapshotting solver state to binary proto file %s", state_path)
-        write_solverstate(state, state_path)
-        notify(self, "on_snapshot", model_path, state_path)
-        return model_path, state_path
-
-    def _add_diffs(self, net_param: caffe_pb2.NetParameter) -> None:
-        params = self.net.params
-        for layer in net_param.layer:
-            for blob, tensor in zip(layer.blobs, params.get(layer.name, [])):
-                diff = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
-                set_packed_floats(blob, diff.detach().to("cpu", torch.float32).reshape(-1).numpy(), "diff")
-
-    def restore(self, state_file) -> None:
-        """Caffe's ``Restore`` from a ``.solverstate``: iteration, current_step, history, and the weights of
-        ``learned_net`` (as written, else relative to the state file's folder)."""
-        state_file = str(state_file)
-        if state_file.endswith(".h5"):
-            raise FormatError(f"{state_file}: HDF5 solver states are not supported; use a .solverstate")
-        state = read_solverstate(state_file)
-        if state.learned_net:
-            learned = state.learned_net
-            if not os.path.isabs(learned) and not os.path.exists(learned):
-                beside = Path(state_file).resolve().parent / Path(learned).name
-                learned = str(beside) if beside.exists() else learned
-            check_regular_file(learned, f"{state_file} learned_net", PROTOBUF_MAX_BYTES)
-            self.net.load_caffemodel(learned)
-        self.optimizer.set_history([blob_to_array(b, source=f"{state_file} history") for b in state.history])
-        self.iter = int(state.iter)
-        self.current_step = int(state.current_step)
-        self.optimizer.iter = self.iter
-

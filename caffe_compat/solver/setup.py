@@ -1,0 +1,128 @@
+"""The Solver's construction: reading the solver file and building its TRAIN and TEST nets, as Caffe's
+``Solver::Init`` / ``InitTrainNet`` / ``InitTestNets`` do (a mixin of :class:`~caffe_compat.solver.Solver`).
+
+Nets come from ``net`` / ``net_param`` / ``train_net`` / ``train_net_param`` (exactly one) and
+``test_net`` / ``test_net_param`` (or the train net's file with the TEST state), with each
+``test_state``; relative paths are resolved against the solver file's folder, then the working directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from caffe_compat.errors import FormatError
+from caffe_compat.io import read_net, read_solver, upgrade_solver
+from caffe_compat.io.safe_open import check_regular_file
+from caffe_compat.net import CaffeNet
+from caffe_compat.proto import caffe_pb2
+
+log = logging.getLogger("caffe_compat.solver")
+
+
+def _phase_state(state: caffe_pb2.NetState) -> tuple[int | None, tuple[str, ...]]:
+    return (int(state.level) if state.HasField("level") else None), tuple(state.stage)
+
+
+class SolverSetup:
+    """Reading the solver parameter and building the nets (see the module docstring)."""
+
+    @staticmethod
+    def _is_path(solver) -> bool:
+        """Whether the solver was given as a file (not text nor a SolverParameter)."""
+        from caffe_compat.io.path_or_text import is_existing_file
+
+        return is_existing_file(solver)
+
+    def _upgrade_snapshot_prefix(self, path: str) -> None:
+        """Caffe's ``UpgradeSnapshotPrefixProperty``: no prefix -> the solver path without its extension;
+        a prefix naming a directory -> ``<directory>/<solver file stem>``."""
+        if not self.param.HasField("snapshot_prefix"):
+            self.param.snapshot_prefix = os.path.splitext(path)[0]
+        elif os.path.isdir(self.param.snapshot_prefix):
+            self.param.snapshot_prefix = os.path.join(self.param.snapshot_prefix, Path(path).stem)
+
+    @staticmethod
+    def _read_param(solver) -> caffe_pb2.SolverParameter:
+        if isinstance(solver, caffe_pb2.SolverParameter):
+            param = caffe_pb2.SolverParameter()
+            param.CopyFrom(solver)
+            upgrade_solver(param, "<SolverParameter>")
+            return param
+        return read_solver(solver)
+
+    def _resolve(self, path: str) -> str:
+        """Caffe opens relative paths against the working directory; fall back to the solver's folder."""
+        if os.path.isabs(path) or os.path.exists(path):
+            return path
+        candidate = self.base_dir / path
+        return str(candidate) if candidate.exists() else path
+
+    @staticmethod
+    def _weight_list(weights) -> list[str]:
+        if weights is None:
+            return []
+        if isinstance(weights, (str, os.PathLike)):
+            return [w for w in str(weights).split(",") if w]
+        return [str(w) for w in weights]
+
+    def _read_net_file(self, path: str, field: str = "net") -> caffe_pb2.NetParameter:
+        resolved = self._resolve(path)
+        if not os.path.exists(resolved):
+            folders = list(dict.fromkeys(str(Path(d).resolve()) for d in (os.getcwd(), self.base_dir)))
+            where = self.solver_path if self.solver_path is not None else "solver (SolverParameter message)"
+            raise FormatError(f"{where}: the net file of its '{field}' field, {path!r}, was not found (looked in "
+                              + " and ".join(folders) + ")")
+        where = self.solver_path if self.solver_path is not None else "solver"
+        check_regular_file(resolved, f"{where} field '{field}'")
+        return read_net(resolved)
+
+    def _train_net(self, seed: int) -> CaffeNet:
+        p = self.param
+        given = [f for f in ("train_net_param", "train_net", "net_param", "net")
+                 if (p.HasField(f) if f.endswith("param") else bool(getattr(p, f)))]
+        if len(given) != 1:
+            raise FormatError("solver: give exactly one of train_net_param, train_net, net_param or net "
+                              f"(found {given or 'none'})")
+        source = given[0]
+        net_param = (getattr(p, source) if source.endswith("param")
+                     else self._read_net_file(getattr(p, source), source))
+        net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
+        log.info("Creating training net from %s", source)
+        return self.net_class(net_param, phase="train", seed=seed)
+
+    @staticmethod
+    def _with_state(net_param, state) -> caffe_pb2.NetParameter:
+        """Caffe: ``net_state`` = the net's own state, then ``MergeFrom(train_state/test_state)``."""
+        copy = caffe_pb2.NetParameter()
+        copy.CopyFrom(net_param)
+        if state is not None:
+            merged = caffe_pb2.NetState()
+            merged.CopyFrom(copy.state)
+            merged.MergeFrom(state)
+            copy.state.CopyFrom(merged)
+        return copy
+
+    def _test_nets(self, seed: int) -> list[CaffeNet]:
+        p = self.param
+        sources = [n for n in p.test_net_param] + [self._read_net_file(f, "test_net") for f in p.test_net]
+        generic = None
+        if p.HasField("net_param"):
+            generic = p.net_param
+        elif p.net:
+            generic = self._read_net_file(p.net, "net")
+        remaining = len(p.test_iter) - len(sources)
+        if generic is not None and remaining > 0:
+            sources += [generic] * remaining
+        if len(p.test_state) not in (0, len(sources)):
+            raise FormatError(f"test_state must be unspecified or given once per test net ({len(sources)}), got "
+                              f"{len(p.test_state)}")
+        nets = []
+        for i, net_param in enumerate(sources):
+            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
+            if p.test_state:
+                state.MergeFrom(p.test_state[i])
+                state.phase = caffe_pb2.TEST
+            nets.append(self.net_class(self._with_state(net_param, state), phase="test", seed=seed))
+        return nets
