@@ -44,3 +44,20 @@ def test_caffes_setup_checks():
         make_layer('type: "BatchReindex"', [(2, 3), (2, 1)])
     with pytest.raises(FormatError, match=r"needs 2 bottom blob\(s\), got 1"):
         make_layer('type: "BatchReindex"', [(2, 3)])
+
+
+def test_onnx_runtime_agrees():
+    """BatchReindex traced alone (two inputs: data and indices) runs in ONNX Runtime as a Gather."""
+    import numpy as np
+
+    ort = pytest.importorskip("onnxruntime")
+    from caffe_compat.export.onnx_export import _OneLayer, _trace
+
+    port = make_layer('type: "BatchReindex"', [(4, 3), (5,)])
+    data = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
+    index = np.array([3.0, 0.0, 3.0, 1.9, 2.0], dtype=np.float32)
+    model = _trace(_OneLayer(port).eval(), (torch.from_numpy(data), torch.from_numpy(index)), 17, ["d", "i"], ["t"],
+                   {"d": {0: "n"}, "i": {0: "k"}, "t": {0: "k"}})
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"d": data, "i": index})
+    np.testing.assert_array_equal(got, data[[3, 0, 3, 1, 2]])

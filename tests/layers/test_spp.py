@@ -91,3 +91,23 @@ def test_spp_gradient(method):
     x = torch.randn(2, 2, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
     port = make_layer(f'type: "SPP" spp_param {{ pyramid_height: 2 pool: {method} }}', [tuple(x.shape)])
     assert torch.autograd.gradcheck(lambda t: port(t)[0], (x,))
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+def test_spp_exports_to_onnx_and_onnx_runtime_agrees(tmp_path, method):
+    """A deployed net with SPP goes through the project's export; ONNX Runtime computes Caffe's levels."""
+    ort = pytest.importorskip("onnxruntime")
+    from caffe_compat.export import export_onnx
+
+    prototxt = tmp_path / "spp.prototxt"
+    prototxt.write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 7 dim: 7 } } }\n'
+        f'layer {{ name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param {{ pyramid_height: 3 pool: {method} }} }}\n')
+    path = export_onnx(str(prototxt), output_blob="spp", path=tmp_path / "spp.onnx", batch=2,
+                       preprocessing={"resize": [7, 7]})
+    x = np.random.default_rng(11).standard_normal((2, 3, 7, 7)).astype(np.float32)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x})
+    expected = caffe_spp(x.astype(np.float64), 3, method)
+    assert got.shape == expected.shape == (2, 3 * (1 + 4 + 16))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(x).max())
