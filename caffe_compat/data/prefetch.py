@@ -203,7 +203,11 @@ class Prefetcher:
                 except StopIteration:
                     break
                 except BaseException as exc:  # re-raised in the main thread by take()
-                    self._put(_Failure(exc, self._failed()))
+                    try:
+                        snapshot = self._failed()
+                    except BaseException:  # the state cannot be told: the layer keeps the consumed one
+                        snapshot = None
+                    self._put(_Failure(exc, snapshot))
                     return
                 if not self._put(item):
                     break
@@ -292,6 +296,8 @@ class PrefetchingLayer:
 
     prefetch_depth: int = 0
     prefetch_workers: int = 0
+    #: False: nothing to decode (``_decode`` unused), the sequencer works alone (HDF5Data's rows are in memory)
+    decodes: bool = True
 
     def _init_prefetch(self) -> None:
         depth = self._prefetch_depth()
@@ -347,7 +353,7 @@ class PrefetchingLayer:
         # nothing below holds the layer itself: the threads must not keep it alive (module docstring)
         ref, cursor, phase = weakref.ref(self), self._cursor(), self.mode_phase
         pin = wants_pinned(self.device)
-        pool = DecodePool(self.prefetch_workers, f"caffe_compat-decode-{self.layer_name}")
+        pool = DecodePool(self.prefetch_workers if self.decodes else 0, f"caffe_compat-decode-{self.layer_name}")
         span = max(8, 2 * self.prefetch_workers, self._decode_span())
         fetch = OrderedFetch(lambda key: _decode_weak(ref, key), pool, span)
         threads["pool"] = pool

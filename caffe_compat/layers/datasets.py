@@ -451,6 +451,7 @@ class HDF5Data(DataSetLayer):
 
     # prefetching (caffe_compat.data.prefetch): the rows are in memory, the file loads run on the prefetch
     # thread; file_order and rows are replaced, never shuffled in place, so snapshots can share them
+    decodes = False
     _FIELDS = ("file_order", "file_index", "rows", "position", "arrays")
 
     def _cursor(self):
