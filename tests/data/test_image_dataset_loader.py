@@ -98,3 +98,23 @@ def test_batch_rows_are_plain_samples_to_other_collates_and_sizes_may_differ(cub
         assert not any(isinstance(r, BatchRow) for r in mixed) and mixed[1][0].shape == (3, 30, 20)
     finally:
         path.write_bytes(original)
+
+
+def test_a_batch_buffer_is_written_again_only_when_nothing_references_it():
+    from caffe_compat.data.dataset import _batch_buffer
+
+    def take():
+        return _batch_buffer((2, 3))[1]
+
+    first = take()
+    second = take()
+    assert first.data_ptr() != second.data_ptr()
+    address = first.data_ptr()
+    del first
+    again = take()
+    assert again.data_ptr() == address  # a former batch nobody holds: no fresh pages to fault in
+    row = again[0]
+    array = row.numpy()
+    del again, row
+    assert take().data_ptr() != address  # a view (or a numpy view of one) still holds it
+    del array
