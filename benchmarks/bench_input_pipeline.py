@@ -5,8 +5,10 @@ Setup as in the paper's Caffe runs: a toy CUB-200-2011 tree (real digit scans, s
 per-channel mean values (104, 117, 123), batches from the authors' ``LabelShufflingLayer`` rule
 (``max_per_label`` 10).  Rows: ``DataLoader`` with ``num_workers`` 0, 1, 2 (first batch excluded:
 it holds the worker start-up), ``num_workers=0`` again with one torch intra-op thread (the
-main process collates with torch's thread pool, which on a busy small machine can cost more than
-the decode; workers always run with one thread), and two peers measured in the same run: a bare ``cv2.imread`` loop
+default collate's ``torch.stack`` ran on torch's thread pool in the main process, which on a busy small
+machine cost more than the decode; the data sets now build each batch in one buffer through
+``__getitems__``, :mod:`caffe_compat.data.dataset`, so the thread count should no longer matter; workers
+always run with one thread), and two peers measured in the same run: a bare ``cv2.imread`` loop
 (decode only) and decode + transform in a plain loop without a DataLoader.  Ratios are against
 ``num_workers=0``.
 

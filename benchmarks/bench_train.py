@@ -16,7 +16,15 @@ took 0.714 s / 0.943 s) (caffe_reference README, section 6): the row of this CPU
 Every ratio is peer time ÷ our time (> 1: ours faster): the fp32 NCHW eager baseline ÷ the variant, and
 real Caffe ÷ our fp32 baseline.
 
-Usage: ``python benchmarks/bench_train.py [--device cpu|cuda|all] [--batch N] [--iters 3] [--compile]``.
+Data-layer rows (``--lmdb-size S``, default 256; 0 skips them): the same net fed by the authors'
+``LabelShufflingLayer`` (the port, as their prototxt names it: runs of ``min(10, N // 4)`` per label,
+``scales: [1, 1]``) reading an LMDB of S×S JPEGs that the script writes in a temporary folder with the
+project's own ``convert_imageset`` (``caffe-compat make-lmdb``) from a toy CUB-200 tree: once without
+prefetching and once prefetching with ``--prefetch-workers`` decode threads (default 2), against the
+synthetic-input step at S×S measured in the same run (the layer does not crop: the net sees S×S).
+
+Usage: ``python benchmarks/bench_train.py [--device cpu|cuda|all] [--batch N] [--iters 3] [--compile]
+[--lmdb-size 256] [--prefetch-workers 2]``.
 Defaults: CUDA batch 128 (the authors'); CPU batch 8 with one thread (the team machine has 2 shared
 cores: batch 128 at 224² would take minutes per iteration there).
 """
@@ -26,6 +34,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,14 +52,26 @@ from caffe_compat.solver import Solver  # noqa: E402
 AUTHORS_NET = Path(__file__).resolve().parents[1] / "prototxt" / "cub200" / "train_fappy.prototxt"
 
 
-def authors_net(batch: int) -> caffe_pb2.NetParameter:
-    """The authors' train net with Input layers instead of the Python data layer."""
+def run_length(batch: int) -> int:
+    return max(1, min(10, batch // 4))
+
+
+def authors_net(batch: int, size: int = 224, lmdb: str | None = None, prefetch: tuple[int, int] = (0, 0)
+                ) -> caffe_pb2.NetParameter:
+    """The authors' train net with Input layers instead of the Python data layer, or with that layer
+    reading ``lmdb`` (``prefetch``: queue depth and decode workers)."""
     source = read_net(str(AUTHORS_NET))
     net = caffe_pb2.NetParameter(name=source.name)
     for layer in source.layer:
-        if layer.type == "Python":
+        if layer.type == "Python" and lmdb:
+            data = net.layer.add()
+            data.CopyFrom(layer)
+            data.python_param.param_str = (f"source: {lmdb}\nbatch_size: {batch}\nscales: [1.0, 1.0]\n"
+                                           f"max_number_object_per_label: {run_length(batch)}\n"
+                                           f"prefetch: {prefetch[0]}\nprefetch_workers: {prefetch[1]}\n")
+        elif layer.type == "Python":
             data = net.layer.add(name="data", type="Input", top=["data"])
-            data.input_param.shape.add(dim=[batch, 3, 224, 224])
+            data.input_param.shape.add(dim=[batch, 3, size, size])
             label = net.layer.add(name="label", type="Input", top=["label"])
             label.input_param.shape.add(dim=[batch])
         else:
@@ -58,23 +79,40 @@ def authors_net(batch: int) -> caffe_pb2.NetParameter:
     return net
 
 
-def authors_solver(batch: int) -> caffe_pb2.SolverParameter:
+def authors_solver(batch: int, **net) -> caffe_pb2.SolverParameter:
     param = caffe_pb2.SolverParameter(type="SGD", base_lr=1e-5, lr_policy="step", stepsize=32000, gamma=0.7,
                                       momentum=0.9, weight_decay=2e-4, display=0, max_iter=1000, random_seed=0)
-    param.net_param.CopyFrom(authors_net(batch))
+    param.net_param.CopyFrom(authors_net(batch, **net))
     return param
 
 
-def batch_inputs(batch: int):
+def batch_inputs(batch: int, size: int = 224):
     gen = np.random.RandomState(0)
-    run = max(1, min(10, batch // 4))
-    labels = (np.arange(batch) // run).astype(np.float32)
-    return {"data": (gen.randn(batch, 3, 224, 224) * 50).astype(np.float32), "label": labels}
+    labels = (np.arange(batch) // run_length(batch)).astype(np.float32)
+    return {"data": (gen.randn(batch, 3, size, size) * 50).astype(np.float32), "label": labels}
 
 
-def measure(device: str, batch: int, iters: int, amp=None, channels_last=False, compile=False) -> float:
-    solver = Solver(authors_solver(batch), device=device)
-    inputs = {k: torch.from_numpy(v).to(device) for k, v in batch_inputs(batch).items()}
+def make_jpeg_lmdb(folder: Path, size: int) -> str:
+    """A toy CUB-200 tree of ``size``² JPEGs written to an LMDB of encoded Datums by convert_imageset."""
+    from caffe_compat.data import Cub200, make_toy_data
+    from caffe_compat.data.imageset import convert_imageset
+
+    root = make_toy_data("cub", folder / "CUB_200_2011", seed=0, size=size, num_classes=20, images_per_class=12)
+    records = Cub200(root, "train").records
+    (folder / "list.txt").write_text("".join(f"{r.path} {r.label}\n" for r in records))
+    convert_imageset(folder / "list.txt", "", folder / "lmdb", encoded=True, progress=False)
+    return str(folder / "lmdb")
+
+
+#: ``--clock thread``: the main thread's CPU time (what a shared, oversubscribed machine cannot inflate; it
+#: leaves out the prefetch threads' work and any wait for them, so read it beside a wall-clock run).
+CLOCK = {"clock": time.perf_counter}
+
+
+def measure(device: str, batch: int, iters: int, amp=None, channels_last=False, compile=False, size: int = 224,
+            lmdb: str | None = None, prefetch: tuple[int, int] = (0, 0)) -> float:
+    solver = Solver(authors_solver(batch, size=size, lmdb=lmdb, prefetch=prefetch), device=device)
+    inputs = {k: torch.from_numpy(v).to(device) for k, v in batch_inputs(batch, size).items()}
     if channels_last:
         solver.net.to(memory_format=torch.channels_last)
         solver.memory_format = torch.channels_last
@@ -84,18 +122,36 @@ def measure(device: str, batch: int, iters: int, amp=None, channels_last=False, 
             solver.grad_scaler = torch.amp.GradScaler(solver.device.type)
     if compile:
         solver.forward_fn = torch.compile(solver.net)
-    solver.data_source = iter(lambda: inputs, None)
-    solver.step(1)  # warm-up (and compilation)
+    if lmdb is None:
+        solver.data_source = iter(lambda: inputs, None)
+    solver.step(1)  # warm-up (and compilation; the prefetch threads start)
     times = []
     for _ in range(iters):
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start = CLOCK["clock"]()
         solver.step(1)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        times.append(CLOCK["clock"]() - start)
+    if lmdb is not None:
+        solver.net.layer("data").reset_prefetch()
     return statistics.median(times)
+
+
+def data_layer_rows(device: str, batch: int, iters: int, size: int, workers: int) -> None:
+    """The LabelShufflingLayer-over-LMDB rows against the synthetic-input step at the same size."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lmdb = make_jpeg_lmdb(Path(tmp), size)
+        synthetic = measure(device, batch, iters, size=size)
+        rows = [(f"synthetic input {size}² (peer)", synthetic),
+                (f"LabelShufflingLayer, LMDB {size}² JPEG, no prefetch", measure(device, batch, iters, size=size,
+                                                                                lmdb=lmdb)),
+                (f"LabelShufflingLayer, LMDB {size}² JPEG, prefetch 3, {workers} workers",
+                 measure(device, batch, iters, size=size, lmdb=lmdb, prefetch=(3, workers)))]
+    for name, seconds in rows:
+        print(f"| {device} | {batch} | {name} | {seconds:.3f} | {1 / seconds:.2f} | {batch / seconds:.1f} | "
+              f"{fmt_ratio(synthetic, seconds, 1)} (synthetic ÷ this) |", flush=True)
 
 
 def main() -> None:
@@ -104,7 +160,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="default: 128 on CUDA, 8 on CPU")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile variants")
+    parser.add_argument("--lmdb-size", type=int, default=256, help="side of the LMDB's JPEGs (0: no data-layer rows)")
+    parser.add_argument("--prefetch-workers", type=int, default=2)
+    parser.add_argument("--variants", default="all", choices=["all", "fp32", "none"],
+                        help="which synthetic-input variant rows to time (none: the data-layer rows only)")
+    parser.add_argument("--clock", default="wall", choices=["wall", "thread"],
+                        help="wall clock (default) or the main thread's CPU time (see CLOCK)")
     args = parser.parse_args()
+    CLOCK["clock"] = time.thread_time if args.clock == "thread" else time.perf_counter
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if "cuda" in devices and not torch.cuda.is_available():
         print("CUDA not available: CPU rows only")
@@ -113,6 +176,7 @@ def main() -> None:
     reference, note = caffe_reference()
     caffe_seconds = {n: t[1] for n, t in (reference or {}).get("googlenet_full", {}).items()}  # fwd+bwd only
     print(note)
+    print(f"clock: {args.clock}{' (main-thread CPU time)' if args.clock == 'thread' else ''}")
     print("| device | batch | variant | s/iter | iter/s | images/s | peer ÷ ours |")
     print("|---|---|---|---|---|---|---|")
     for device in devices:
@@ -125,13 +189,16 @@ def main() -> None:
                          ("bf16 autocast + channels_last", {"amp": "bf16", "channels_last": True})]
         if args.compile:
             variants += [(name + " + compile", dict(kw, compile=True)) for name, kw in list(variants)]
+        variants = {"all": variants, "fp32": variants[:1], "none": []}[args.variants]
         base = None
         for name, kwargs in variants:
             seconds = measure(device, batch, args.iters, **kwargs)
             base = base or seconds
             print(f"| {device} | {batch} | {name} | {seconds:.3f} | {1 / seconds:.2f} | {batch / seconds:.1f} | "
                   f"{fmt_ratio(base, seconds, 1)} |", flush=True)
-        if device == "cpu" and batch in caffe_seconds:
+        if args.lmdb_size:
+            data_layer_rows(device, batch, args.iters, args.lmdb_size, args.prefetch_workers)
+        if device == "cpu" and batch in caffe_seconds and base:
             caffe = caffe_seconds[batch]
             print(f"| cpu (real Caffe, recorded, 1 thread) | {batch} | fwd+bwd of GoogLeNet only | ~{caffe:.3f} | "
                   f"{1 / caffe:.2f} | {batch / caffe:.1f} | {fmt_ratio(caffe, base, 1)} (Caffe ÷ our fp32) |")

@@ -144,3 +144,14 @@ class DatumDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         pixels, label = self.source.image(index)
         return torch.from_numpy(self.transformer.transform_chw(pixels, self._generator())), label
+
+    def __getitems__(self, indices) -> list:
+        """The batch in one buffer, as :meth:`caffe_compat.data.dataset.ImageRecordDataset.__getitems__`."""
+        from caffe_compat.data.dataset import transform_batch
+
+        if get_worker_info() is not None or type(self).__getitem__ is not DatumDataset.__getitem__:
+            return [self[i] for i in indices]
+        rng = self._generator()
+        return transform_batch(indices, self.source.image,
+                               lambda pixels, out: self.transformer.transform_chw(pixels, rng, out=out),
+                               lambda pixels: self.transformer.output_shape(*pixels.shape))

@@ -22,6 +22,9 @@ Offsets and mirroring:
   here, not equal to a particular Caffe run.  ``TEST`` without mirroring is deterministic and
   bit-identical to Caffe.
 
+``out=`` (a float32 ``C x h x w`` array, e.g. a row of a batch) receives the result in place of a new
+array: a batch is built without a copy per image (:mod:`caffe_compat.data.dataset`).
+
 ``phase`` is the transformer's default; ``transform``/``transform_chw`` take ``phase=`` to use the
 other phase for one call (the data layers pass their mode: ``.eval()`` on a net gives Caffe's TEST
 transform, ``.train()`` Caffe's TRAIN transform, see :mod:`caffe_compat.layers.datasets`).
@@ -101,9 +104,9 @@ class DataTransformer:
         return channels, height, width
 
     def transform(self, image_hwc: np.ndarray, rng: np.random.RandomState | None = None,
-                  phase: str | int | None = None) -> np.ndarray:
+                  phase: str | int | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """The cv::Mat path: ``H x W x C`` (or ``H x W``) uint8 BGR image -> float32 ``C x h x w``.
-        ``phase``: TRAIN/TEST for this call (default: ``self.phase``)."""
+        ``phase``: TRAIN/TEST for this call (default: ``self.phase``); ``out``: where to write it."""
         image = np.asarray(image_hwc)
         if image.dtype != np.uint8:
             raise DataError(f"Image data type must be unsigned byte (uint8), got {image.dtype}")
@@ -111,18 +114,19 @@ class DataTransformer:
             image = image[:, :, None]
         if image.ndim != 3:
             raise DataError(f"expected an H x W x C image, got shape {image.shape}")
-        return self._apply(image.transpose(2, 0, 1), rng, phase)
+        return self._apply(image.transpose(2, 0, 1), rng, phase, out)
 
     def transform_chw(self, datum_chw: np.ndarray, rng: np.random.RandomState | None = None,
-                      phase: str | int | None = None) -> np.ndarray:
+                      phase: str | int | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """The Datum path: ``C x H x W`` uint8 bytes or float values -> float32 ``C x h x w``.
-        ``phase``: TRAIN/TEST for this call (default: ``self.phase``)."""
+        ``phase``: TRAIN/TEST for this call (default: ``self.phase``); ``out``: where to write it."""
         datum = np.asarray(datum_chw)
         if datum.ndim != 3:
             raise DataError(f"expected a C x H x W array, got shape {datum.shape}")
-        return self._apply(datum, rng, phase)
+        return self._apply(datum, rng, phase, out)
 
-    def _apply(self, chw: np.ndarray, rng: np.random.RandomState | None, phase: str | int | None = None) -> np.ndarray:
+    def _apply(self, chw: np.ndarray, rng: np.random.RandomState | None, phase: str | int | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
         rng = self.rng if rng is None else rng
         phase = self.phase if phase is None else _phase_name(phase)
         channels, height, width = chw.shape
@@ -143,20 +147,23 @@ class DataTransformer:
                 h_off = (height - crop) // 2
                 w_off = (width - crop) // 2
         window = (slice(None), slice(h_off, h_off + out_h), slice(w_off, w_off + out_w))
-        out = chw[window].astype(np.float32)
+        # element-wise arithmetic: mirroring the input (and the mean) first gives the same values as
+        # mirroring the result, without a second copy
+        flip = (slice(None), slice(None), slice(None, None, -1)) if do_mirror else (slice(None),) * 3
+        if self.mean_file is not None and self.mean_file.shape != (channels, height, width):
+            raise DataError(f"mean_file has shape {self.mean_file.shape}, the image {(channels, height, width)}")
+        if self.mean_file is None and self.mean_values.size not in (0, 1, channels):
+            raise FormatError(f"Specify either 1 mean_value or as many as channels: {channels}")
+        if out is None:
+            out = np.empty((channels, out_h, out_w), dtype=np.float32)
+        elif out.shape != (channels, out_h, out_w) or out.dtype != np.float32:
+            raise DataError(f"out= must be a float32 array of shape {(channels, out_h, out_w)}, got {out.dtype} "
+                            f"{out.shape}")
+        np.copyto(out, chw[window][flip], casting="unsafe")  # what astype(np.float32) computes
         if self.mean_file is not None:
-            if self.mean_file.shape != (channels, height, width):
-                raise DataError(
-                    f"mean_file has shape {self.mean_file.shape}, the image {(channels, height, width)}"
-                )
-            out -= self.mean_file[window]
+            out -= self.mean_file[window][flip]
         elif self.mean_values.size:
-            if self.mean_values.size not in (1, channels):
-                raise FormatError(f"Specify either 1 mean_value or as many as channels: {channels}")
-            means = np.broadcast_to(self.mean_values, (channels,))
-            out -= means[:, None, None]
+            out -= np.broadcast_to(self.mean_values, (channels,))[:, None, None]
         if self.scale != 1:
             out *= self.scale
-        if do_mirror:
-            out = out[:, :, ::-1]
-        return np.ascontiguousarray(out)
+        return out

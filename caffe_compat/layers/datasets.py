@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
 from caffe_compat.io.safe_open import check_regular_file, read_regular_text
 from caffe_compat.layers.data import SourceLayer
@@ -34,6 +36,10 @@ from caffe_compat.proto import caffe_pb2
 # ``.eval()`` gives Caffe's TEST transform, ``.train()`` Caffe's TRAIN transform.  Caffe's TEST transform
 # still mirrors at random when ``mirror: true`` (kept quirk), so ``.eval()`` makes the data deterministic
 # only without ``mirror``.
+#
+# Prefetching (caffe_compat.data.prefetch, as Caffe's BasePrefetchingDataLayer): the batch code runs on
+# a *cursor* (``_produce(cursor, phase, fetch)``), the layer itself when not prefetching, a copy of its
+# stream state on the prefetch thread otherwise; the layer's attributes always hold the consumed stream.
 
 
 def _transformer(param, phase: str):
@@ -67,10 +73,29 @@ def _legacy_transform_fields(param, message, names=("scale", "mean_file", "crop_
                       f"by Caffe (V1 nets get them moved by the upgrade); put them in transform_param", stacklevel=3)
 
 
-class DataSetLayer(SourceLayer):
+def copy_rng(rng: np.random.RandomState) -> np.random.RandomState:
+    """An independent RandomState in the same state."""
+    copy = np.random.RandomState()
+    copy.set_state(rng.get_state(legacy=False))
+    return copy
+
+
+def data_param_prefetch(param):
+    """``data_param.prefetch`` when the prototxt sets it (Caffe reads it for every prefetching layer), else None."""
+    return int(param.data_param.prefetch) if param.HasField("data_param") and \
+        param.data_param.HasField("prefetch") else None
+
+
+class DataSetLayer(PrefetchingLayer, SourceLayer):
     """Base of the layers that read a data set: export stands an Input in for them (``reads_source``,
     ``input_facts`` from the DataTransformer's settings), and their tops' shapes are unknown without opening
-    the data set (the records or files decide them)."""
+    the data set (the records or files decide them).  They prefetch (:mod:`caffe_compat.data.prefetch`)."""
+
+    def _prefetch_depth(self):
+        return data_param_prefetch(self.param)
+
+    def forward(self):
+        return self._to_device(self._next_arrays())
 
     reads_source = True
 
@@ -92,47 +117,58 @@ class _RecordLayer(DataSetLayer):
         super().__init__(param, bottom_shapes, phase)
         self.position = 0
         self._generator = np.random.RandomState(0)
+        self._init_prefetch()
 
     def fill(self, generator=None):
         """Seed the layer's RandomState from the net's generator (Caffe seeds it from its own RNG)."""
+        self.reset_prefetch()
         self._generator = np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
 
     def output_shapes(self):
         return [(self.batch_size, *self.image_shape), (self.batch_size,)][:len(self.param.top)]
 
-    def _record(self, index: int) -> tuple[np.ndarray, int]:
+    def _record(self, cur, phase: str, fetch) -> tuple[np.ndarray, int]:
+        """The transformed record at ``cur.position`` (drawing from ``cur._generator``) and its label."""
         raise NotImplementedError
 
-    def _advance(self) -> None:
-        self.position = (self.position + 1) % self.num_records
+    def _advance(self, cur) -> None:
+        cur.position = (cur.position + 1) % self.num_records
 
     # resume (caffe_compat.solver.train saves this beside each snapshot; arrays and numbers only)
     def stream_state(self) -> dict:
-        """The next record and the RandomState of crops, mirrors and shuffles."""
+        """The next record and the RandomState of crops, mirrors and shuffles (of the consumed batches)."""
         return {"position": int(self.position), "rng": self._generator.get_state(legacy=False)}
 
     def load_stream_state(self, state: dict) -> None:
+        self.reset_prefetch()
         self.position = int(state["position"])
         self._generator.set_state(state["rng"])
 
-    def forward(self):
+    # prefetching (caffe_compat.data.prefetch)
+    def _cursor(self):
+        return SimpleNamespace(position=self.position, _generator=copy_rng(self._generator))
+
+    def _snapshot(self, cur) -> dict:
+        return {"position": int(cur.position), "rng": cur._generator.get_state(legacy=False)}
+
+    def _restore(self, snapshot: dict) -> None:
+        self.position = snapshot["position"]
+        self._generator.set_state(snapshot["rng"])
+
+    def _produce(self, cur, phase: str, fetch) -> list:
         images, labels, shape = [], [], None
         for _ in range(self.batch_size):
-            image, label = self._record(self.position)
+            image, label = self._record(cur, phase, fetch)
             if shape is None:
                 shape = image.shape
             elif image.shape != shape:
-                raise DataError(f"layer '{self.layer_name}' ({self.caffe_type}): record {self.position} transforms to "
-                                f"{image.shape}, the batch's first one to {shape}; Caffe needs equal sizes in a "
+                raise DataError(f"layer '{self.layer_name}' ({self.caffe_type}): record {cur.position} transforms "
+                                f"to {image.shape}, the batch's first one to {shape}; Caffe needs equal sizes in a "
                                 f"batch (use crop_size or resize)")
             images.append(image)
             labels.append(label)
-            self._advance()
-        data = torch.from_numpy(np.stack(images)).to(device=self.device, dtype=self.dtype)
-        if len(self.param.top) == 1:
-            return (data,)
-        label = torch.tensor(labels, dtype=torch.float64).to(device=self.device, dtype=self.dtype)
-        return data, label
+            self._advance(cur)
+        return [np.stack(images), np.asarray(labels, dtype=np.float64)][:len(self.param.top)]
 
 
 @register_layer("Data")
@@ -185,10 +221,17 @@ class Data(_RecordLayer):
         first, _ = self.source.image(0)
         self.image_shape = self.transformer.output_shape(*first.shape)
 
-    def _record(self, index):
-        pixels, label = self.source.image(index)
+    def _decode(self, index: int):
+        return self.source.image(index)
+
+    def _upcoming(self, cur, n: int) -> list[int]:
+        return [(cur.position + j) % self.num_records for j in range(n)]
+
+    def _record(self, cur, phase, fetch):
+        index = cur.position
+        pixels, label = fetch(index, lambda n: self._upcoming(cur, n))
         try:
-            return self.transformer.transform_chw(pixels, self._generator, phase=self.mode_phase), label
+            return self.transformer.transform_chw(pixels, cur._generator, phase=phase), label
         except CaffeCompatError as exc:
             raise type(exc)(f"layer '{self.layer_name}' (Data), record {index}: {exc}") from None
 
@@ -249,11 +292,11 @@ class ImageData(_RecordLayer):
         self.num_records = len(self.lines)
         self.order = np.arange(self.num_records)
         self._restart()
-        first = self._image(self.position)
+        first = self._decode(int(self.order[self.position]))
         self.image_shape = self.transformer.output_shape(*first.shape)
 
     def fill(self, generator=None):
-        super().fill(generator)
+        super().fill(generator)  # also drops the read-ahead
         self.order = np.arange(self.num_records)
         self._restart()
 
@@ -264,22 +307,29 @@ class ImageData(_RecordLayer):
         self.position = int(self._generator.randint(self.rand_skip)) if self.rand_skip else 0
         self.position %= self.num_records
 
-    def _image(self, index: int) -> np.ndarray:
+    def _decode(self, line: int) -> np.ndarray:
+        """Line ``line`` of the list file (0-based) as C x H x W pixels."""
         from caffe_compat.data.image import load_image_bgr
 
-        name = self.lines[self.order[index]][0]
-        image = load_image_bgr(self.root_folder + name, color=self.is_color, new_height=self.new_height,
-                               new_width=self.new_width,
+        image = load_image_bgr(self.root_folder + self.lines[line][0], color=self.is_color,
+                               new_height=self.new_height, new_width=self.new_width,
                                what=f"layer '{self.layer_name}' (ImageData) {self.param.image_data_param.source} "
-                                    f"entry {self.order[index] + 1}")
+                                    f"entry {line + 1}")
         return np.ascontiguousarray(image.transpose(2, 0, 1))
 
-    def _advance(self) -> None:
-        self.position += 1
-        if self.position >= self.num_records:
-            self.position = 0
-            if self.shuffle:
-                self._generator.shuffle(self.order)
+    def _upcoming(self, cur, n: int) -> list[int]:
+        """The lines of the next ``n`` records, up to the end of the list when a shuffle follows it."""
+        stop = self.num_records - cur.position if self.shuffle else n
+        return [int(cur.order[(cur.position + j) % self.num_records]) for j in range(min(n, stop))]
+
+    def _advance(self, cur) -> None:
+        cur.position += 1
+        if cur.position >= self.num_records:
+            cur.position = 0
+            if self.shuffle:  # a new array: a snapshot may still hold the old one
+                order = cur.order.copy()
+                cur._generator.shuffle(order)
+                cur.order = order
 
     def stream_state(self) -> dict:
         return {**super().stream_state(), "order": self.order.copy()}
@@ -292,12 +342,25 @@ class ImageData(_RecordLayer):
         super().load_stream_state(state)
         self.order = order.copy()
 
-    def _record(self, index):
+    def _cursor(self):
+        cur = super()._cursor()
+        cur.order = self.order.copy()
+        return cur
+
+    def _snapshot(self, cur) -> dict:
+        return {**super()._snapshot(cur), "order": cur.order}  # never shuffled in place (_advance)
+
+    def _restore(self, snapshot: dict) -> None:
+        super()._restore(snapshot)
+        self.order = snapshot["order"]
+
+    def _record(self, cur, phase, fetch):
+        line = int(cur.order[cur.position])
         try:
-            image = self.transformer.transform_chw(self._image(index), self._generator, phase=self.mode_phase)
-            return image, self.lines[self.order[index]][1]
+            image = fetch(line, lambda n: self._upcoming(cur, n))
+            return self.transformer.transform_chw(image, cur._generator, phase=phase), self.lines[line][1]
         except CaffeCompatError as exc:
-            raise type(exc)(f"layer '{self.layer_name}' (ImageData), line {self.order[index] + 1}: {exc}") from None
+            raise type(exc)(f"layer '{self.layer_name}' (ImageData), line {line + 1}: {exc}") from None
 
 
 def _h5py():
@@ -339,8 +402,10 @@ class HDF5Data(DataSetLayer):
             raise DataError(f"layer '{self.layer_name}' (HDF5Data): {p.source} names no HDF5 files")
         self._generator = np.random.RandomState(0)
         self._start()
+        self._init_prefetch()
 
     def fill(self, generator=None):
+        self.reset_prefetch()
         self._generator = np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
         self._start()
 
@@ -349,9 +414,10 @@ class HDF5Data(DataSetLayer):
         if self.shuffle:
             self._generator.shuffle(self.file_order)
         self.file_index = 0
-        self._load(self.files[self.file_order[0]])
+        self._load(self, self.files[self.file_order[0]])
 
-    def _load(self, path: str) -> None:
+    def _load(self, cur, path: str) -> None:
+        """Read ``path`` into ``cur`` (its rows shuffled from ``cur._generator`` when asked)."""
         from caffe_compat.data.hdf5 import read_hdf5_tops
 
         arrays = read_hdf5_tops(path, self.param.top, f"layer '{self.layer_name}' (HDF5Data)",
@@ -360,11 +426,11 @@ class HDF5Data(DataSetLayer):
         if len(rows) != 1 or 0 in rows:
             raise DataError(f"layer '{self.layer_name}' (HDF5Data): {path}: every dataset needs the same positive "
                             f"number of rows, got {[a.shape for a in arrays]}")
-        self.arrays = arrays
-        self.rows = np.arange(arrays[0].shape[0])
+        cur.arrays = arrays
+        cur.rows = np.arange(arrays[0].shape[0])
         if self.shuffle:
-            self._generator.shuffle(self.rows)
-        self.position = 0
+            cur._generator.shuffle(cur.rows)
+        cur.position = 0
 
     def output_shapes(self):
         return [(self.batch_size, *a.shape[1:]) for a in self.arrays]
@@ -375,30 +441,49 @@ class HDF5Data(DataSetLayer):
                 "position": int(self.position), "rng": self._generator.get_state(legacy=False)}
 
     def load_stream_state(self, state: dict) -> None:
+        self.reset_prefetch()
         self.file_order = np.asarray(state["file_order"], dtype=np.int64)
         self.file_index = int(state["file_index"])
-        self._load(self.files[self.file_order[self.file_index]])  # may draw: the RandomState is set after
+        self._load(self, self.files[self.file_order[self.file_index]])  # may draw: the RandomState is set after
         self.rows = np.asarray(state["rows"], dtype=self.rows.dtype)
         self.position = int(state["position"])
         self._generator.set_state(state["rng"])
 
-    def forward(self):
-        picked = [[] for _ in self.arrays]
+    # prefetching (caffe_compat.data.prefetch): the rows are in memory, the file loads run on the prefetch
+    # thread; file_order and rows are replaced, never shuffled in place, so snapshots can share them
+    decodes = False
+    _FIELDS = ("file_order", "file_index", "rows", "position", "arrays")
+
+    def _cursor(self):
+        return SimpleNamespace(**{k: getattr(self, k) for k in self._FIELDS}, _generator=copy_rng(self._generator))
+
+    def _snapshot(self, cur) -> dict:
+        return {**{k: getattr(cur, k) for k in self._FIELDS}, "rng": cur._generator.get_state(legacy=False)}
+
+    def _restore(self, snapshot: dict) -> None:
+        for k in self._FIELDS:
+            setattr(self, k, snapshot[k])
+        self._generator.set_state(snapshot["rng"])
+
+    def _produce(self, cur, phase, fetch) -> list:
+        picked = [[] for _ in cur.arrays]
         for _ in range(self.batch_size):
-            row = self.rows[self.position]
-            for store, array in zip(picked, self.arrays):
+            row = cur.rows[cur.position]
+            for store, array in zip(picked, cur.arrays):
                 store.append(array[row])
-            self.position += 1
-            if self.position == len(self.rows):
+            cur.position += 1
+            if cur.position == len(cur.rows):
                 if len(self.files) > 1:
-                    self.file_index += 1
-                    if self.file_index == len(self.files):
-                        self.file_index = 0
+                    cur.file_index += 1
+                    if cur.file_index == len(self.files):
+                        cur.file_index = 0
                         if self.shuffle:
-                            self._generator.shuffle(self.file_order)
-                    self._load(self.files[self.file_order[self.file_index]])
+                            cur.file_order = cur.file_order.copy()
+                            cur._generator.shuffle(cur.file_order)
+                    self._load(cur, self.files[cur.file_order[cur.file_index]])
                 else:
-                    self.position = 0
+                    cur.position = 0
                     if self.shuffle:
-                        self._generator.shuffle(self.rows)
-        return tuple(torch.from_numpy(np.stack(p)).to(device=self.device, dtype=self.dtype) for p in picked)
+                        cur.rows = cur.rows.copy()
+                        cur._generator.shuffle(cur.rows)
+        return [np.stack(p) for p in picked]

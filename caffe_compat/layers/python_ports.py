@@ -47,6 +47,9 @@ Other ambiguities, decided and documented here:
   ascending order (what Python 2 gives for small integer labels), with ``RandomState(seed)``.
 * The run structure (a label's first visit in LMDB key order, reshuffle on leaving it) is the
   stream's; see its module.  The same happens in TRAIN and TEST.
+* Prefetching (ours; :mod:`caffe_compat.data.prefetch`): the stream's draws stay in order on the prefetch
+  thread, the records decode on its workers; ``prefetch: N`` (queue depth, 0 = off) and
+  ``prefetch_workers: N`` in ``param_str`` override the defaults.  The batches are the same either way.
 
 **DistributionLossLayer** (``distribution_loss_layer.DistributionLossLayer``, the histogram loss):
 bottoms ``cosine`` and ``pair_label`` (same count; pairs labelled 1 positive, -1 negative, any other
@@ -66,12 +69,15 @@ backward (here the gradient is scaled by loss_weight like any layer's).
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
 from caffe_compat.io.param_str import parse_param_str  # noqa: F401 (also importable from here)
 from caffe_compat.layers.facts import NONE, BlobCount, InputFacts, Shapes
@@ -127,7 +133,7 @@ class _ImageListSource:
 
 
 @register_layer("Python:label_shuffling_layer.LabelShufflingLayer")
-class LabelShufflingLayer(CaffeLayer):
+class LabelShufflingLayer(PrefetchingLayer, CaffeLayer):
     """The authors' label-shuffling data layer over an LMDB or a list file.
 
     Faithful to the published ``label_shuffling_layer.py``: keys ``source``, ``batch_size``, ``scales``,
@@ -189,6 +195,12 @@ class LabelShufflingLayer(CaffeLayer):
         self.image_shape = tuple(first.shape)
         self.seed = params.get("seed")
         self._start(0 if self.seed is None else int(self.seed))
+        self._init_prefetch()
+        if "prefetch_workers" in params:
+            self.prefetch_workers = max(0, int(params["prefetch_workers"]))
+
+    def _prefetch_depth(self):
+        return int(self.params["prefetch"]) if "prefetch" in self.params else None
 
     @staticmethod
     def _open_source(params: dict):
@@ -243,6 +255,7 @@ class LabelShufflingLayer(CaffeLayer):
 
     def fill(self, generator=None):
         if self.seed is None:
+            self.reset_prefetch()
             self._start(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
 
     # resume (caffe_compat.solver.train saves this beside each snapshot; arrays and numbers only)
@@ -250,7 +263,25 @@ class LabelShufflingLayer(CaffeLayer):
         return {"stream": self._stream.state_dict()}
 
     def load_stream_state(self, state: dict) -> None:
+        self.reset_prefetch()
         self._stream.load_state_dict(state["stream"])
+
+    # prefetching (caffe_compat.data.prefetch): the cursor is a copy of the stream
+    def _cursor(self):
+        return SimpleNamespace(_stream=copy.deepcopy(self._stream))
+
+    def _snapshot(self, cur) -> dict:
+        return cur._stream.state_dict()
+
+    def _restore(self, snapshot: dict) -> None:
+        self._stream.load_state_dict(snapshot)
+
+    def _decode(self, index: int):
+        return self.source.image(index)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._device_anchor.dtype
 
     @property
     def device(self) -> torch.device:
@@ -260,16 +291,17 @@ class LabelShufflingLayer(CaffeLayer):
         return [(self.batch_size, *self.image_shape), (self.batch_size, 1, 1, 1)][:len(self.param.top)]
 
     def next_indices(self) -> np.ndarray:
-        """The record indices of the next batch (advances the stream)."""
+        """The record indices of the next batch (advances the stream; drops the read-ahead)."""
+        self.reset_prefetch()
         return self._stream.take(self.batch_size)
 
-    def forward(self):
-        indices = self.next_indices()
+    def _produce(self, cur, phase, fetch) -> list:
+        keys = [int(i) for i in cur._stream.take(self.batch_size)]
         images, labels = [], []
-        for i in indices:
-            image, label = self.source.image(int(i))
+        for j, i in enumerate(keys):
+            image, label = fetch(i, lambda n, j=j: keys[j:j + n])
             if image.shape != self.image_shape:
-                raise DataError(f"layer '{self.layer_name}': record {int(i)} has shape {image.shape}, the first "
+                raise DataError(f"layer '{self.layer_name}': record {i} has shape {image.shape}, the first "
                                 f"record {self.image_shape}; the layer needs equal sizes")
             images.append(image)
             labels.append(label)
@@ -277,12 +309,14 @@ class LabelShufflingLayer(CaffeLayer):
         if self.mean is not None:
             data -= self.mean
         data = (data - self.subtract[0]) * self.scales[0]
-        tops = [torch.from_numpy(data.astype(np.float32))]
+        tops = [data.astype(np.float32)]
         if len(self.param.top) == 2:
             label = (np.asarray(labels, dtype=np.float64) - self.subtract[1]) * self.scales[1]
-            tops.append(torch.from_numpy(label.astype(np.float32).reshape(-1, 1, 1, 1)))
-        dtype = self._device_anchor.dtype
-        return tuple(t.to(device=self.device, dtype=dtype) for t in tops)
+            tops.append(label.astype(np.float32).reshape(-1, 1, 1, 1))
+        return tops
+
+    def forward(self):
+        return self._to_device(self._next_arrays())
 
 
 LOSS_KINDS = ("simple", "linear", "exp")

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import DataError, FormatError
 from caffe_compat.io.safe_open import check_regular_file, read_regular_text
 from caffe_compat.layers.data import SourceLayer
@@ -88,7 +90,7 @@ def parse_window_file(text: str, root_folder: str, fg_threshold: float, bg_thres
 
 
 @register_layer("WindowData")
-class WindowData(SourceLayer):
+class WindowData(PrefetchingLayer, SourceLayer):
     """Caffe's WindowDataLayer (R-CNN fine-tuning): tops ``data (B, C, S, S)`` and ``label (B,)``.
 
     ``window_data_param``: ``source`` (the window file, see the module docstring), ``batch_size`` B,
@@ -109,7 +111,9 @@ class WindowData(SourceLayer):
     stays 0.  Labels: a foreground window's, 0 for background.  Quirks kept: C's ``round`` and float32
     arithmetic of the box; ``scale`` is ``window_data_param.scale`` (``transform_param.scale`` is not read);
     a window's image is the ``image_index`` its header gives, counted in file order.  An empty window set
-    that a batch must draw from raises a DataError (Caffe divides by zero).
+    that a batch must draw from raises a DataError (Caffe divides by zero).  Prefetching as Caffe's
+    (:mod:`caffe_compat.data.prefetch`): a batch's windows and mirrors are drawn in order on the prefetch
+    thread, their warps run on the decode workers.
     """
 
     tops = BlobCount.exact(2)
@@ -168,9 +172,11 @@ class WindowData(SourceLayer):
                 raise FormatError(f"{self.where}: specify either 1 mean_value or as many as channels: {self.channels}")
             self.mean_values = np.asarray(values * (self.channels if len(values) == 1 else 1), dtype=np.float32)
         self._generator = np.random.RandomState(0)
+        self._init_prefetch()
 
     def fill(self, generator=None):
         """Seed the layer's RandomState from the net's generator (Caffe seeds its prefetch RNG from its own)."""
+        self.reset_prefetch()
         self._generator = np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
 
     def output_shapes(self):
@@ -180,29 +186,59 @@ class WindowData(SourceLayer):
         return {"rng": self._generator.get_state(legacy=False)}
 
     def load_stream_state(self, state: dict) -> None:
+        self.reset_prefetch()
         self._generator.set_state(state["rng"])
 
-    def _rand(self) -> int:
-        return int(self._generator.randint(0, 2 ** 32, dtype=np.uint64))
+    @staticmethod
+    def _rand(rng) -> int:
+        return int(rng.randint(0, 2 ** 32, dtype=np.uint64))
 
-    def forward(self):
+    # prefetching (caffe_compat.data.prefetch): the cursor is the RandomState
+    def _cursor(self):
+        from caffe_compat.layers.datasets import copy_rng
+
+        return SimpleNamespace(_generator=copy_rng(self._generator))
+
+    def _snapshot(self, cur) -> dict:
+        return {"rng": cur._generator.get_state(legacy=False)}
+
+    def _restore(self, snapshot: dict) -> None:
+        self._generator.set_state(snapshot["rng"])
+
+    def _prefetch_depth(self):
+        from caffe_compat.layers.datasets import data_param_prefetch
+
+        return data_param_prefetch(self.param)
+
+    def _decode(self, key) -> np.ndarray:
+        foreground, index, mirror = key
+        return self.warp((self.foreground if foreground else self.background)[index], mirror)
+
+    def _produce(self, cur, phase, fetch) -> list:
+        """Every window and mirror of the batch drawn in Caffe's order (the warps draw nothing), then warped."""
         p = self.param.window_data_param
         num_fg = int(np.float32(self.batch_size) * np.float32(p.fg_fraction))
-        data = np.zeros((self.batch_size, self.channels, self.crop, self.crop), dtype=np.float32)
-        labels = np.zeros(self.batch_size, dtype=np.float32)
-        item = 0
-        for pool, count in ((self.background, self.batch_size - num_fg), (self.foreground, num_fg)):
-            if count and not pool:
-                kind = "background" if pool is self.background else "foreground"
-                raise DataError(f"{self.where}: a batch needs {count} {kind} windows and the window file has none")
+        keys, labels, missing = [], np.zeros(self.batch_size, dtype=np.float32), None
+        for foreground, pool, count in ((False, self.background, self.batch_size - num_fg),
+                                        (True, self.foreground, num_fg)):
+            if count and not pool:  # raised after the warps before it, as the sequential loop does
+                kind = "foreground" if foreground else "background"
+                missing = DataError(f"{self.where}: a batch needs {count} {kind} windows and the window file has none")
+                break
             for _ in range(count):
-                window = pool[self._rand() % len(pool)]
-                mirror = bool(self.param.transform_param.mirror) and self._rand() % 2 == 1
-                data[item] = self.warp(window, mirror)
-                labels[item] = window.label
-                item += 1
-        return (torch.from_numpy(data).to(device=self.device, dtype=self.dtype),
-                torch.from_numpy(labels).to(device=self.device, dtype=self.dtype))
+                index = self._rand(cur._generator) % len(pool)
+                mirror = bool(self.param.transform_param.mirror) and self._rand(cur._generator) % 2 == 1
+                labels[len(keys)] = pool[index].label
+                keys.append((foreground, index, mirror))
+        data = np.zeros((self.batch_size, self.channels, self.crop, self.crop), dtype=np.float32)
+        for item, key in enumerate(keys):
+            data[item] = fetch(key, lambda n, item=item: keys[item:item + n])
+        if missing is not None:
+            raise missing
+        return [data, labels]
+
+    def forward(self):
+        return self._to_device(self._next_arrays())
 
     def box(self, window: Window, rows: int, cols: int, mirror: bool):
         """``((x1, y1, x2, y2) clipped, (crop width, crop height), (pad_w, pad_h))`` as Caffe computes them."""

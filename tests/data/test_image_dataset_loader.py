@@ -55,3 +55,66 @@ def test_workers_are_seeded_reproducibly_and_differently(cub):
     test_set = Cub200(cub, "test", DataTransformer(crop_size=24, phase="TEST"))
     centre = torch.stack([test_set[i][0] for i in range(4)])
     np.testing.assert_array_equal(centre.numpy(), torch.stack([test_set[i][0] for i in range(4)]).numpy())
+
+
+def _stacked(dataset, indices):
+    """What the DataLoader gave before ``__getitems__``: each item, then ``torch.stack``."""
+    items = [dataset[i] for i in indices]
+    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
+
+
+@pytest.mark.parametrize("transformer", [
+    DataTransformer(crop_size=32, mirror=True, mean_value=(104, 117, 123), scale=0.5, phase="TRAIN"),
+    DataTransformer(crop_size=24, mirror=True, mean_file=np.arange(3 * 40 * 40, dtype=np.float32).reshape(3, 40, 40),
+                    phase="TRAIN"),
+    DataTransformer(phase="TEST")])
+def test_batches_built_in_one_buffer_equal_stacked_items(cub, transformer):
+    loader = _loader(Cub200(cub, "train", transformer, seed=1), 0, 0)
+    reference = Cub200(cub, "train", transformer, seed=1)  # the same RandomState draws, item by item
+    sampler_batches = list(LabelShufflingSampler(reference.labels, 8, max_per_label=4, seed=2, batches_per_epoch=6))
+    for (images, labels), indices in zip(loader, sampler_batches):
+        expected_images, expected_labels = _stacked(reference, indices)
+        assert images.dtype == torch.float32 and images.is_contiguous() and torch.equal(images, expected_images)
+        assert labels.dtype == expected_labels.dtype and torch.equal(labels, expected_labels)
+
+
+def test_batch_rows_are_plain_samples_to_other_collates_and_sizes_may_differ(cub):
+    from caffe_compat.data.dataset import BatchRow
+
+    dataset = Cub200(cub, "train", DataTransformer(phase="TEST"))
+    rows = dataset.__getitems__([0, 1, 2])
+    assert all(isinstance(r, BatchRow) and len(r) == 2 for r in rows)
+    assert [tuple(r[0].shape) for r in rows] == [(3, 40, 40)] * 3
+    seen = []
+    batches = DataLoader(dataset, batch_size=3, collate_fn=lambda batch: seen.append(batch) or len(batch))
+    assert next(iter(batches)) == 3 and torch.equal(seen[0][1][0], dataset[1][0])
+    import cv2
+
+    path = dataset.records[1].path
+    original = path.read_bytes()
+    cv2.imwrite(str(path), np.zeros((30, 20, 3), np.uint8))  # another size: no common buffer
+    try:
+        mixed = dataset.__getitems__([0, 1])
+        assert not any(isinstance(r, BatchRow) for r in mixed) and mixed[1][0].shape == (3, 30, 20)
+    finally:
+        path.write_bytes(original)
+
+
+def test_a_batch_buffer_is_written_again_only_when_nothing_references_it():
+    from caffe_compat.data.dataset import _batch_buffer
+
+    def take():
+        return _batch_buffer((2, 3))[1]
+
+    first = take()
+    second = take()
+    assert first.data_ptr() != second.data_ptr()
+    address = first.data_ptr()
+    del first
+    again = take()
+    assert again.data_ptr() == address  # a former batch nobody holds: no fresh pages to fault in
+    row = again[0]
+    array = row.numpy()
+    del again, row
+    assert take().data_ptr() != address  # a view (or a numpy view of one) still holds it
+    del array
