@@ -113,11 +113,15 @@ def opencv_runner(spec: NetSpec) -> Runner:
     return Runner("OpenCV dnn", forward, blobs, model=net)
 
 
-def torch_runner(spec: NetSpec, channels_last: bool, compiled: bool) -> Runner:
+def torch_runner(spec: NetSpec, channels_last: bool, compiled: bool, fused: bool = False) -> Runner:
     variant = ("torch.compile" if compiled else "eager") + (" + channels_last" if channels_last else "")
+    if fused:
+        variant = "fused (fuse_for_inference)"
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     try:
         net = CaffeNet(str(spec.prototxt), weights=str(spec.weights)).eval().to(memory_format=memory_format)
+        if fused:
+            net = net.fuse_for_inference()
     except Exception as exc:  # noqa: BLE001 - reported in the table
         return Runner(variant, None, reason=short_reason(exc))
 
@@ -275,6 +279,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="first batch size of each net, 2 repeats")
     parser.add_argument("--nets", nargs="+", choices=sorted(NETS), default=list(NETS))
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    parser.add_argument("--no-fused", action="store_true", help="skip the fused inference variant")
     parser.add_argument("--profile", action="store_true", help="per-layer-type times, eager vs OpenCV")
     parser.add_argument("--nsfw-dir", type=Path, default=NSFW,
                         help="folder with open_nsfw's deploy.prototxt and resnet_50_1by2_nsfw.caffemodel "
@@ -296,6 +301,8 @@ def main() -> None:
         for compiled in ((False,) if args.no_compile else (False, True)):
             for channels_last in (False, True):
                 runners.append(torch_runner(spec, channels_last, compiled))
+        if not args.no_fused:
+            runners.append(torch_runner(spec, False, False, fused=True))
         batches = spec.quick_batches if args.quick else spec.batches
         for batch in batches:
             x = (np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)) * 50).astype(np.float32)
