@@ -25,7 +25,8 @@ kh · kw`` for a convolution, the input count for an inner product), each of the
 ``γ_K = K·u/(1 − K·u)``, ``u = 2⁻²⁴``, times ``Σ|w'|·|x|``.  :func:`step_error_bound` gives that bound
 elementwise for one step; see :mod:`caffe_compat.fuse` for the measured whole-net figures.
 
-Execution on CPU: the folded weights are reordered once per input shape for oneDNN and the convolution,
+Execution on CPU: the folded weights are reordered once per input shape for oneDNN (channels_last inputs;
+contiguous ones use the plain weights) and the convolution,
 the bias, the shortcut addition and the activation run as one oneDNN primitive
 (``torch.ops.mkldnn._convolution_pointwise``; PyTorch's own fused-convolution op, used by inductor).
 Elsewhere (CUDA, a PyTorch build without it, under ONNX export or tracing, or with autograd on) the same
@@ -147,7 +148,8 @@ class FusedConvolution(nn.Module):
         if not fast:
             return self._plain(x, other)
         pointwise = _MKLDNN[0]
-        weight = self._packed_weight(x.shape)
+        # oneDNN's reordered weight makes a channels_last output: used for channels_last inputs only.
+        weight = self._packed_weight(x.shape) if _format_of(x) is torch.channels_last else self.weight
         attr = "none" if self.activation is None else ("relu" if self.activation == 0.0 else "leaky_relu")
         scalars = [] if self.activation in (None, 0.0) else [self.activation]
         pad, stride, dilation = list(self.pad), list(self.stride), list(self.dilation)
