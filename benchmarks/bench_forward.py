@@ -6,7 +6,9 @@ Nets: the full-width GoogLeNet embedding net (``../shared/caffe_reference/large/
 BatchNorm + Scale layers, output ``prob``, batch 1 and 8); 3×224×224 inputs, the same random array
 fed to both.  Peer: OpenCV 4.x ``cv2.dnn.readNetFromCaffe`` (OpenCV backend, CPU target), which runs the
 same Caffe files.  Our variants: ``CaffeNet`` eager, eager with ``channels_last`` (weights and input),
-and ``torch.compile`` (inductor) of the same call, with and without ``channels_last``.
+``torch.compile`` (inductor) of the same call, with and without ``channels_last``, and the fused inference
+net (``net.fuse_for_inference()``, :mod:`caffe_compat.fuse`: BatchNorm/Scale/ReLU/shortcut folded into
+oneDNN convolutions, channels_last end to end; ``--no-fused`` skips it).
 
 Thread count ``n`` (``--threads``, default 1) is set for both: ``torch.set_num_threads(n)`` and
 ``cv2.setNumThreads(n)``.  Every forward runs under ``torch.inference_mode()``.  Each runner is called once
@@ -24,7 +26,7 @@ the eager CaffeNet (each layer timed alone) and for OpenCV (``getPerfProfile``; 
 into its predecessor reports ~0 and its cost appears under that predecessor's type).
 
     python benchmarks/bench_forward.py [--threads 1] [--repeats 5] [--quick]
-        [--nets googlenet_full open_nsfw] [--no-compile] [--profile] [--nsfw-dir DIR]
+        [--nets googlenet_full open_nsfw] [--no-compile] [--no-fused] [--profile] [--nsfw-dir DIR]
 """
 
 from __future__ import annotations

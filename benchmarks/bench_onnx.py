@@ -9,7 +9,11 @@ engine gets the same intra-op thread count (``--threads``, default all cores); t
 Throughput is ``batch / median seconds per forward`` over ``--repeats`` timed runs after one warm-up run,
 the engines timed round-robin so that load from other processes hits each alike.
 
-    python benchmarks/bench_onnx.py [--batch 32] [--repeats 5] [--threads N]
+``--net open_nsfw`` (with ``--nsfw-dir``, default ``.cache/nsfw``) measures open_nsfw cut at its logits
+``fc_nsfw`` instead: a ResNet whose BatchNorm + Scale layers only ``export --fuse`` folds away (the plain
+export writes them as element-wise Sub/Div/Mul/Add, which ONNX Runtime does not fold into the Conv).
+
+    python benchmarks/bench_onnx.py [--batch 32] [--repeats 5] [--threads N] [--net googlenet|open_nsfw]
 """
 
 from __future__ import annotations
@@ -56,13 +60,22 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--net", choices=["googlenet", "open_nsfw"], default="googlenet")
+    parser.add_argument("--nsfw-dir", type=Path, default=REPO / ".cache" / "nsfw")
     args = parser.parse_args()
-    net_dir = next(d for d in CANDIDATES if (d / "weights.caffemodel").is_file())
-    prototxt, weights = str(net_dir / "deploy.prototxt"), str(net_dir / "weights.caffemodel")
+    output = "fc_embedding"
+    if args.net == "open_nsfw":
+        net_dir, output = args.nsfw_dir, "fc_nsfw"
+        prototxt, weights = str(net_dir / "deploy.prototxt"), str(net_dir / "resnet_50_1by2_nsfw.caffemodel")
+        if not Path(weights).is_file():
+            raise SystemExit(f"{weights} is missing: `caffe-compat models fetch open_nsfw --cache DIR`, --nsfw-dir DIR/nsfw")
+    else:
+        net_dir = next(d for d in CANDIDATES if (d / "weights.caffemodel").is_file())
+        prototxt, weights = str(net_dir / "deploy.prototxt"), str(net_dir / "weights.caffemodel")
     torch.set_num_threads(args.threads)
     data = (np.random.RandomState(0).randn(args.batch, 3, 224, 224) * 50).astype(np.float32)
 
-    eager = build_embedder(prototxt, weights, output_blob="fc_embedding")
+    eager = build_embedder(prototxt, weights, output_blob=output)
     fused_net = eager.net.fuse_for_inference()
     x = torch.from_numpy(data)
 
@@ -71,13 +84,15 @@ def main() -> None:
             return eager(x)
 
     def fused_forward():
-        return fused_net(data=x)["fc_embedding"]
+        return fused_net(data=x)[output]
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        path = export_onnx(prototxt, weights=weights, path=Path(tmp) / "googlenet.onnx")
+        path = export_onnx(prototxt, weights=weights, output_blob=output, path=Path(tmp) / "plain.onnx",
+                           preprocessing={"resize": 224})
         export_seconds = time.perf_counter() - start
-        fused_path = export_onnx(prototxt, weights=weights, path=Path(tmp) / "googlenet_fused.onnx", fuse=True)
+        fused_path = export_onnx(prototxt, weights=weights, output_blob=output, path=Path(tmp) / "fused.onnx",
+                                 preprocessing={"resize": 224}, fuse=True)
         session = EmbedderSession(path, "cpu", threads=args.threads)
         fused_session = EmbedderSession(fused_path, "cpu", threads=args.threads)
         unfused = pytorch_forward().numpy()
@@ -85,7 +100,8 @@ def main() -> None:
         fused_difference = float(np.abs(fused_session(data) - unfused).max())
         torch_fused_difference = float(np.abs(fused_forward().reshape(unfused.shape).numpy() - unfused).max())
         caffe_note = ""
-        if (net_dir / "outputs.npz").is_file():  # the large fixture: real Caffe's fc_embedding on its own input
+        # the large fixture: real Caffe's fc_embedding on its own input
+        if args.net == "googlenet" and (net_dir / "outputs.npz").is_file():
             caffe = np.load(net_dir / "outputs.npz")
             caffe_error = float(np.abs(session(caffe["data"]) - caffe["fc_embedding"]).max())
             caffe_note = f"; max |ORT - Caffe| on the fixture = {caffe_error:.2e} (|fc_embedding| <= " \
@@ -105,7 +121,7 @@ def main() -> None:
           f"{args.threads} intra-op threads each (os.cpu_count() = {os.cpu_count()})")
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; export took {export_seconds:.1f} s; "
           f"max |ORT - PyTorch| on this batch = {difference:.2e}{caffe_note}")
-    print(f"fused vs the unfused PyTorch net on this batch (|fc_embedding| <= {float(np.abs(unfused).max()):.2f}): "
+    print(f"fused vs the unfused PyTorch net on this batch (|{output}| <= {float(np.abs(unfused).max()):.2f}): "
           f"max |ORT fused - PyTorch| = {fused_difference:.2e}, max |PyTorch fused - PyTorch| = "
           f"{torch_fused_difference:.2e}")
     print()
