@@ -14,8 +14,8 @@ stays bit-faithful to Caffe).  What it folds (arithmetic in :mod:`caffe_compat.f
 * in-place chains (``conv → bn → scale → relu`` all on one blob, as in ResNets) and out-of-place ones alike.
 
 A link joins the chain only when nothing else reads the value it consumes: the value must have exactly
-one reader (Caffe's automatic Split layers make a second reader visible) and must not be a blob named in
-``keep``.  Automatic Splits and Dropout (the identity in eval mode) cost nothing: their tops are the
+one reader (Caffe's automatic Split layers make a second reader visible), and a link that would drop a blob
+named in ``keep`` (an out-of-place one) is not taken; in-place links keep the blob anyway.  Automatic Splits and Dropout (the identity in eval mode) cost nothing: their tops are the
 bottom's tensor.  Every other layer runs its own port, unchanged.
 
 Blobs: ``fused(**inputs)`` returns :class:`FusedBlobs`, the blobs in the net's order with each blob's final
@@ -169,11 +169,11 @@ def _plan(net, keep):
         conv = type(port) is Convolution
         members, kinds, value, stage, fold = [i], [], writes[i][0], 0, AffineFold(port.num_output)
         slope = None
-        while len(readers[value]) == 1 and names[value] not in keep:
+        while len(readers[value]) == 1:
             j = readers[value][0]
-            if j in taken:  # an Eltwise another chain (the other bottom's) has absorbed
-                break
             nxt = net.steps[j]
+            if j in taken or (names[value] in keep and nxt.tops[0] != names[value]):
+                break  # an Eltwise another chain has absorbed, or a kept blob the link would drop
             kind = _chain_link(net, nxt, _port(net, nxt), port.num_output, stage)
             if kind == "sum" and not conv:
                 kind = None

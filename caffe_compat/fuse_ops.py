@@ -133,7 +133,8 @@ class FusedConvolution(nn.Module):
         return F.leaky_relu(y, self.activation) if _traced() else F.leaky_relu_(y, self.activation)
 
     def _packed_weight(self, shape):
-        key = (tuple(shape), self.weight._version, self.weight.data_ptr(), self.weight.dtype)
+        version = 0 if self.weight.is_inference() else self.weight._version  # inference tensors have none
+        key = (tuple(shape), version, self.weight.data_ptr(), self.weight.dtype)
         packed = self._packed.get(key)
         if packed is None:
             packed = _MKLDNN[1](self.weight, list(self.pad), list(self.stride), list(self.dilation), self.group,

@@ -198,6 +198,10 @@ def test_needs_eval_mode_and_load_net_fuse():
         net.fuse_for_inference()
     fused = load_net(NET_TEXT, fuse=True)
     assert type(fused).__name__ == "FusedNet" and fused.folded_blobs
+    with torch.inference_mode():  # built from inference tensors (no version counters) it still runs
+        made_inside = load_net(NET_TEXT, fuse=True)
+    x = torch.randn(2, 3, 9, 9)
+    assert torch.equal(made_inside(data=x)["ip"], fused(data=x)["ip"])
 
 
 def test_export_fuse_verified_against_unfused(tmp_path):
@@ -231,3 +235,22 @@ def test_export_fuse_open_nsfw(tmp_path):
 
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert "BatchNormalization" not in ops and ops.count("Mul") == 0
+
+
+def test_cli_export_fuse_verify(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from caffe_compat.cli import main
+
+    net = _chains()
+    prototxt, weights = tmp_path / "chains.prototxt", tmp_path / "chains.caffemodel"
+    prototxt.write_text(NET_TEXT)
+    net.save_caffemodel(str(weights))
+    target = tmp_path / "chains.onnx"
+    status = main(["export", str(prototxt), "--weights", str(weights), "-o", str(target), "--output", "ip",
+                   "--fuse", "--verify", "--preprocessing", '{"resize": 9}'])
+    out = capsys.readouterr().out
+    assert status == 0 and "verification passed" in out and "fused" in out, out
+    ops = [n.op_type for n in onnx.load(str(target)).graph.node]
+    assert ops.count("Conv") == 2 and "Div" not in ops and "Sub" not in ops, ops
