@@ -6,7 +6,9 @@ Nets: the full-width GoogLeNet embedding net (``../shared/caffe_reference/large/
 BatchNorm + Scale layers, output ``prob``, batch 1 and 8); 3×224×224 inputs, the same random array
 fed to both.  Peer: OpenCV 4.x ``cv2.dnn.readNetFromCaffe`` (OpenCV backend, CPU target), which runs the
 same Caffe files.  Our variants: ``CaffeNet`` eager, eager with ``channels_last`` (weights and input),
-and ``torch.compile`` (inductor) of the same call, with and without ``channels_last``.
+``torch.compile`` (inductor) of the same call, with and without ``channels_last``, and the fused inference
+net (``net.fuse_for_inference()``, :mod:`caffe_compat.fuse`: BatchNorm/Scale/ReLU/shortcut folded into
+oneDNN convolutions, channels_last end to end; ``--no-fused`` skips it).
 
 Thread count ``n`` (``--threads``, default 1) is set for both: ``torch.set_num_threads(n)`` and
 ``cv2.setNumThreads(n)``.  Every forward runs under ``torch.inference_mode()``.  Each runner is called once
@@ -24,7 +26,8 @@ the eager CaffeNet (each layer timed alone) and for OpenCV (``getPerfProfile``; 
 into its predecessor reports ~0 and its cost appears under that predecessor's type).
 
     python benchmarks/bench_forward.py [--threads 1] [--repeats 5] [--quick]
-        [--nets googlenet_full open_nsfw] [--no-compile] [--profile] [--nsfw-dir DIR]
+        [--nets googlenet_full open_nsfw] [--no-compile] [--no-fused] [--profile] [--nsfw-dir DIR]
+        [--clock wall|thread]
 """
 
 from __future__ import annotations
@@ -113,11 +116,15 @@ def opencv_runner(spec: NetSpec) -> Runner:
     return Runner("OpenCV dnn", forward, blobs, model=net)
 
 
-def torch_runner(spec: NetSpec, channels_last: bool, compiled: bool) -> Runner:
+def torch_runner(spec: NetSpec, channels_last: bool, compiled: bool, fused: bool = False) -> Runner:
     variant = ("torch.compile" if compiled else "eager") + (" + channels_last" if channels_last else "")
+    if fused:
+        variant = "fused (fuse_for_inference)"
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     try:
         net = CaffeNet(str(spec.prototxt), weights=str(spec.weights)).eval().to(memory_format=memory_format)
+        if fused:
+            net = net.fuse_for_inference()
     except Exception as exc:  # noqa: BLE001 - reported in the table
         return Runner(variant, None, reason=short_reason(exc))
 
@@ -167,6 +174,12 @@ def warm_up(runner: Runner, x: np.ndarray) -> None:
         runner.note = f"compile+first call {time.perf_counter() - start:.1f} s"
 
 
+#: ``--clock``: wall time, or this thread's CPU time (with one thread every engine computes in the calling
+#: thread, so time other processes take from the CPU is not counted: steadier on a shared machine).
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+clock = time.perf_counter
+
+
 def time_round_robin(runners: list[Runner], x: np.ndarray, repeats: int) -> dict[str, float]:
     """Median seconds per call of every available runner."""
     times: dict[str, list[float]] = defaultdict(list)
@@ -174,14 +187,14 @@ def time_round_robin(runners: list[Runner], x: np.ndarray, repeats: int) -> dict
         for runner in runners:
             if runner.fn is None:
                 continue
-            start = time.perf_counter()
+            start = clock()
             try:
                 runner.fn(x)
             except Exception as exc:  # noqa: BLE001 - reported in the table
                 runner.fn, runner.reason = None, short_reason(exc)
                 times.pop(runner.variant, None)
                 continue
-            times[runner.variant].append(time.perf_counter() - start)
+            times[runner.variant].append(clock() - start)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -275,11 +288,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="first batch size of each net, 2 repeats")
     parser.add_argument("--nets", nargs="+", choices=sorted(NETS), default=list(NETS))
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    parser.add_argument("--no-fused", action="store_true", help="skip the fused inference variant")
     parser.add_argument("--profile", action="store_true", help="per-layer-type times, eager vs OpenCV")
     parser.add_argument("--nsfw-dir", type=Path, default=NSFW,
                         help="folder with open_nsfw's deploy.prototxt and resnet_50_1by2_nsfw.caffemodel "
                              "(default: .cache/nsfw, where `caffe-compat models fetch open_nsfw` puts them)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time (default) or the thread's CPU time (meaningful with --threads 1)")
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     nets = net_specs(args.nsfw_dir)
     print_header("OpenCV dnn on the same Caffe files (same run); ours = CaffeNet variants")
     repeats = 2 if args.quick else args.repeats
@@ -296,6 +314,8 @@ def main() -> None:
         for compiled in ((False,) if args.no_compile else (False, True)):
             for channels_last in (False, True):
                 runners.append(torch_runner(spec, channels_last, compiled))
+        if not args.no_fused:
+            runners.append(torch_runner(spec, False, False, fused=True))
         batches = spec.quick_batches if args.quick else spec.batches
         for batch in batches:
             x = (np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)) * 50).astype(np.float32)
@@ -305,7 +325,8 @@ def main() -> None:
                 print_profile(spec, batch, caffenet_profile(eager.model, x, repeats),
                               opencv_profile(opencv.model, x, repeats))
 
-    print(f"\nCPU forward, {args.threads} thread(s), median of {repeats} round-robin repeats after 1 warm-up; "
+    print(f"\nCPU forward, {args.threads} thread(s), median of {repeats} round-robin repeats after 1 warm-up "
+          f"({args.clock} clock); "
           f"torch {torch.__version__}, OpenCV {cv2.__version__}")
     print(f"{'net':<16}{'batch':>6}  {'variant':<32}{'ms/batch':>10}{'images/s':>10}{'OpenCV÷ours':>12}"
           f"  max|ours - OpenCV| per blob")

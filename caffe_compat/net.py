@@ -554,6 +554,13 @@ class CaffeNet(CaffemodelWeights, nn.Module):
             diffs[name] = g if g is not None else torch.zeros_like(tensor)
         return diffs
 
+    def fuse_for_inference(self, keep=(), memory_format="auto"):
+        """A new inference-only :class:`~caffe_compat.fuse.FusedNet` with BatchNorm/Scale/Bias (+ Eltwise
+        shortcut) + ReLU folded into the convolutions; this net is left unchanged (see :mod:`caffe_compat.fuse`)."""
+        from caffe_compat.fuse import fuse_for_inference
+
+        return fuse_for_inference(self, keep=keep, memory_format=memory_format)
+
     def extra_repr(self) -> str:
         return f"name={self.name!r}, phase={self.phase!r}, layers={len(self.steps)}, blobs={len(self.blob_shapes)}"
 
@@ -572,8 +579,10 @@ def _in_float32(layer, bottoms: list) -> tuple:
 
 
 def load_net(prototxt, weights=None, phase: str = "test", level: int | None = None, stages=(),
-             seed: int = 0, strict: bool = False) -> CaffeNet:
+             seed: int = 0, strict: bool = False, fuse: bool = False):
     """``CaffeNet`` from a prototxt (path, text or NetParameter) and an optional caffemodel.  Layers of the
     caffemodel the net lacks, and net layers with blobs it does not cover, give one
-    :class:`~caffe_compat.errors.WeightsMismatchWarning`; ``strict=True`` makes that a FormatError."""
-    return CaffeNet(prototxt, phase=phase, level=level, stages=stages, weights=weights, seed=seed, strict=strict)
+    :class:`~caffe_compat.errors.WeightsMismatchWarning`; ``strict=True`` makes that a FormatError.
+    ``fuse=True``: the net in eval mode, fused for inference (:mod:`caffe_compat.fuse`; not bit-faithful)."""
+    net = CaffeNet(prototxt, phase=phase, level=level, stages=stages, weights=weights, seed=seed, strict=strict)
+    return net.eval().fuse_for_inference() if fuse else net

@@ -1,10 +1,12 @@
 """``caffe-compat export NET.prototxt (--weights W.caffemodel | --checkpoint model.pt) -o embedder.onnx
---output BLOB [--strict] [--normalize] [--opset N] [--fp16] [--batch dynamic|N] [--preprocessing JSON] [--verify]
-[--verify-input PATH ...] [--tolerance T]``
+--output BLOB [--strict] [--normalize] [--opset N] [--fp16] [--fuse] [--batch dynamic|N] [--preprocessing JSON]
+[--verify] [--verify-input PATH ...] [--tolerance T]``
 
 Calls :func:`caffe_compat.export.export_onnx`; ``--verify`` then runs :func:`verify_onnx` (onnx.checker,
 ONNX Runtime vs PyTorch on a random batch and on every ``--verify-input``) and prints max abs/rel error per
-input.  ``--verify-input PATH`` (repeatable, implies ``--verify``): a ``.npy``/``.npz`` array already in the
+input.  ``--fuse`` folds BatchNorm/Scale/Bias (+ an Eltwise shortcut) + ReLU into the convolutions
+(:mod:`caffe_compat.fuse`); ``--verify`` then compares with the unfused net, within the tolerance recorded in
+the model (``2·γ_(K+8)``, at least 1e-4).  ``--verify-input PATH`` (repeatable, implies ``--verify``): a ``.npy``/``.npz`` array already in the
 net's input layout ``(N, C, H, W)`` (an ``.npz`` gives the array named after the input blob, e.g. a
 fixture's ``blobs.npz``, or its only array), or an image file (jpg, png, ...) preprocessed with the
 preprocessing stored in the exported model, as ``caffe-compat evaluate`` does
@@ -42,6 +44,9 @@ def register(sub) -> None:
                    help="with --weights: refuse (exit 2) a caffemodel whose layer names do not match the net "
                         "(layers the net lacks, or net layers with blobs it does not cover); without it, a warning")
     p.add_argument("--fp16", action="store_true", help="float16 weights and arithmetic (float32 input/output)")
+    p.add_argument("--fuse", action="store_true",
+                   help="fold BatchNorm/Scale (+ shortcut) + ReLU into the convolutions (verified against the "
+                        "unfused net)")
     p.add_argument("--batch", default="dynamic", help="'dynamic' (default) or a fixed batch size")
     p.add_argument("--preprocessing", metavar="JSON",
                    help='preprocessing to store, JSON text or a .json file, e.g. \'{"resize": 256, "crop_size": 224, '
@@ -51,7 +56,8 @@ def register(sub) -> None:
     p.add_argument("--verify-input", dest="verify_inputs", action="append", default=[], metavar="PATH",
                    help="also verify on this input (repeatable; implies --verify): a .npy/.npz array in the net's "
                         "input layout (N, C, H, W), or an image file preprocessed as stored in the model")
-    p.add_argument("--tolerance", type=float, help="verification bound on max_rel (default 1e-4, fp16 1e-2)")
+    p.add_argument("--tolerance", type=float, help="verification bound on max_rel (default 1e-4, fp16 1e-2, "
+                                                     "--fuse the bound recorded in the model)")
     p.set_defaults(func=run)
 
 
@@ -107,7 +113,7 @@ def run(args) -> int:
         with cli_warnings("export"):
             export_onnx(args.prototxt, weights=args.weights, checkpoint=args.checkpoint, output_blob=args.blob,
                         path=path, normalize=args.normalize, opset=args.opset, fp16=args.fp16, batch=args.batch,
-                        preprocessing=_preprocessing(args.preprocessing), strict=args.strict)
+                        preprocessing=_preprocessing(args.preprocessing), strict=args.strict, fuse=args.fuse)
         if args.verify:
             report = verify_onnx(path, prototxt=args.prototxt, weights=args.weights, checkpoint=args.checkpoint,
                                  tolerance=args.tolerance, inputs=inputs or None, random=True)
@@ -126,5 +132,5 @@ def run(args) -> int:
         if args.verify and path.exists():
             path.unlink()
     print(f"wrote {target}: blob '{args.blob}'{' L2-normalised' if args.normalize else ''}, opset {args.opset}, "
-          f"batch {args.batch}{', fp16' if args.fp16 else ''}")
+          f"batch {args.batch}{', fp16' if args.fp16 else ''}{', fused' if args.fuse else ''}")
     return 0

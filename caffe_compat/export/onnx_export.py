@@ -74,16 +74,20 @@ def _batch_size(batch) -> int | None:
 
 def build_embedder(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
                    normalize: bool = False, fp16: bool = False, image_size=None, test_net=None,
-                   strict: bool = False) -> Embedder:
+                   strict: bool = False, fuse: bool = False) -> Embedder:
     """The :class:`Embedder` an export traces (float32 reference when ``fp16`` is False).  ``image_size``
     (``(H, W)`` or ``(C, H, W)``) sizes the Input that stands for a data layer the prototxt reads.
     ``strict``: caffemodel layer names that do not match the net raise a FormatError (else a
     :class:`~caffe_compat.errors.WeightsMismatchWarning`).  ``test_net``: the
     :class:`~caffe_compat.export.source.TestPhaseNet` already read (it carries the prototxt, weights and
     checkpoint; the three arguments are then unused).  An unknown ``output_blob`` raises a FormatError
-    listing the blobs (:func:`~caffe_compat.export.embedder.cut_steps`)."""
+    listing the blobs (:func:`~caffe_compat.export.embedder.cut_steps`).  ``fuse``: the net folded for
+    inference first (:mod:`caffe_compat.fuse`, contiguous layout; a blob folded away cannot be the output)."""
     test_net = test_net or TestPhaseNet(prototxt, checkpoint, weights)
     net = test_net.build(output_blob, image_size, strict=strict)
+    if fuse:
+        net = net.fuse_for_inference(keep=(output_blob,) if output_blob in net.blob_shapes else (),
+                                     memory_format=torch.contiguous_format)
     if fp16:
         net = net.half()
     return Embedder(net, output_blob, normalize=normalize, half=fp16).eval()
@@ -133,9 +137,12 @@ def _unexportable_layer(embedder: Embedder, example: torch.Tensor, opset: int, c
 
 def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
                 path="embedder.onnx", normalize: bool = False, opset: int = 17, fp16: bool = False,
-                batch="dynamic", preprocessing: dict | None = None, strict: bool = False) -> Path:
+                batch="dynamic", preprocessing: dict | None = None, strict: bool = False, fuse: bool = False) -> Path:
     """Write the embedder ONNX file (see the module docstring) and return its path.  ``strict``: refuse
-    (FormatError) a caffemodel whose layer names do not match the net (see :func:`build_embedder`)."""
+    (FormatError) a caffemodel whose layer names do not match the net (see :func:`build_embedder`).
+    ``fuse``: BatchNorm/Scale/Bias (+ Eltwise shortcut) + ReLU folded into the convolutions before export
+    (:mod:`caffe_compat.fuse`); the metadata records ``fuse`` and ``fuse_tolerance`` (the bound
+    :func:`verify_onnx` then applies against the unfused net)."""
     import onnx
 
     from caffe_compat.io.atomic import write_bytes_atomic
@@ -151,7 +158,7 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
             spec, assumed = preprocessing_from_data_layer(data_layer)
             origin = f"data layer '{data_layer.name}' ({data_layer.type})"
     embedder = build_embedder(prototxt, weights, checkpoint, output_blob, normalize, fp16,
-                              image_size=_image_size(spec), test_net=test_net, strict=strict)
+                              image_size=_image_size(spec), test_net=test_net, strict=strict, fuse=fuse)
     net, input_blob = embedder.net, embedder.input_blob
     if input_blob == output_blob:
         raise FormatError(f"output blob '{output_blob}' is the net's input")
@@ -170,7 +177,8 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
     model = fold_constants(onnx.load_model_from_string(data))
     model.producer_name = "caffe-compat"
     model.doc_string = (f"Caffe net '{net.name}' (TEST phase) cut at blob '{output_blob}'"
-                        f"{', L2-normalised' if normalize else ''}{', float16' if fp16 else ''}")
+                        f"{', L2-normalised' if normalize else ''}{', float16' if fp16 else ''}"
+                        f"{', fused for inference' if fuse else ''}")
     source = {"net": net.name, "prototxt": test_net.path,
               "weights": None if weights is None else str(weights),
               "checkpoint": None if checkpoint is None else str(checkpoint)}
@@ -181,6 +189,7 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
         "embedding_dim": embedder.dim, "normalize": bool(normalize), "fp16": bool(fp16),
         "batch": "dynamic" if fixed is None else fixed, "opset": int(opset), "source": source,
         "preprocessing_derived": derived, "preprocessing_source": origin, "preprocessing_assumed": assumed,
+        "fuse": bool(fuse), "fuse_tolerance": float(net.tolerance()) if fuse else 0.0,
     })
     onnx.checker.check_model(model)
     path = Path(path)

@@ -12,7 +12,10 @@ the net's input layout, or an image preprocessed from the model's metadata); the
 ``passed`` is ``max_rel <= tolerance`` for every case.  Default tolerance: ``1e-4`` for a float32 model
 (the Caffe reference README's whole-net rtol; measured errors are ~1e-6) and ``1e-2`` for a ``fp16``
 model (float16 has an 11-bit significand: ~5e-4 per rounding, accumulated over the layers).  The fp16
-model is compared with the float32 reference, i.e. the tolerance bounds the precision loss.
+model is compared with the float32 reference, i.e. the tolerance bounds the precision loss.  A model exported
+with ``fuse`` (:mod:`caffe_compat.fuse`) is compared with the **unfused** net; its default tolerance is the
+larger of ``1e-4`` and the ``fuse_tolerance`` recorded at export (``2·γ_(K+8)``, K the longest dot product
+of a fused step, u = 2⁻²⁴: the float32 rounding of the folded weights and of the reordered sums).
 
 Net and weights default to the ``source`` paths recorded in the model's metadata.
 """
@@ -180,7 +183,8 @@ def verify_onnx(onnx_path, prototxt=None, weights=None, checkpoint=None, inputs:
     if prototxt is None and checkpoint is None:
         raise CaffeCompatError(f"{onnx_path}: give the net prototxt (the model records none)")
     fp16 = bool(meta.get("fp16"))
-    tolerance = float(tolerance if tolerance is not None else (FP16_TOLERANCE if fp16 else FP32_TOLERANCE))
+    default = FP16_TOLERANCE if fp16 else max(FP32_TOLERANCE, float(meta.get("fuse_tolerance") or 0.0))
+    tolerance = float(tolerance if tolerance is not None else default)
     cases = _cases(inputs, meta, random)  # bad inputs fail before the reference net is built
     reference = build_embedder(prototxt, weights, checkpoint, meta["output_blob"], bool(meta.get("normalize")),
                                image_size=meta.get("input_shape"))
