@@ -67,6 +67,9 @@ class Blobs(OrderedDict):
         self.loss_terms: list[tuple[str, float, torch.Tensor]] = []
 
     def __setitem__(self, name, value):
+        if torch.compiler.is_compiling():  # no eager in-place writes under compile: nothing to count
+            super().__setitem__(name, value)
+            return
         old = self.get(name)
         if torch.is_tensor(old):
             self.storage_refs[old.untyped_storage().data_ptr()] -= 1
@@ -76,7 +79,7 @@ class Blobs(OrderedDict):
 
     def __delitem__(self, name):
         old = self[name]
-        if torch.is_tensor(old):
+        if torch.is_tensor(old) and not torch.compiler.is_compiling():
             self.storage_refs[old.untyped_storage().data_ptr()] -= 1
         super().__delitem__(name)
 
@@ -103,7 +106,10 @@ class NetExecution:
         if unknown:
             raise FormatError(f"net '{self.name}': cannot feed {unknown}; feedable blobs are "
                               f"{sorted(allowed) if start is not None else self.feedable_names}")
-        want_grad = (self.force_backward if input_grad is None else input_grad) and torch.is_grad_enabled()
+        # A compiled graph cannot make new leaf tensors: under torch.compile the caller's inputs keep their
+        # requires_grad (pass them requiring grad for their diffs) and data-layer tops get no diff.
+        want_grad = ((self.force_backward if input_grad is None else input_grad) and torch.is_grad_enabled()
+                     and not torch.compiler.is_compiling())
         device = self._device()
         for n, value in list(inputs.items()):
             if not torch.is_tensor(value):
@@ -176,7 +182,7 @@ class NetExecution:
         """True when an in-place prototxt layer may write its bottom as Caffe does: no autograd, and the
         bottom is a tensor this run made that no other blob, input, weight, buffer or view shares."""
         if (torch.is_grad_enabled() or len(bottoms) != 1 or step.tops != step.bottoms
-                or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()):
+                or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()):
             return False
         bottom = bottoms[0]
         if bottom._base is not None or bottom.requires_grad or bottom.numel() == 0:

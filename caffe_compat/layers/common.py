@@ -190,9 +190,11 @@ class ArgMax(CaffeLayer):
         self.top_k = int(p.top_k)
         self.axis = canonical_axis(p.axis, len(shape), self.layer_name, "argmax_param.axis") \
             if p.HasField("axis") else None
-        self.top_shape(param, shape)
+        self.built_top = self.top_shape(param, shape)
 
     def _top_shape(self, shape) -> tuple[int, ...]:
+        if tuple(shape) == self.bottom_shapes[0]:
+            return self.built_top  # no protobuf read (a compiled forward cannot trace one)
         return self.top_shape(self.param, tuple(shape))
 
     def forward(self, x):
@@ -249,7 +251,10 @@ class Embed(CaffeLayer):
 
     def forward(self, x):
         index = x.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
-        if index.numel() and (bool((index < 0).any()) or bool((index >= self.input_dim).any())):
+        if torch.compiler.is_compiling():  # the same check, without a host sync in the graph
+            torch._assert_async(((index >= 0) & (index < self.input_dim)).all(),
+                                f"layer '{self.layer_name}': an Embed index is outside [0, {self.input_dim})")
+        elif index.numel() and (bool((index < 0).any()) or bool((index >= self.input_dim).any())):
             bad = x[(index < 0) | (index >= self.input_dim)].flatten()[0].item()
             raise DataError(f"layer '{self.layer_name}': Embed index {bad} is outside [0, {self.input_dim})")
         y = F.embedding(index, self.weight)
