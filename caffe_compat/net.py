@@ -60,15 +60,19 @@ from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.io import read_net
 from caffe_compat.io.weights import read_weights
 from caffe_compat.layers import layer_class
+from caffe_compat.layers.registry import blobs_overwritten
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
 from caffe_compat.net_run import Blobs, LayerStep, NetExecution
 from caffe_compat.net_shapes import check_memory_budget
-from caffe_compat.net_weights import CaffemodelWeights
+from caffe_compat.net_weights import CaffemodelWeights, overwritten_layers
 from caffe_compat.proto import caffe_pb2
 
 log = logging.getLogger("caffe_compat.net")
 
 __all__ = ["Blobs", "CaffeNet", "LayerStep", "load_net"]
+
+
+_DEFAULT_SPEC = caffe_pb2.ParamSpec()  # read only
 
 
 def module_key(layer_name: str, taken: set[str]) -> str:
@@ -114,8 +118,8 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
         self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
         self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
         check_memory_budget(self.net_param, f"net '{self.name}'")
-        self._build(filtered)
         stored = None if weights is None else read_weights(weights)
+        self._build(filtered, overwritten_layers(filtered.layer, stored))
         self.reinitialize(seed, skip=self._supplied_by(stored))
         if stored is not None:
             self._load_stored([(weights, stored)], strict)
@@ -123,26 +127,34 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
 
     # ------------------------------------------------------------------------------ building
 
-    def _build(self, filtered: caffe_pb2.NetParameter) -> None:
+    def _build(self, filtered: caffe_pb2.NetParameter, overwritten: frozenset[str]) -> None:
+        """Build every layer in order; the layers named in ``overwritten`` get uninitialised blobs (the
+        caffemodel about to be copied in overwrites them all: ``overwritten_layers``)."""
         user_layers = [(layer.name, layer.type) for layer in filtered.layer]
         next_user = 0
         producers: dict[str, str] = {}
         owners: dict[str, tuple[str, int, caffe_pb2.ParamSpec]] = {}
-        for layer in self.net_param.layer:
+        keys: set[str] = set()
+        saved_net = caffe_pb2.NetParameter()  # one copy of every layer (what Caffe's ToProto writes), not one each
+        saved_net.layer.extend(self.net_param.layer)
+        for layer, saved in zip(self.net_param.layer, saved_net.layer):
             automatic = not (next_user < len(user_layers) and user_layers[next_user] == (layer.name, layer.type))
             if not automatic:
                 next_user += 1
             phase = PHASE_NAMES.get(layer.phase, self.phase) if layer.HasField("phase") else self.phase
             bottom_shapes = [self.blob_shapes[b] for b in layer.bottom]  # insert_splits checked they exist
-            saved = caffe_pb2.LayerParameter()
-            saved.CopyFrom(layer)
             if automatic:
                 key, module = None, None
                 top_shapes = [bottom_shapes[0]] * len(layer.top)
             else:
                 cls = layer_class(layer)
-                module = cls(layer, bottom_shapes, phase)
-                key = module_key(layer.name, set(self.layers.keys()))
+                if layer.name in overwritten:
+                    with blobs_overwritten():
+                        module = cls(layer, bottom_shapes, phase)
+                else:
+                    module = cls(layer, bottom_shapes, phase)
+                key = module_key(layer.name, keys)
+                keys.add(key)
                 self.layers[key] = module
                 top_shapes = [tuple(int(d) for d in s) for s in module.output_shapes()]
                 if len(top_shapes) != len(layer.top):
@@ -187,11 +199,11 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             learnable = isinstance(blob, nn.Parameter)
             if i < len(layer.param):
                 spec = layer.param[i]
-            else:
-                spec = caffe_pb2.ParamSpec()
-                if not learnable:  # Caffe's BatchNorm masks its statistics with lr_mult 0
-                    spec.lr_mult = 0.0
-                    saved.param.add().lr_mult = 0.0
+            elif learnable:
+                spec = _DEFAULT_SPEC
+            else:  # Caffe's BatchNorm masks its statistics with lr_mult 0
+                spec = caffe_pb2.ParamSpec(lr_mult=0.0)
+                saved.param.add().lr_mult = 0.0
             lr, decay = (float(spec.lr_mult), float(spec.decay_mult)) if learnable else (0.0, float(spec.decay_mult))
             if spec.name and spec.name in owners:
                 owner_key, owner_i, owner_spec = owners[spec.name]
@@ -236,10 +248,14 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
         return key
 
     def _apply_specs(self) -> None:
+        blobs_of = {}  # caffe_blobs() once per layer, not once per blob
         for (key, i), (lr, decay) in self._blob_specs.items():
-            blob = self.layers[key].caffe_blobs()[i]
+            blobs = blobs_of.get(key)
+            if blobs is None:
+                blobs = blobs_of[key] = self.layers[key].caffe_blobs()
+            blob = blobs[i]
             blob.lr_mult, blob.decay_mult = lr, decay
-            if isinstance(blob, nn.Parameter) and lr == 0.0:
+            if lr == 0.0 and isinstance(blob, nn.Parameter):
                 blob.requires_grad_(False)
 
     #: Caffe computes in IEEE float32.  On Ampere and newer GPUs PyTorch lets cuDNN convolutions use TF32

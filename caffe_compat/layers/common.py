@@ -236,8 +236,8 @@ class Embed(CaffeLayer):
         self.input_dim, self.num_output = int(p.input_dim), int(p.num_output)
         if self.input_dim < 1 or self.num_output < 1:
             raise FormatError(f"layer '{self.layer_name}': Embed needs input_dim > 0 and num_output > 0")
-        self.weight = nn.Parameter(torch.zeros(self.input_dim, self.num_output))
-        self.bias = nn.Parameter(torch.zeros(self.num_output)) if p.bias_term else None
+        self.weight = nn.Parameter(self.new_blob((self.input_dim, self.num_output)))
+        self.bias = nn.Parameter(self.new_blob((self.num_output,))) if p.bias_term else None
         self.weight_filler = layer_filler(p, "weight_filler")
         self.bias_filler = layer_filler(p, "bias_filler")
 
@@ -343,7 +343,7 @@ class Parameter(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        self.blob = nn.Parameter(torch.zeros(self.infer(param, []).params[0]))
+        self.blob = nn.Parameter(self.new_blob(self.infer(param, []).params[0]))
 
     def caffe_blobs(self):
         return [self.blob]
