@@ -35,7 +35,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 
-__all__ = ["Blobs", "LayerStep", "NetExecution"]
+__all__ = ["Blobs", "LayerStep", "NetExecution", "compile_net", "traces_whole"]
 
 
 @dataclass(frozen=True)
@@ -270,3 +270,23 @@ def _in_float32(layer, bottoms: list) -> tuple:
     with torch.autocast(bottoms[0].device.type, enabled=False):
         return layer(*[b.float() if torch.is_tensor(b) and b.dtype in low else b for b in bottoms])
 
+
+def traces_whole(net) -> bool:
+    """Whether ``torch.compile(net, fullgraph=True)`` applies: every bottomless layer is an ``Input`` (a data
+    layer reads its files in Python inside forward) and no user Python layer runs (an autograd adapter
+    around the user's NumPy code)."""
+    for step in net.steps:
+        if step.module_key is None:
+            continue
+        if not step.bottoms and step.type != "Input":
+            return False
+        if step.type == "Python" and type(net.layers[step.module_key]).__module__.endswith("python_user"):
+            return False
+    return True
+
+
+def compile_net(net, **options):
+    """``torch.compile(net, fullgraph=True, **options)`` where :func:`traces_whole` (one graph, no graph
+    break: what CUDA graphs and whole-step fusion need), else ``torch.compile(net, **options)`` (graph
+    breaks around the layers that run Python of their own)."""
+    return torch.compile(net, fullgraph=traces_whole(net), **options)
