@@ -11,30 +11,54 @@ Every row parses the prototxt and the caffemodel and ends with every weight blob
   every layer port and copies the weights into parameters);
 * OpenCV: its ``dnn::Net`` with the weights in its own blobs.
 
-Median of N runs after one warm-up; each ratio is OpenCV time / ours (> 1: we are faster).
+Median of N runs after one warm-up; each ratio is OpenCV time / ours (> 1: we are faster).  The
+GoogLeNet row reads the team's caffemodel when the shared folder (``$CAFFE_COMPAT_SHARED``, else
+``../shared``) has it, else one this script writes
+from the fixture prototxt (``tests/fixtures/large/googlenet_full``) filled with its seeded fillers
+(the same 26 MB of float32 blobs: load time does not depend on the values).  ``--cpu-time`` measures
+this process's CPU time instead of wall time (steadier on a machine shared with other work).
 
-    python benchmarks/bench_load.py [--repeats 7] [--nsfw-cache .cache]
+    python benchmarks/bench_load.py [--repeats 7] [--nsfw-cache .cache] [--cpu-time]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from _common import REPO, fmt_ratio, print_header
 
-SHARED = REPO.parent / "shared" / "caffe_reference"
+SHARED = Path(os.environ.get("CAFFE_COMPAT_SHARED") or REPO.parent / "shared") / "caffe_reference"
+
+
+CLOCK = time.perf_counter
 
 
 def median_time(fn, repeats):
     fn()
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = CLOCK()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(CLOCK() - t)
     return statistics.median(times)
+
+
+def googlenet_files(scratch: Path) -> tuple[Path, Path, str]:
+    """The full GoogLeNet's deploy prototxt and a caffemodel: the shared one, else one written here."""
+    large = SHARED / "large" / "googlenet_full"
+    if (large / "weights.caffemodel").exists():
+        return large / "deploy.prototxt", large / "weights.caffemodel", "shared weights"
+    from caffe_compat.net import CaffeNet
+
+    deploy = REPO / "tests" / "fixtures" / "large" / "googlenet_full" / "deploy.prototxt"
+    weights = scratch / "googlenet_filled.caffemodel"
+    CaffeNet(str(deploy), seed=0).save_caffemodel(weights)
+    return deploy, weights, "filled, written here"
 
 
 def reader(deploy, weights):
@@ -69,7 +93,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--nsfw-cache", default=str(REPO / ".cache"))
+    parser.add_argument("--cpu-time", action="store_true", help="time this process's CPU time, not wall time")
     args = parser.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
     import cv2
     import torch
 
@@ -78,13 +105,15 @@ def main() -> None:
     from caffe_compat.models import fetch_nsfw
 
     nsfw = fetch_nsfw(args.nsfw_cache)
-    models = [("open_nsfw (23.8 MB)", nsfw / "deploy.prototxt", nsfw / "resnet_50_1by2_nsfw.caffemodel")]
-    large = SHARED / "large" / "googlenet_full"
-    if large.exists():
-        models.append(("GoogLeNet full (26 MB)", large / "deploy.prototxt", large / "weights.caffemodel"))
+    scratch = tempfile.TemporaryDirectory()
+    deploy, weights, origin = googlenet_files(Path(scratch.name))
+    models = [("open_nsfw (23.8 MB)", nsfw / "deploy.prototxt", nsfw / "resnet_50_1by2_nsfw.caffemodel"),
+              ("GoogLeNet full (26 MB)", deploy, weights)]
     rows = [("reader", reader), ("NetParameter", netparameter), ("torch module", ours_torch)]
     print_header("OpenCV dnn readNetFromCaffe; ours = each reader")
-    print(f"OpenCV {cv2.__version__}, one thread, median of {args.repeats}; ratio = OpenCV time / ours")
+    clock = "CPU time of this process" if args.cpu_time else "wall time"
+    print(f"OpenCV {cv2.__version__}, one thread, median of {args.repeats} ({clock}); GoogLeNet weights: {origin}; "
+          f"ratio = OpenCV time / ours")
     header = f"{'model':24s} {'OpenCV ms':>9s}" + "".join(f" {name + ' ms':>17s} {'CV÷ours':>8s}" for name, _ in rows)
     print(header)
     print("-" * len(header))

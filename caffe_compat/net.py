@@ -14,17 +14,9 @@ Building follows Caffe's ``Net::Init``:
    fills them from its own RNG, which no port reproduces, so only the final values matter), and the
    caffemodel is read in place (:mod:`caffe_compat.io.weights`).
 
-Forward (``net(**inputs)`` or ``net.forward(**inputs)``) returns :class:`Blobs`, an ordered dict of
-**every** blob in Caffe's creation order holding what ``net.blobs[name].data`` would show: a blob
-rewritten in place (ReLU, Dropout, Scale, ...) holds the value after the last in-place layer.  With
-autograd on, no real in-place tensor op is used: each layer output is a new tensor, so autograd is
-exact.  Caffe's diff of a blob is the gradient with respect to the output of the *first* layer of its
-in-place chain; ``Blobs.diff_targets`` holds those tensors and :meth:`CaffeNet.backward` returns every
-blob's diff.  Without autograd (``torch.no_grad()`` / ``torch.inference_mode()``, the way to run
-inference) a layer that is in-place in the prototxt and offers ``forward_inplace`` (ReLU, BatchNorm with
-global statistics, Scale) overwrites its bottom as Caffe does, when that tensor was made in this run and
-no other blob, view, fed input or weight shares its storage; memory-bound Pooling/LRN then run sample
-by sample (:mod:`caffe_compat.layers.cache_blocking`).  The blobs hold the same values either way.
+Forward, the objective and backward are :mod:`caffe_compat.net_run`'s: a forward returns :class:`Blobs`,
+every blob as pycaffe's ``net.blobs`` shows it after the pass, with Caffe's in-place semantics (and under
+``torch.compile``, one graph for the whole net: see that module).
 
 Parameters: ``net.params`` maps layer name -> that layer's blobs in Caffe order (pycaffe's
 ``net.params``; BatchNorm statistics are buffers but still listed).  Every blob carries ``lr_mult`` and
@@ -32,9 +24,6 @@ Parameters: ``net.params`` maps layer name -> that layer's blobs in Caffe order 
 lr_mult 0 as Caffe's BatchNorm forces).  A parameter with ``lr_mult == 0`` gets ``requires_grad=False``:
 Caffe then computes no diff for it (its diff stays 0).  ``ParamSpec.name`` shares a blob between layers:
 both layers hold the *same* Parameter (gradients add up, as in Caffe where data and diff are shared).
-
-Loss: a loss layer's top 0 has loss_weight 1 unless the prototxt says otherwise; any top with an
-explicit non-zero ``loss_weight`` counts.  ``net.objective(blobs) = Σ loss_weight · sum(top)``.
 
 Phase vs ``.train()/.eval()``: the Caffe phase (with level and stages) is fixed at construction and
 decides which layers exist (include/exclude NetStateRules); ``.train()``/``.eval()`` never change that
@@ -61,71 +50,29 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from collections import OrderedDict
 
 import numpy as np
 import torch
 from torch import nn
 
-from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
+from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.io import read_net
 from caffe_compat.io.weights import read_weights
 from caffe_compat.layers import layer_class
+from caffe_compat.layers.registry import blobs_overwritten
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
+from caffe_compat.net_run import Blobs, LayerStep, NetExecution, compile_net, traces_whole
 from caffe_compat.net_shapes import check_memory_budget
-from caffe_compat.net_weights import CaffemodelWeights
+from caffe_compat.net_weights import CaffemodelWeights, overwritten_layers
 from caffe_compat.proto import caffe_pb2
 
 log = logging.getLogger("caffe_compat.net")
 
-__all__ = ["Blobs", "CaffeNet", "LayerStep", "load_net"]
+__all__ = ["Blobs", "CaffeNet", "LayerStep", "compile_net", "load_net", "traces_whole"]
 
 
-@dataclass(frozen=True)
-class LayerStep:
-    """One layer of the built net, in execution order (Caffe's ``net.layers``, Split layers included)."""
-
-    name: str
-    type: str
-    bottoms: tuple[str, ...]
-    tops: tuple[str, ...]
-    module_key: str | None  # key in ``CaffeNet.layers``; None for an automatic Split layer
-    phase: str
-    loss_weights: tuple[float, ...]  # one per top; 0.0 = not part of the objective
-    propagate_down: tuple[bool, ...]  # one per bottom
-
-
-class Blobs(OrderedDict):
-    """Every blob after a forward pass, name -> tensor (post in-place value, pycaffe's ``net.blobs``).
-
-    ``diff_targets``: name -> tensor whose gradient is Caffe's diff of that blob (the output of the first
-    layer of an in-place chain).  ``loss_terms``: ``(top name, loss_weight, tensor)`` of the objective.
-    ``step_outputs``: step index -> the tops that step produced (every version of an in-place blob), kept
-    when autograd is on.
-    """
-
-    def __init__(self, *args, **kwargs):
-        self.storage_refs: Counter[int] = Counter()  # storage address -> how many blobs hold it
-        self.source_tops: set[str] = set()  # tops of bottomless layers (inputs, data layers)
-        super().__init__(*args, **kwargs)
-        self.diff_targets: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self.loss_terms: list[tuple[str, float, torch.Tensor]] = []
-        self.step_outputs: dict[int, tuple] = {}  # step index -> the tensors it produced (pycaffe's backward ranges)
-
-    def __setitem__(self, name, value):
-        old = self.get(name)
-        if torch.is_tensor(old):
-            self.storage_refs[old.untyped_storage().data_ptr()] -= 1
-        if torch.is_tensor(value):
-            self.storage_refs[value.untyped_storage().data_ptr()] += 1
-        super().__setitem__(name, value)
-
-    def __delitem__(self, name):
-        old = self[name]
-        if torch.is_tensor(old):
-            self.storage_refs[old.untyped_storage().data_ptr()] -= 1
-        super().__delitem__(name)
+_DEFAULT_SPEC = caffe_pb2.ParamSpec()  # read only
 
 
 def module_key(layer_name: str, taken: set[str]) -> str:
@@ -142,7 +89,7 @@ def _as_netparameter(net) -> caffe_pb2.NetParameter:
     return read_net(net)
 
 
-class CaffeNet(CaffemodelWeights, nn.Module):
+class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
     """A Caffe net as a torch module (see the module docstring for the semantics).
 
     ``net``: a NetParameter, a prototxt path or prototxt text (legacy formats are upgraded).
@@ -171,8 +118,8 @@ class CaffeNet(CaffemodelWeights, nn.Module):
         self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
         self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
         check_memory_budget(self.net_param, f"net '{self.name}'")
-        self._build(filtered)
         stored = None if weights is None else read_weights(weights)
+        self._build(filtered, overwritten_layers(filtered.layer, stored))
         self.reinitialize(seed, skip=self._supplied_by(stored))
         if stored is not None:
             self._load_stored([(weights, stored)], strict)
@@ -180,26 +127,34 @@ class CaffeNet(CaffemodelWeights, nn.Module):
 
     # ------------------------------------------------------------------------------ building
 
-    def _build(self, filtered: caffe_pb2.NetParameter) -> None:
+    def _build(self, filtered: caffe_pb2.NetParameter, overwritten: frozenset[str]) -> None:
+        """Build every layer in order; the layers named in ``overwritten`` get uninitialised blobs (the
+        caffemodel about to be copied in overwrites them all: ``overwritten_layers``)."""
         user_layers = [(layer.name, layer.type) for layer in filtered.layer]
         next_user = 0
         producers: dict[str, str] = {}
         owners: dict[str, tuple[str, int, caffe_pb2.ParamSpec]] = {}
-        for layer in self.net_param.layer:
+        keys: set[str] = set()
+        saved_net = caffe_pb2.NetParameter()  # one copy of every layer (what Caffe's ToProto writes), not one each
+        saved_net.layer.extend(self.net_param.layer)
+        for layer, saved in zip(self.net_param.layer, saved_net.layer):
             automatic = not (next_user < len(user_layers) and user_layers[next_user] == (layer.name, layer.type))
             if not automatic:
                 next_user += 1
             phase = PHASE_NAMES.get(layer.phase, self.phase) if layer.HasField("phase") else self.phase
             bottom_shapes = [self.blob_shapes[b] for b in layer.bottom]  # insert_splits checked they exist
-            saved = caffe_pb2.LayerParameter()
-            saved.CopyFrom(layer)
             if automatic:
                 key, module = None, None
                 top_shapes = [bottom_shapes[0]] * len(layer.top)
             else:
                 cls = layer_class(layer)
-                module = cls(layer, bottom_shapes, phase)
-                key = module_key(layer.name, set(self.layers.keys()))
+                if layer.name in overwritten:
+                    with blobs_overwritten():
+                        module = cls(layer, bottom_shapes, phase)
+                else:
+                    module = cls(layer, bottom_shapes, phase)
+                key = module_key(layer.name, keys)
+                keys.add(key)
                 self.layers[key] = module
                 top_shapes = [tuple(int(d) for d in s) for s in module.output_shapes()]
                 if len(top_shapes) != len(layer.top):
@@ -244,11 +199,11 @@ class CaffeNet(CaffemodelWeights, nn.Module):
             learnable = isinstance(blob, nn.Parameter)
             if i < len(layer.param):
                 spec = layer.param[i]
-            else:
-                spec = caffe_pb2.ParamSpec()
-                if not learnable:  # Caffe's BatchNorm masks its statistics with lr_mult 0
-                    spec.lr_mult = 0.0
-                    saved.param.add().lr_mult = 0.0
+            elif learnable:
+                spec = _DEFAULT_SPEC
+            else:  # Caffe's BatchNorm masks its statistics with lr_mult 0
+                spec = caffe_pb2.ParamSpec(lr_mult=0.0)
+                saved.param.add().lr_mult = 0.0
             lr, decay = (float(spec.lr_mult), float(spec.decay_mult)) if learnable else (0.0, float(spec.decay_mult))
             if spec.name and spec.name in owners:
                 owner_key, owner_i, owner_spec = owners[spec.name]
@@ -293,10 +248,14 @@ class CaffeNet(CaffemodelWeights, nn.Module):
         return key
 
     def _apply_specs(self) -> None:
+        blobs_of = {}  # caffe_blobs() once per layer, not once per blob
         for (key, i), (lr, decay) in self._blob_specs.items():
-            blob = self.layers[key].caffe_blobs()[i]
+            blobs = blobs_of.get(key)
+            if blobs is None:
+                blobs = blobs_of[key] = self.layers[key].caffe_blobs()
+            blob = blobs[i]
             blob.lr_mult, blob.decay_mult = lr, decay
-            if isinstance(blob, nn.Parameter) and lr == 0.0:
+            if lr == 0.0 and isinstance(blob, nn.Parameter):
                 blob.requires_grad_(False)
 
     #: Caffe computes in IEEE float32.  On Ampere and newer GPUs PyTorch lets cuDNN convolutions use TF32
@@ -385,175 +344,6 @@ class CaffeNet(CaffemodelWeights, nn.Module):
             return tensor.device
         return torch.device("cpu")
 
-    # ------------------------------------------------------------------------------ forward / backward
-
-    def forward(self, **inputs) -> Blobs:
-        """Run the whole net; ``inputs`` feed tops of bottomless layers by blob name.  Returns every blob."""
-        return self.run(inputs)
-
-    def run(self, inputs: dict | None = None, start: str | None = None, end: str | None = None,
-            input_grad: bool | None = None) -> Blobs:
-        """Run layers ``start`` .. ``end`` (Caffe layer names, inclusive; default all).  ``inputs`` feed
-        tops of bottomless layers; with ``start`` they may name any blob the run reads.  ``input_grad``
-        (default: the net's ``force_backward``) makes fed floating-point tensors require grad."""
-        inputs = dict(inputs or {})
-        names = [s.name for s in self.steps]
-        first = 0 if start is None else self._step_index(start, names)
-        last = len(self.steps) - 1 if end is None else self._step_index(end, names)
-        allowed = set(self.feedable_names) if start is None else set(self.blob_shapes)
-        unknown = [n for n in inputs if n not in allowed]
-        if unknown:
-            raise FormatError(f"net '{self.name}': cannot feed {unknown}; feedable blobs are "
-                              f"{sorted(allowed) if start is not None else self.feedable_names}")
-        want_grad = (self.force_backward if input_grad is None else input_grad) and torch.is_grad_enabled()
-        device = self._device()
-        for n, value in list(inputs.items()):
-            if not torch.is_tensor(value):
-                value = torch.as_tensor(np.asarray(value, dtype=np.float32), device=device)
-            if want_grad and value.is_floating_point() and not value.requires_grad:
-                value = value.detach().requires_grad_()
-            inputs[n] = value
-        blobs = Blobs()
-        if start is not None:
-            for n, value in inputs.items():
-                blobs[n] = value
-                blobs.diff_targets[n] = value
-        for index, step in enumerate(self.steps[first:last + 1], first):
-            outs = self._run_step(step, blobs, inputs, want_grad)
-            if torch.is_grad_enabled():  # kept for backward ranges only (no cost for inference)
-                blobs.step_outputs[index] = outs
-            if not step.bottoms:
-                blobs.source_tops.update(step.tops)
-            for top, out, weight in zip(step.tops, outs, step.loss_weights):
-                if top not in blobs.diff_targets:
-                    blobs.diff_targets[top] = out
-                blobs[top] = out
-                if weight:
-                    blobs.loss_terms.append((top, weight, out))
-        return blobs
-
-    @staticmethod
-    def _step_index(name: str, names: list[str]) -> int:
-        try:
-            return names.index(name)
-        except ValueError:
-            raise FormatError(f"no layer named '{name}'") from None
-
-    def _run_step(self, step: LayerStep, blobs: Blobs, inputs: dict, want_grad: bool) -> tuple:
-        if step.module_key is None:  # Caffe's Split: one distinct autograd node per top, so each has a diff
-            source = blobs[step.bottoms[0]]
-            return tuple(source.view_as(source) for _ in step.tops)
-        if not step.bottoms and step.tops and all(t in inputs for t in step.tops):
-            return tuple(inputs[t] for t in step.tops)
-        try:
-            bottoms = [blobs[b] for b in step.bottoms]
-        except KeyError as exc:
-            raise FormatError(f"layer '{step.name}': bottom blob {exc} has no value in this run (feed it)") from None
-        bottoms = [b if keep else b.detach() for b, keep in zip(bottoms, step.propagate_down)]
-        layer = self.layers[step.module_key]
-        if self._may_overwrite(step, bottoms, blobs, inputs):
-            out = layer.forward_inplace(bottoms[0])
-            if out is not None:
-                return (out,)
-        if (layer.is_loss or any(step.loss_weights)) and bottoms and _autocasting(bottoms[0]):
-            outs = _in_float32(layer, bottoms)
-        else:
-            outs = layer(*bottoms)
-        if torch.is_tensor(outs):
-            outs = (outs,)
-        outs = list(outs)
-        if len(outs) != len(step.tops):
-            raise CaffeCompatError(f"layer '{step.name}' ({step.type}) returned {len(outs)} tops, expected "
-                                   f"{len(step.tops)}")
-        for k, out in enumerate(outs):
-            if not step.bottoms:
-                if step.tops[k] in inputs:
-                    out = inputs[step.tops[k]]
-                elif want_grad and out.is_floating_point() and not out.requires_grad:
-                    out = out.detach().requires_grad_()
-            elif any(out is b for b in bottoms) or any(out is o for o in outs[:k]):
-                out = out.view_as(out)  # an identity top still gets its own autograd node (its own diff)
-            outs[k] = out
-        return tuple(outs)
-
-    def _may_overwrite(self, step: LayerStep, bottoms: list, blobs: Blobs, inputs: dict) -> bool:
-        """True when an in-place prototxt layer may write its bottom as Caffe does: no autograd, and the
-        bottom is a tensor this run made that no other blob, input, weight, buffer or view shares."""
-        if (torch.is_grad_enabled() or len(bottoms) != 1 or step.tops != step.bottoms
-                or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()):
-            return False
-        bottom = bottoms[0]
-        if bottom._base is not None or bottom.requires_grad or bottom.numel() == 0:
-            return False
-        storage = bottom.untyped_storage().data_ptr()
-        if step.bottoms[0] in blobs.source_tops or blobs.storage_refs[storage] != 1:
-            return False
-        fed = (v.untyped_storage().data_ptr() for v in inputs.values() if torch.is_tensor(v))
-        return storage not in self._weight_storage() and storage not in set(fed)
-
-    def _weight_storage(self) -> set[int]:
-        """Storage addresses of every parameter and buffer (cached; ``_apply``/``load_state_dict`` reset it)."""
-        cached = getattr(self, "_state_storage", None)
-        if cached is None:
-            cached = {t.untyped_storage().data_ptr() for t in [*self.parameters(), *self.buffers()]}
-            self._state_storage = cached
-        return cached
-
-    def load_state_dict(self, *args, **kwargs):
-        self._state_storage = None
-        return super().load_state_dict(*args, **kwargs)
-
-    def objective(self, blobs) -> torch.Tensor:
-        """Σ loss_weight · sum(top) over the loss tops of a forward pass (0 when the net has no loss)."""
-        if isinstance(blobs, Blobs):
-            terms = [(w, t) for _, w, t in blobs.loss_terms]
-        else:
-            terms = [(w, blobs[n]) for n, w in self.loss_weights.items() if n in blobs]
-        if not terms:
-            return torch.zeros((), device=self._device())
-        total = terms[0][0] * terms[0][1].sum()
-        for w, t in terms[1:]:
-            total = total + w * t.sum()
-        return total
-
-    def backward(self, blobs: Blobs, top_diffs: dict | None = None, loss: bool = True,
-                 retain_graph: bool = True) -> OrderedDict:
-        """Caffe's backward after ``blobs = net.forward(...)``: the gradient of the objective (loss tops
-        weighted by loss_weight, unless ``loss=False``) plus ``Σ <blob, top_diffs[blob]>`` for given diffs
-        (a diff given for a loss top replaces its loss weight, like setting its diff in pycaffe).
-        Parameter gradients are **accumulated** into ``.grad`` (Caffe accumulates param diffs).  Returns
-        every blob's diff (zeros where no gradient flows), keyed like ``blobs``."""
-        top_diffs = dict(top_diffs or {})
-        outputs, grads = [], []
-        if loss:
-            for name, weight, tensor in blobs.loss_terms:
-                if name not in top_diffs and tensor.requires_grad:
-                    outputs.append(tensor)
-                    grads.append(torch.full_like(tensor, weight))
-        for name, diff in top_diffs.items():
-            tensor = blobs[name]
-            diff = torch.as_tensor(np.asarray(diff) if not torch.is_tensor(diff) else diff)
-            diff = diff.to(device=tensor.device, dtype=tensor.dtype).reshape(tensor.shape)
-            if tensor.requires_grad:
-                outputs.append(tensor)
-                grads.append(diff)
-        targets = [(n, t) for n, t in blobs.diff_targets.items() if t.requires_grad]
-        params = [p for p in self.parameters() if p.requires_grad]
-        results = [None] * (len(targets) + len(params))
-        if outputs:
-            results = torch.autograd.grad(outputs, [t for _, t in targets] + params, grads, allow_unused=True,
-                                          retain_graph=retain_graph)
-        with torch.no_grad():
-            for p, g in zip(params, results[len(targets):]):
-                if g is not None:
-                    p.grad = g.clone() if p.grad is None else p.grad + g
-        found = {n: g for (n, _), g in zip(targets, results[:len(targets)])}
-        diffs = OrderedDict()
-        for name, tensor in blobs.items():
-            g = found.get(name)
-            diffs[name] = g if g is not None else torch.zeros_like(tensor)
-        return diffs
-
     def fuse_for_inference(self, keep=(), memory_format="auto"):
         """A new inference-only :class:`~caffe_compat.fuse.FusedNet` with BatchNorm/Scale/Bias (+ Eltwise
         shortcut) + ReLU folded into the convolutions; this net is left unchanged (see :mod:`caffe_compat.fuse`)."""
@@ -563,19 +353,6 @@ class CaffeNet(CaffemodelWeights, nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, phase={self.phase!r}, layers={len(self.steps)}, blobs={len(self.blob_shapes)}"
-
-
-def _autocasting(tensor: torch.Tensor) -> bool:
-    return torch.is_autocast_enabled(tensor.device.type)
-
-
-def _in_float32(layer, bottoms: list) -> tuple:
-    """A loss layer under autocast runs in float32 (as PyTorch's autocast runs its own losses): its
-    float16/bfloat16 bottoms are cast up.  A float16 loss would overflow under GradScaler's first
-    scale (65536 > float16's 65504), so every first fp16 update would be skipped."""
-    low = (torch.float16, torch.bfloat16)
-    with torch.autocast(bottoms[0].device.type, enabled=False):
-        return layer(*[b.float() if torch.is_tensor(b) and b.dtype in low else b for b in bottoms])
 
 
 def load_net(prototxt, weights=None, phase: str = "test", level: int | None = None, stages=(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections import Counter
 
 import numpy as np
 import torch
@@ -43,6 +44,19 @@ def _copy_blob(blob: StoredBlob, target: torch.Tensor, where: str) -> None:
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
+def overwritten_layers(layers, stored) -> frozenset[str]:
+    """Names of the net layers (``layers``: the user layers, in net order) whose every blob the caffemodel
+    ``stored`` overwrites, so that building them need not initialise their blobs: layers the file holds
+    blobs for, named once in the net (``CopyTrainedLayersFrom`` copies by name into the last layer of
+    that name).  Such a layer's blobs are all overwritten, or building the net raises: a blob count or
+    shape that does not fit is an error (:meth:`CaffemodelWeights._copy_stored`); a blob it shares
+    through ``ParamSpec.name`` is the owner's (filled or copied, as before)."""
+    if not stored:
+        return frozenset()
+    in_net = Counter(layer.name for layer in layers)
+    return frozenset(name for name, blobs in stored if blobs and in_net[name] == 1)
 
 
 class CaffemodelWeights:

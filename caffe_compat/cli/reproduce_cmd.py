@@ -31,6 +31,8 @@ def register(sub) -> None:
     p.add_argument("--snapshot-every", type=int, default=0, help="also snapshot every N iterations (resume points)")
     p.add_argument("--batch-size", type=int, help="override the paper's batch size (e.g. small for a CPU smoke run)")
     p.add_argument("--per-label", type=int, help="images per label run in a batch (label-shuffling sampler)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the training net (one graph: its data comes in through Input layers)")
     p.add_argument("--out", help="run directory (default runs/<dataset>)")
     p.add_argument("--fresh", action="store_true",
                    help="discard what the requested runs' directories hold (snapshots, metrics) and retrain them")
@@ -47,7 +49,8 @@ def run(args) -> int:
     config = ReproduceConfig(args.dataset, data_root=args.data_root, losses=args.losses, seeds=args.seeds,
                              weights=args.weights, delta_min=args.delta_min, device=device, max_iter=args.max_iter,
                              out_dir=args.out, workers=args.workers, snapshot_every=args.snapshot_every,
-                             batch_size=args.batch_size, per_label=args.per_label, fresh=args.fresh)
+                             batch_size=args.batch_size, per_label=args.per_label, fresh=args.fresh,
+                             compile=args.compile)
     with cli_warnings("reproduce"):
         summary = reproduce(config)
     print()

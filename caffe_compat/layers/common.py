@@ -190,9 +190,11 @@ class ArgMax(CaffeLayer):
         self.top_k = int(p.top_k)
         self.axis = canonical_axis(p.axis, len(shape), self.layer_name, "argmax_param.axis") \
             if p.HasField("axis") else None
-        self.top_shape(param, shape)
+        self.built_top = self.top_shape(param, shape)
 
     def _top_shape(self, shape) -> tuple[int, ...]:
+        if tuple(shape) == self.bottom_shapes[0]:
+            return self.built_top  # no protobuf read (a compiled forward cannot trace one)
         return self.top_shape(self.param, tuple(shape))
 
     def forward(self, x):
@@ -234,8 +236,8 @@ class Embed(CaffeLayer):
         self.input_dim, self.num_output = int(p.input_dim), int(p.num_output)
         if self.input_dim < 1 or self.num_output < 1:
             raise FormatError(f"layer '{self.layer_name}': Embed needs input_dim > 0 and num_output > 0")
-        self.weight = nn.Parameter(torch.zeros(self.input_dim, self.num_output))
-        self.bias = nn.Parameter(torch.zeros(self.num_output)) if p.bias_term else None
+        self.weight = nn.Parameter(self.new_blob((self.input_dim, self.num_output)))
+        self.bias = nn.Parameter(self.new_blob((self.num_output,))) if p.bias_term else None
         self.weight_filler = layer_filler(p, "weight_filler")
         self.bias_filler = layer_filler(p, "bias_filler")
 
@@ -249,7 +251,10 @@ class Embed(CaffeLayer):
 
     def forward(self, x):
         index = x.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
-        if index.numel() and (bool((index < 0).any()) or bool((index >= self.input_dim).any())):
+        if torch.compiler.is_compiling():  # the same check, without a host sync in the graph
+            torch._assert_async(((index >= 0) & (index < self.input_dim)).all(),
+                                f"layer '{self.layer_name}': an Embed index is outside [0, {self.input_dim})")
+        elif index.numel() and (bool((index < 0).any()) or bool((index >= self.input_dim).any())):
             bad = x[(index < 0) | (index >= self.input_dim)].flatten()[0].item()
             raise DataError(f"layer '{self.layer_name}': Embed index {bad} is outside [0, {self.input_dim})")
         y = F.embedding(index, self.weight)
@@ -338,7 +343,7 @@ class Parameter(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        self.blob = nn.Parameter(torch.zeros(self.infer(param, []).params[0]))
+        self.blob = nn.Parameter(self.new_blob(self.infer(param, []).params[0]))
 
     def caffe_blobs(self):
         return [self.blob]

@@ -102,10 +102,11 @@ class CosineSimilarityBatchLayer(CaffeLayer):
         _reject_unused(self, param.metric_loss_param, ())
         p = param.cosine_similarity_batch_param
         self.pos_label, self.neg_label = float(p.pos_label), float(p.neg_label)
+        self.num_tops = len(param.top)
 
     def forward(self, feature, label):
         cosine, pair_label = cosine_similarity_batch(_rows(feature), label.reshape(-1), self.pos_label, self.neg_label)
-        return (cosine, pair_label)[:len(self.param.top)]
+        return (cosine, pair_label)[:self.num_tops]
 
 
 @register_layer("FAPPYLoss")

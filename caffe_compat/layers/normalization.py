@@ -59,9 +59,9 @@ class BatchNorm(CaffeLayer):
         self.moving_average_fraction = float(p.moving_average_fraction)
         self.eps = float(p.eps)
         self._global_stats_setting = p.use_global_stats if p.HasField("use_global_stats") else None
-        self.register_buffer("mean", torch.zeros(self.channels))
-        self.register_buffer("variance", torch.zeros(self.channels))
-        self.register_buffer("scale_factor", torch.zeros(1))
+        self.register_buffer("mean", self.new_blob((self.channels,)))
+        self.register_buffer("variance", self.new_blob((self.channels,)))
+        self.register_buffer("scale_factor", self.new_blob((1,)))
 
     @property
     def use_global_stats(self) -> bool:
@@ -189,9 +189,9 @@ class Scale(CaffeLayer):
         p = param.scale_param
         self.axis, shapes = _affine_shapes(param, self.bottom_shapes, p, "scale", p.bias_term)
         blobs = list(shapes.params)
-        self.scale = nn.Parameter(torch.ones(blobs.pop(0))) if len(self.bottom_shapes) == 1 else None
+        self.scale = nn.Parameter(self.new_blob(blobs.pop(0), 1.0)) if len(self.bottom_shapes) == 1 else None
         self.scale_filler = layer_filler(p, "filler", constant_filler(1.0))
-        self.bias = nn.Parameter(torch.zeros(blobs.pop(0))) if p.bias_term else None
+        self.bias = nn.Parameter(self.new_blob(blobs.pop(0))) if p.bias_term else None
         self.bias_filler = layer_filler(p, "bias_filler", caffe_pb2.FillerParameter())
 
     def caffe_blobs(self):
@@ -239,7 +239,7 @@ class Bias(CaffeLayer):
         super().__init__(param, bottom_shapes, phase)
         p = param.bias_param
         self.axis, shapes = _affine_shapes(param, self.bottom_shapes, p, "bias", False)
-        self.bias = nn.Parameter(torch.zeros(shapes.params[0])) if shapes.params else None
+        self.bias = nn.Parameter(self.new_blob(shapes.params[0])) if shapes.params else None
         self.filler = layer_filler(p, "filler", caffe_pb2.FillerParameter())
 
     def caffe_blobs(self):

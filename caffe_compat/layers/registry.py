@@ -15,7 +15,9 @@ Contract of a port (``caffe_compat.net.CaffeNet`` relies on it):
 * ``forward(self, *bottoms) -> tuple[Tensor, ...]``: one tensor per top, in top order.
 * ``output_shapes(self) -> list[tuple[int, ...]]``: shapes of the tops for the bottom shapes given at
   construction (used for shape checks and by nets that chain layers).
-* ``fill(self, generator)``: initialise blobs with Caffe's fillers (see ``layers/fillers.py``).
+* ``fill(self, generator)``: initialise blobs with Caffe's fillers (see ``layers/fillers.py``).  Blobs are
+  created with :meth:`CaffeLayer.new_blob`, which leaves them uninitialised when the net is about to
+  copy a caffemodel's values over all of them (:func:`blobs_overwritten`).
 * ``is_loss``: True for loss layers (their top 0 gets loss_weight 1 by default, as in Caffe).
 
 The type's facts are class attributes and classmethods of the port, read through the registry by
@@ -56,6 +58,8 @@ read ``self.phase`` for behaviour: use ``self.mode_phase`` (or ``self.training``
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Callable
 
 import torch
@@ -65,6 +69,19 @@ from caffe_compat.errors import UnknownLayerError
 from caffe_compat.layers.facts import ANY, BlobCount, InputFacts, Shapes
 
 _REGISTRY: dict[str, type["CaffeLayer"]] = {}
+_BLOBS_OVERWRITTEN = contextvars.ContextVar("caffe_compat_blobs_overwritten", default=False)
+
+
+@contextlib.contextmanager
+def blobs_overwritten():
+    """Within it, the ports being built allocate their blobs uninitialised (:meth:`CaffeLayer.new_blob`):
+    the caller overwrites every one of them before use (a net copying in a caffemodel that holds all of
+    the layer's blobs), so filling them first would write every value twice."""
+    token = _BLOBS_OVERWRITTEN.set(True)
+    try:
+        yield
+    finally:
+        _BLOBS_OVERWRITTEN.reset(token)
 
 
 class CaffeLayer(nn.Module):
@@ -88,11 +105,12 @@ class CaffeLayer(nn.Module):
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__()
-        self.param = param
-        self.layer_name = param.name
-        self.bottom_shapes = [tuple(int(d) for d in s) for s in bottom_shapes]
-        self.check_blob_counts(param, len(self.bottom_shapes), check_tops=bool(param.top))
-        self.phase = phase  # also sets the torch training flag (see the ``phase`` property)
+        shapes = [tuple(map(int, s)) for s in bottom_shapes]
+        self.check_blob_counts(param, len(shapes), check_tops=bool(param.top))
+        # plain values, set as nn.Module.__setattr__ would (no parameter, buffer or submodule exists yet), and
+        # the torch training flag from the phase (see the ``phase`` property): a net builds hundreds of ports
+        self.__dict__.update(param=param, layer_name=param.name, bottom_shapes=shapes, _phase=phase,
+                             training=phase == "train")
 
     @property
     def phase(self) -> str:
@@ -134,6 +152,14 @@ class CaffeLayer(nn.Module):
     def caffe_blobs(self) -> list[torch.Tensor]:
         """The layer's blobs in Caffe order (what a caffemodel stores for it)."""
         return []
+
+    @staticmethod
+    def new_blob(shape, value: float = 0.0) -> torch.Tensor:
+        """A new float32 blob of ``shape`` holding ``value`` (what a port creates its blobs with, before
+        ``fill``), or left uninitialised within :func:`blobs_overwritten`."""
+        if _BLOBS_OVERWRITTEN.get():
+            return torch.empty(shape)
+        return torch.full(shape, value) if value else torch.zeros(shape)
 
     def output_shapes(self) -> list[tuple[int, ...]]:
         """The tops' shapes for the bottom shapes given at construction: the type's shape rule."""

@@ -223,6 +223,8 @@ class Reshape(CaffeLayer):
         self.top_shape = self.shape_for(self.bottom_shapes[0])
 
     def shape_for(self, bottom_shape) -> tuple[int, ...]:
+        if tuple(bottom_shape) == self.bottom_shapes[0] and hasattr(self, "top_shape"):
+            return self.top_shape  # the built shape: no protobuf read (a compiled forward cannot trace one)
         return self.reshaped(self.param, bottom_shape)
 
     def forward(self, x):

@@ -105,8 +105,8 @@ class _ConvolutionBase(CaffeLayer):
         self.group, self.num_output, self.bias_term = g.group, g.num_output, g.bias_term
         self.channels = channels
         blobs = self.infer(param, self.bottom_shapes).params
-        self.weight = nn.Parameter(torch.zeros(blobs[0]))
-        self.bias = nn.Parameter(torch.zeros(blobs[1])) if g.bias_term else None
+        self.weight = nn.Parameter(self.new_blob(blobs[0]))
+        self.bias = nn.Parameter(self.new_blob(blobs[1])) if g.bias_term else None
 
     def caffe_blobs(self):
         return [self.weight] + ([self.bias] if self.bias is not None else [])
@@ -184,8 +184,8 @@ class InnerProduct(CaffeLayer):
         self.num_input = int(math.prod(shape[self.axis:]))
         self.num_output = int(p.num_output)
         self.transpose = bool(p.transpose)
-        self.weight = nn.Parameter(torch.zeros(self.infer(param, self.bottom_shapes).params[0]))
-        self.bias = nn.Parameter(torch.zeros(self.num_output)) if p.bias_term else None
+        self.weight = nn.Parameter(self.new_blob(self.infer(param, self.bottom_shapes).params[0]))
+        self.bias = nn.Parameter(self.new_blob((self.num_output,))) if p.bias_term else None
 
     def caffe_blobs(self):
         return [self.weight] + ([self.bias] if self.bias is not None else [])

@@ -210,7 +210,13 @@ def _replay(fn, levels: list[float], *inputs: torch.Tensor) -> tuple[torch.Tenso
 
 def _caffe_matrix(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``_caffe(_from_matrix(sim), labels, levels)``; on CUDA through a cached CUDA graph."""
+    """``_caffe(_from_matrix(sim), labels, levels)``; on CUDA through a cached CUDA graph; under
+    ``torch.compile`` the static form, its bounds check an assertion in the graph (no host sync)."""
+    if torch.compiler.is_compiling() and levels and labels.numel() >= 2:
+        loss, h, unreadable = _caffe_static(sim, labels, levels)
+        torch._assert_async(~unreadable, "FAPPY: a cosine the layer reads is NaN, below -1, or >= 1 for a negative "
+                                         "pair (the Caffe layer reads its histogram out of bounds)")
+        return loss, h
     if _graph_applies(sim, labels, levels):
         loss, h, unreadable = _replay(_caffe_static, levels, sim, labels)
         if not bool(unreadable):

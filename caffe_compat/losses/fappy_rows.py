@@ -97,7 +97,7 @@ class _Rows:
 def _argsort_rows(key: torch.Tensor) -> torch.Tensor:
     """Row-wise argsort.  On the CPU through NumPy, whose vectorised sort is several times faster than
     ``torch.sort`` on rows of this size; the order of equal keys never matters to the loss."""
-    if key.device.type == "cpu":
+    if key.device.type == "cpu" and not torch.compiler.is_compiling():
         return torch.from_numpy(np.argsort(key.numpy(), axis=1))
     return torch.argsort(key, dim=1)
 

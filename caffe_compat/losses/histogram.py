@@ -59,8 +59,11 @@ class HistogramLoss(torch.nn.Module):
         pos_w = (pos & upper).to(sim.dtype).reshape(1, -1)
         neg_w = (neg & upper).to(sim.dtype).reshape(1, -1)
         n_pos, n_neg = pos_w.sum(), neg_w.sum()
-        if n_pos == 0 or n_neg == 0:
+        compiling = torch.compiler.is_compiling()
+        if not compiling and (n_pos == 0 or n_neg == 0):
             return sim.sum() * 0.0
+        if compiling:  # the same values without a data-dependent branch: an empty histogram gives 0
+            n_pos, n_neg = n_pos.clamp_min(1), n_neg.clamp_min(1)
         values = sim.reshape(1, -1)
         h_pos = triangular_histogram(values, pos_w, self.num_bins, -1.0, 1.0)[0] / n_pos
         h_neg = triangular_histogram(values, neg_w, self.num_bins, -1.0, 1.0)[0] / n_neg

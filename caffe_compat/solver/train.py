@@ -13,7 +13,9 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
   the iteration still counts).
   Parameters, diffs and Caffe's update stay float32.
 * ``channels_last``: 4-D parameters and inputs in NHWC memory order (values unchanged).
-* ``compile``: the net's forward through ``torch.compile``.
+* ``compile``: the net's forward through ``torch.compile``, as one graph (``fullgraph=True``) when its
+  sources are Inputs fed from ``data`` (:func:`caffe_compat.net.compile_net`; data layers reading their
+  own files, or user Python layers, break the graph around them).
 * ``deterministic``: seeds (torch, numpy, random), ``torch.use_deterministic_algorithms``, no cuDNN
   autotuning: two runs with the same seed give the same weights.
 * a tqdm bar with loss and lr, a CSV log (``iter, loss, smoothed_loss, lr, clip_scale, seconds``),
@@ -84,6 +86,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
 from caffe_compat.hardware import warn_if_bf16_slow
+from caffe_compat.net import compile_net
 from caffe_compat.solver import distributed as ddp
 from caffe_compat.solver.distributed_run import (ALONE, DistributedRun, RankZeroOnly, prepare_nets, rank_device,
                                                  wants_distributed)
@@ -285,7 +288,7 @@ def _configure(solver: Solver, amp, channels_last: bool, compile: bool) -> None:
         for net in [solver.net] + solver.test_nets:
             net.to(memory_format=torch.channels_last)
     if compile:
-        solver.forward_fn = torch.compile(solver.net)
+        solver.forward_fn = compile_net(solver.net)  # one graph (fullgraph) when the net's sources are Inputs
 
 
 def _solve(solver: Solver, total: int, to_max_iter: bool, run: DistributedRun | None) -> None:

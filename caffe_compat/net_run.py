@@ -1,0 +1,297 @@
+"""Running a :class:`~caffe_compat.net.CaffeNet`: forward (whole net or a layer range), the objective and
+Caffe's backward, and :class:`Blobs`, what a forward returns.
+
+Forward (``net(**inputs)`` or ``net.forward(**inputs)``) returns :class:`Blobs`, an ordered dict of
+**every** blob in Caffe's creation order holding what ``net.blobs[name].data`` would show: a blob
+rewritten in place (ReLU, Dropout, Scale, ...) holds the value after the last in-place layer.  With
+autograd on, no real in-place tensor op is used: each layer output is a new tensor, so autograd is
+exact.  Caffe's diff of a blob is the gradient with respect to the output of the *first* layer of its
+in-place chain; ``Blobs.diff_targets`` holds those tensors and ``backward`` returns every blob's diff.
+Without autograd (``torch.no_grad()`` / ``torch.inference_mode()``, the way to run inference) a layer
+that is in-place in the prototxt and offers ``forward_inplace`` (ReLU, BatchNorm with global
+statistics, Scale) overwrites its bottom as Caffe does, when that tensor was made in this run and no
+other blob, view, fed input or weight shares its storage; memory-bound Pooling/LRN then run sample by
+sample (:mod:`caffe_compat.layers.cache_blocking`).  The blobs hold the same values either way.
+
+Under ``torch.compile`` (``torch.compiler.is_compiling()``) the storage bookkeeping that decides those
+eager in-place writes (``Blobs`` counting storages by ``data_ptr``, :meth:`NetExecution._may_overwrite`)
+is inactive and every layer returns a new tensor, as with autograd on: Caffe's in-place semantics are
+the *values* (a blob shows the last in-place layer's output; its diff is taken at the chain's first
+output), and those are what the traced graph computes; the compiler plans buffer reuse itself.  The
+run plan (:meth:`NetExecution._plan`) is built once per net, so a traced forward reads plain tuples and
+the compiled net does not recompile from one step to the next at the same shapes.
+
+Loss: a loss layer's top 0 has loss_weight 1 unless the prototxt says otherwise; any top with an
+explicit non-zero ``loss_weight`` counts.  ``net.objective(blobs) = Σ loss_weight · sum(top)``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from caffe_compat.errors import CaffeCompatError, FormatError
+
+__all__ = ["Blobs", "LayerStep", "NetExecution", "compile_net", "traces_whole"]
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """One layer of the built net, in execution order (Caffe's ``net.layers``, Split layers included)."""
+
+    name: str
+    type: str
+    bottoms: tuple[str, ...]
+    tops: tuple[str, ...]
+    module_key: str | None  # key in ``CaffeNet.layers``; None for an automatic Split layer
+    phase: str
+    loss_weights: tuple[float, ...]  # one per top; 0.0 = not part of the objective
+    propagate_down: tuple[bool, ...]  # one per bottom
+
+
+class Blobs(OrderedDict):
+    """Every blob after a forward pass, name -> tensor (post in-place value, pycaffe's ``net.blobs``).
+
+    ``diff_targets``: name -> tensor whose gradient is Caffe's diff of that blob (the output of the first
+    layer of an in-place chain).  ``loss_terms``: ``(top name, loss_weight, tensor)`` of the objective.
+    ``step_outputs``: step index -> the tops that step produced (every version of an in-place blob), kept
+    when autograd is on (pycaffe's backward ranges read them).
+    """
+
+    def __init__(self, *args, **kwargs):
+        self.storage_refs: Counter[int] = Counter()  # storage address -> how many blobs hold it
+        self.source_tops: set[str] = set()  # tops of bottomless layers (inputs, data layers)
+        super().__init__(*args, **kwargs)
+        self.diff_targets: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.loss_terms: list[tuple[str, float, torch.Tensor]] = []
+        self.step_outputs: dict[int, tuple] = {}  # step index -> the tensors it produced
+
+    def __setitem__(self, name, value):
+        if torch.compiler.is_compiling():  # no eager in-place writes under compile: nothing to count
+            super().__setitem__(name, value)
+            return
+        old = self.get(name)
+        if torch.is_tensor(old):
+            self.storage_refs[old.untyped_storage().data_ptr()] -= 1
+        if torch.is_tensor(value):
+            self.storage_refs[value.untyped_storage().data_ptr()] += 1
+        super().__setitem__(name, value)
+
+    def __delitem__(self, name):
+        old = self[name]
+        if torch.is_tensor(old) and not torch.compiler.is_compiling():
+            self.storage_refs[old.untyped_storage().data_ptr()] -= 1
+        super().__delitem__(name)
+
+
+class NetExecution:
+    """Forward, objective and backward of a :class:`~caffe_compat.net.CaffeNet` (a mixin of it; it reads the
+    net's ``steps``, ``layers``, ``force_backward``, ``feedable_names`` and ``blob_shapes``)."""
+
+    def forward(self, **inputs) -> Blobs:
+        """Run the whole net; ``inputs`` feed tops of bottomless layers by blob name.  Returns every blob."""
+        return self.run(inputs)
+
+    def run(self, inputs: dict | None = None, start: str | None = None, end: str | None = None,
+            input_grad: bool | None = None) -> Blobs:
+        """Run layers ``start`` .. ``end`` (Caffe layer names, inclusive; default all).  ``inputs`` feed
+        tops of bottomless layers; with ``start`` they may name any blob the run reads.  ``input_grad``
+        (default: the net's ``force_backward``) makes fed floating-point tensors require grad."""
+        inputs = dict(inputs or {})
+        names = [s.name for s in self.steps]
+        first = 0 if start is None else self._step_index(start, names)
+        last = len(self.steps) - 1 if end is None else self._step_index(end, names)
+        allowed = set(self.feedable_names) if start is None else set(self.blob_shapes)
+        unknown = [n for n in inputs if n not in allowed]
+        if unknown:
+            raise FormatError(f"net '{self.name}': cannot feed {unknown}; feedable blobs are "
+                              f"{sorted(allowed) if start is not None else self.feedable_names}")
+        # A compiled graph cannot make new leaf tensors: under torch.compile the caller's inputs keep their
+        # requires_grad (pass them requiring grad for their diffs) and data-layer tops get no diff.
+        want_grad = ((self.force_backward if input_grad is None else input_grad) and torch.is_grad_enabled()
+                     and not torch.compiler.is_compiling())
+        device = self._device()
+        for n, value in list(inputs.items()):
+            if not torch.is_tensor(value):
+                value = torch.as_tensor(np.asarray(value, dtype=np.float32), device=device)
+            if want_grad and value.is_floating_point() and not value.requires_grad:
+                value = value.detach().requires_grad_()
+            inputs[n] = value
+        blobs = Blobs()
+        if start is not None:
+            for n, value in inputs.items():
+                blobs[n] = value
+                blobs.diff_targets[n] = value
+        for index, step in enumerate(self.steps[first:last + 1], first):
+            outs = self._run_step(step, blobs, inputs, want_grad)
+            if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # for backward ranges only
+                blobs.step_outputs[index] = outs
+            if not step.bottoms:
+                blobs.source_tops.update(step.tops)
+            for top, out, weight in zip(step.tops, outs, step.loss_weights):
+                if top not in blobs.diff_targets:
+                    blobs.diff_targets[top] = out
+                blobs[top] = out
+                if weight:
+                    blobs.loss_terms.append((top, weight, out))
+        return blobs
+
+    @staticmethod
+    def _step_index(name: str, names: list[str]) -> int:
+        try:
+            return names.index(name)
+        except ValueError:
+            raise FormatError(f"no layer named '{name}'") from None
+
+    def _run_step(self, step: LayerStep, blobs: Blobs, inputs: dict, want_grad: bool) -> tuple:
+        if step.module_key is None:  # Caffe's Split: one distinct autograd node per top, so each has a diff
+            source = blobs[step.bottoms[0]]
+            return tuple(source.view_as(source) for _ in step.tops)
+        if not step.bottoms and step.tops and all(t in inputs for t in step.tops):
+            return tuple(inputs[t] for t in step.tops)
+        try:
+            bottoms = [blobs[b] for b in step.bottoms]
+        except KeyError as exc:
+            raise FormatError(f"layer '{step.name}': bottom blob {exc} has no value in this run (feed it)") from None
+        bottoms = [b if keep else b.detach() for b, keep in zip(bottoms, step.propagate_down)]
+        layer = self.layers[step.module_key]
+        if self._may_overwrite(step, bottoms, blobs, inputs):
+            out = layer.forward_inplace(bottoms[0])
+            if out is not None:
+                return (out,)
+        if (layer.is_loss or any(step.loss_weights)) and bottoms and _autocasting(bottoms[0]):
+            outs = _in_float32(layer, bottoms)
+        else:
+            outs = layer(*bottoms)
+        if torch.is_tensor(outs):
+            outs = (outs,)
+        outs = list(outs)
+        if len(outs) != len(step.tops):
+            raise CaffeCompatError(f"layer '{step.name}' ({step.type}) returned {len(outs)} tops, expected "
+                                   f"{len(step.tops)}")
+        for k, out in enumerate(outs):
+            if not step.bottoms:
+                if step.tops[k] in inputs:
+                    out = inputs[step.tops[k]]
+                elif want_grad and out.is_floating_point() and not out.requires_grad:
+                    out = out.detach().requires_grad_()
+            elif any(out is b for b in bottoms) or any(out is o for o in outs[:k]):
+                out = out.view_as(out)  # an identity top still gets its own autograd node (its own diff)
+            outs[k] = out
+        return tuple(outs)
+
+    def _may_overwrite(self, step: LayerStep, bottoms: list, blobs: Blobs, inputs: dict) -> bool:
+        """True when an in-place prototxt layer may write its bottom as Caffe does: no autograd, and the
+        bottom is a tensor this run made that no other blob, input, weight, buffer or view shares."""
+        if (torch.is_grad_enabled() or len(bottoms) != 1 or step.tops != step.bottoms
+                or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()):
+            return False
+        bottom = bottoms[0]
+        if bottom._base is not None or bottom.requires_grad or bottom.numel() == 0:
+            return False
+        storage = bottom.untyped_storage().data_ptr()
+        if step.bottoms[0] in blobs.source_tops or blobs.storage_refs[storage] != 1:
+            return False
+        fed = (v.untyped_storage().data_ptr() for v in inputs.values() if torch.is_tensor(v))
+        return storage not in self._weight_storage() and storage not in set(fed)
+
+    def _weight_storage(self) -> set[int]:
+        """Storage addresses of every parameter and buffer (cached; ``_apply``/``load_state_dict`` reset it)."""
+        cached = getattr(self, "_state_storage", None)
+        if cached is None:
+            cached = {t.untyped_storage().data_ptr() for t in [*self.parameters(), *self.buffers()]}
+            self._state_storage = cached
+        return cached
+
+    def load_state_dict(self, *args, **kwargs):
+        self._state_storage = None
+        return super().load_state_dict(*args, **kwargs)
+
+    def objective(self, blobs) -> torch.Tensor:
+        """Σ loss_weight · sum(top) over the loss tops of a forward pass (0 when the net has no loss)."""
+        if isinstance(blobs, Blobs):
+            terms = [(w, t) for _, w, t in blobs.loss_terms]
+        else:
+            terms = [(w, blobs[n]) for n, w in self.loss_weights.items() if n in blobs]
+        if not terms:
+            return torch.zeros((), device=self._device())
+        total = terms[0][0] * terms[0][1].sum()
+        for w, t in terms[1:]:
+            total = total + w * t.sum()
+        return total
+
+    def backward(self, blobs: Blobs, top_diffs: dict | None = None, loss: bool = True,
+                 retain_graph: bool = True) -> OrderedDict:
+        """Caffe's backward after ``blobs = net.forward(...)``: the gradient of the objective (loss tops
+        weighted by loss_weight, unless ``loss=False``) plus ``Σ <blob, top_diffs[blob]>`` for given diffs
+        (a diff given for a loss top replaces its loss weight, like setting its diff in pycaffe).
+        Parameter gradients are **accumulated** into ``.grad`` (Caffe accumulates param diffs).  Returns
+        every blob's diff (zeros where no gradient flows), keyed like ``blobs``."""
+        top_diffs = dict(top_diffs or {})
+        outputs, grads = [], []
+        if loss:
+            for name, weight, tensor in blobs.loss_terms:
+                if name not in top_diffs and tensor.requires_grad:
+                    outputs.append(tensor)
+                    grads.append(torch.full_like(tensor, weight))
+        for name, diff in top_diffs.items():
+            tensor = blobs[name]
+            diff = torch.as_tensor(np.asarray(diff) if not torch.is_tensor(diff) else diff)
+            diff = diff.to(device=tensor.device, dtype=tensor.dtype).reshape(tensor.shape)
+            if tensor.requires_grad:
+                outputs.append(tensor)
+                grads.append(diff)
+        targets = [(n, t) for n, t in blobs.diff_targets.items() if t.requires_grad]
+        params = [p for p in self.parameters() if p.requires_grad]
+        results = [None] * (len(targets) + len(params))
+        if outputs:
+            results = torch.autograd.grad(outputs, [t for _, t in targets] + params, grads, allow_unused=True,
+                                          retain_graph=retain_graph)
+        with torch.no_grad():
+            for p, g in zip(params, results[len(targets):]):
+                if g is not None:
+                    p.grad = g.clone() if p.grad is None else p.grad + g
+        found = {n: g for (n, _), g in zip(targets, results[:len(targets)])}
+        diffs = OrderedDict()
+        for name, tensor in blobs.items():
+            g = found.get(name)
+            diffs[name] = g if g is not None else torch.zeros_like(tensor)
+        return diffs
+
+
+
+def _autocasting(tensor: torch.Tensor) -> bool:
+    return torch.is_autocast_enabled(tensor.device.type)
+
+
+def _in_float32(layer, bottoms: list) -> tuple:
+    """A loss layer under autocast runs in float32 (as PyTorch's autocast runs its own losses): its
+    float16/bfloat16 bottoms are cast up.  A float16 loss would overflow under GradScaler's first
+    scale (65536 > float16's 65504), so every first fp16 update would be skipped."""
+    low = (torch.float16, torch.bfloat16)
+    with torch.autocast(bottoms[0].device.type, enabled=False):
+        return layer(*[b.float() if torch.is_tensor(b) and b.dtype in low else b for b in bottoms])
+
+
+def traces_whole(net) -> bool:
+    """Whether ``torch.compile(net, fullgraph=True)`` applies: every bottomless layer is an ``Input`` (a data
+    layer reads its files in Python inside forward) and no user Python layer runs (an autograd adapter
+    around the user's NumPy code)."""
+    for step in net.steps:
+        if step.module_key is None:
+            continue
+        if not step.bottoms and step.type != "Input":
+            return False
+        if step.type == "Python" and type(net.layers[step.module_key]).__module__.endswith("python_user"):
+            return False
+    return True
+
+
+def compile_net(net, **options):
+    """``torch.compile(net, fullgraph=True, **options)`` where :func:`traces_whole` (one graph, no graph
+    break: what CUDA graphs and whole-step fusion need), else ``torch.compile(net, **options)`` (graph
+    breaks around the layers that run Python of their own)."""
+    return torch.compile(net, fullgraph=traces_whole(net), **options)
