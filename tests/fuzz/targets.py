@@ -92,6 +92,25 @@ def _read_caffemodel(path):
     read_net(path)
 
 
+class Disagreement(AssertionError):
+    """The fast caffemodel reader and protobuf disagree on a file: a bug (an untyped exception)."""
+
+
+def _caffemodel_vs_protobuf(path):
+    """The in-place reader against protobuf's parser on the same bytes (see
+    tests/io/test_weights_differential.py), then read_weights itself."""
+    from tests.io.test_weights_differential import disagreement
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    reason = disagreement(data)
+    if reason:
+        raise Disagreement(reason)
+    from caffe_compat.io import read_weights
+
+    read_weights(path)
+
+
 def _read_solver(path):
     from caffe_compat.io import read_solver
 
@@ -283,6 +302,9 @@ TARGETS = {t.name: t for t in [
            _read_prototxt, ".prototxt"),
     Target("inspect", _file_seeds("layer_zoo/deploy.prototxt"), _text, _inspect, ".prototxt"),
     Target("caffemodel", _file_seeds("layer_zoo/weights.caffemodel"), _protobuf, _read_caffemodel, ".caffemodel"),
+    Target("caffemodel_diff", _file_seeds("layer_zoo/weights.caffemodel", "layer_zoo_nondiff/weights.caffemodel",
+                                          "solvers/sgd_fappy_authors_setup/init.caffemodel"),
+           _protobuf, _caffemodel_vs_protobuf, ".caffemodel", file_specials=False),  # specials: "caffemodel"
     Target("solver", _solver_seeds, _text, _read_solver, ".prototxt"),
     Target("binaryproto", _file_seeds("data/mean.binaryproto", "losses/infogain_H.binaryproto"), _protobuf, _read_blob,
            ".binaryproto"),
@@ -303,6 +325,7 @@ def preload() -> None:
     import caffe_compat.data.lmdb_source  # noqa: F401
     import caffe_compat.layers.python_ports  # noqa: F401
     import caffe_compat.tools.netsetup  # noqa: F401
+    import tests.io.test_weights_differential  # noqa: F401
     from caffe_compat.cli import build_parser
 
     build_parser()
