@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from google.protobuf import text_format
 
-from caffe_compat.errors import CaffeCompatError, CaffeCompatWarning, FormatError
+from caffe_compat.errors import CaffeCompatError, CaffeCompatWarning, FormatError, ShapeMismatchError
 from caffe_compat.proto import caffe_pb2
 
 FORMAT = "caffe-compat/1"
@@ -161,7 +161,15 @@ def load_checkpoint(path: str | os.PathLike, device=None):
         raise FormatError(f"{path}: digest mismatch: the file was truncated or modified (the content's sha256 is "
                           f"not the {recorded[:16]}... it records)")
     net = CaffeNet(payload["net_prototxt"], phase=payload["phase"])
-    missing, unexpected = net.load_state_dict(payload["state_dict"], strict=False)
+    expected = net.state_dict()
+    for name, tensor in payload["state_dict"].items():
+        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ShapeMismatchError(f"{path}: state_dict '{name}' has shape {list(tensor.shape)}, the stored net's "
+                                     f"blob {list(expected[name].shape)}")
+    try:
+        missing, unexpected = net.load_state_dict(payload["state_dict"], strict=False)
+    except RuntimeError as exc:  # a tensor torch cannot copy into the blob
+        raise FormatError(f"{path}: the state_dict does not fit the stored net ({str(exc)[:300]})") from None
     if missing or unexpected:
         raise FormatError(f"{path}: the state_dict does not fit the stored net (missing {list(missing)[:5]}, "
                           f"unexpected {list(unexpected)[:5]})")

@@ -6,13 +6,15 @@ warning.  Through ``caffe-compat convert --to-caffe`` such a file exits 2 withou
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from caffe_compat.checkpoint import FORMAT, content_digest, load_checkpoint
 from caffe_compat.cli import main
-from caffe_compat.errors import CaffeCompatWarning, FormatError
+from caffe_compat.errors import CaffeCompatWarning, FormatError, ShapeMismatchError
 from converters import convert_caffe_to_torch
 from tests.conftest import fixture_path
 
@@ -122,6 +124,17 @@ def test_a_checkpoint_larger_than_the_memory_budget_is_refused_before_loading(ch
     size = checkpoint.stat().st_size
     with pytest.raises(FormatError, match=fr"zoo\.pt: {size} bytes, more than the memory budget of 1024"):
         load_checkpoint(checkpoint)
+
+
+def test_a_tensor_of_another_shape_with_a_valid_digest_is_a_shape_error(checkpoint, tmp_path):
+    """Found by the fuzzer (tests/fuzz target 'checkpoint'): load_state_dict's RuntimeError escaped."""
+    payload = torch.load(checkpoint, weights_only=True)
+    key = next(k for k, v in payload["state_dict"].items() if v.ndim == 2)
+    payload["state_dict"][key] = torch.zeros(*payload["state_dict"][key].shape, 1)
+    payload["sha256"] = content_digest(payload)
+    torch.save(payload, tmp_path / "reshaped.pt")
+    with pytest.raises(ShapeMismatchError, match=fr"reshaped\.pt: state_dict '{re.escape(key)}' has shape"):
+        load_checkpoint(tmp_path / "reshaped.pt")
 
 
 def test_digest_covers_dtype_shape_and_order():
