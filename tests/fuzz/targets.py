@@ -80,7 +80,8 @@ def _both(*readers):
 # -- readers (imported here, before the runner forks) --------------------------------------------------
 
 def _read_prototxt(path):
-    from caffe_compat.io import infer_shapes, read_net
+    from caffe_compat.io import read_net
+    from caffe_compat.net_shapes import infer_shapes  # left caffe_compat.io (main moved it)
 
     infer_shapes(read_net(path))
 
@@ -490,6 +491,7 @@ def preload() -> None:
     """Import what the readers import, so that forked children start warm."""
     import caffe_compat.cli  # noqa: F401
     import caffe_compat.data.hdf5  # noqa: F401
+    import caffe_compat.net_shapes  # noqa: F401
     import caffe_compat.data.image  # noqa: F401
     import caffe_compat.data.lmdb_source  # noqa: F401
     import caffe_compat.layers.python_ports  # noqa: F401
