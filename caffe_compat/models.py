@@ -29,6 +29,9 @@ import tempfile
 from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError, FormatError
+from caffe_compat.io.safe_open import read_regular_text
+
+_CARD_MAX_BYTES = 1 << 20  # a model card is a few KB of JSON
 
 #: The package's own copy of the cards (package data; a link to ``models/`` in a checkout).
 PACKAGED_CARDS = Path(__file__).resolve().parent / "model_cards"
@@ -49,7 +52,10 @@ CARDS_DIR = PACKAGED_CARDS if _has_cards(PACKAGED_CARDS) else CHECKOUT_CARDS
 
 def file_digests(path: str | os.PathLike, algorithms=("sha256",), chunk: int = 1 << 20) -> dict[str, str]:
     """``{algorithm: hex digest}`` of a file, every algorithm in one pass over it."""
+    from caffe_compat.io.safe_open import check_regular_file
+
     digests = {name: hashlib.new(name, usedforsecurity=False) for name in algorithms}  # integrity, not security
+    check_regular_file(path, "a model file")  # a FIFO would block, /dev/zero never end
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(chunk), b""):
             for digest in digests.values():
@@ -75,7 +81,7 @@ def load_cards(directory: str | os.PathLike | None = None) -> dict[str, dict]:
     cards = {}
     for path in paths:
         try:
-            card = json.loads(path.read_text(encoding="utf-8"))
+            card = json.loads(read_regular_text(path, "the model cards", _CARD_MAX_BYTES, encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise FormatError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
         if not isinstance(card, dict) or not isinstance(card.get("name"), str) \

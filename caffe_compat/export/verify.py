@@ -32,6 +32,7 @@ from caffe_compat.errors import CaffeCompatError, DataError, FormatError
 from caffe_compat.export.metadata import read_metadata
 from caffe_compat.export.onnx_export import build_embedder, example_input
 from caffe_compat.export.runtime import EmbedderSession
+from caffe_compat.io.safe_open import check_regular_file
 
 __all__ = ["verify_onnx", "load_verify_input", "check_verify_input_path", "FP32_TOLERANCE", "FP16_TOLERANCE",
            "ARRAY_SUFFIXES"]
@@ -54,6 +55,7 @@ def check_verify_input_path(path) -> Path:
         raise CaffeCompatError(f"{path}: verification input not found (expected a .npy/.npz array or an image file)")
     if not path.is_file():
         raise CaffeCompatError(f"{path}: verification input is not a file (expected a .npy/.npz array or an image)")
+    check_regular_file(path, "the verification input")
     try:
         with path.open("rb"):
             pass
@@ -63,15 +65,15 @@ def check_verify_input_path(path) -> Path:
 
 
 def _read_array(path: Path, meta: dict) -> np.ndarray:
-    import zipfile
+    from caffe_compat.io.arrays import load_array_file
 
     expected = f"an (N, C, H, W) = {_layout(meta)} float array"
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FormatError(f"{path}: not a readable {path.suffix} file ({reason}); expected {expected}") from None
-    if isinstance(loaded, np.lib.npyio.NpzFile):
+    try:  # header checked against the file's size and the memory budget before numpy allocates
+        loaded = load_array_file(path, "the verification input")
+    except FormatError as exc:
+        text = str(exc).replace(f"{path}: not a readable .npy/.npz array", f"{path}: not a readable {path.suffix} file", 1)
+        raise FormatError(f"{text}; expected {expected}") from None
+    if not isinstance(loaded, np.ndarray):
         with loaded:
             names = list(loaded.files)
             blob = meta.get("input_blob", "data")
@@ -84,8 +86,8 @@ def _read_array(path: Path, meta: dict) -> np.ndarray:
                                   f"input blob); expected one array or one named '{blob}', {expected}")
             try:
                 array = loaded[name]
-            except (OSError, ValueError, zipfile.BadZipFile) as exc:
-                raise FormatError(f"{path}: array '{name}' is not readable ({exc}); expected {expected}") from None
+            except FormatError as exc:
+                raise FormatError(f"{exc}; expected {expected}") from None
             where = f"{path}['{name}']"
     else:
         array, where = loaded, str(path)

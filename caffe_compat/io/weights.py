@@ -13,9 +13,14 @@ Fields used (names and numbers of caffe.proto): NetParameter ``layer`` = 100 (La
 ``name`` = 1, ``blobs`` = 7); BlobProto ``num, channels, height, width`` = 1-4, ``data`` = 5 (packed
 float), ``double_data`` = 8 (packed double), ``shape`` = 7 (BlobShape ``dim`` = 1, packed int64).
 Protobuf's merge rules are kept: a repeated field may come in several runs (concatenated), the last
-``name`` wins, ``shape`` messages merge.  Anything else — legacy ``layers`` (V1/V0, which need
-Caffe's upgrade), a text file, unpacked floats, groups, a truncated or corrupt file — goes through
-:func:`caffe_compat.io.read_net` instead, which upgrades the net and raises the precise error.
+``name`` wins, ``shape`` messages merge, an ``int32`` keeps the low 32 bits of its varint and any varint
+its low 64.  The fields it does not use are checked as protobuf's parser checks them (the framing of
+every known sub-message per caffe.proto's descriptors, packed runs whole), so it accepts only bytes
+that protobuf accepts, with the same values — ``tests/io/test_weights_differential.py`` compares both on
+thousands of mutated caffemodels.  Anything else — legacy ``layers`` (V1/V0, which need Caffe's
+upgrade), a text file, unpacked floats, a known field with another wire type, groups, invalid UTF-8 in a
+name, a truncated or corrupt file — is :class:`Deferred` to :func:`caffe_compat.io.read_net`, which
+upgrades the net and raises the precise error.
 ``double_data`` wins over ``data`` when present, as in ``Blob::FromProto``.
 """
 
@@ -61,8 +66,9 @@ class StoredBlob:
         return len(target) <= 4 and (1,) * (4 - len(target)) + target == self.shape
 
 
-class _Fallback(Exception):
-    """The file needs protobuf's full parser (and possibly Caffe's upgrade)."""
+class Deferred(Exception):
+    """The bytes need protobuf's full parser (and possibly Caffe's upgrade): unusual, corrupt or legacy."""
+
 
 
 def read_weights(model) -> list[tuple[str, list[StoredBlob]]]:
@@ -79,7 +85,7 @@ def read_weights(model) -> list[tuple[str, list[StoredBlob]]]:
     if is_existing_file(model):
         try:
             return _read_mapped(Path(model))
-        except _Fallback:
+        except Deferred:
             pass
     return from_netparameter(read_net(model))
 
@@ -101,33 +107,54 @@ def _read_mapped(path: Path) -> list[tuple[str, list[StoredBlob]]]:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size == 0:
-                raise _Fallback
+                raise Deferred
             if os.name == "posix":  # MAP_POPULATE: map the cached pages at once, not one fault at a time
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 view = mmap.mmap(handle.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
             else:
                 view = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError:
-        raise _Fallback from None  # read_net reads it, or names the file and the reason
-    if not looks_binary(view[:65536]):
-        raise _Fallback
+        raise Deferred from None  # read_net reads it, or names the file and the reason
+    return parse_in_place(view)
+
+
+def parse_in_place(buf) -> list[tuple[str, list[StoredBlob]]]:
+    """``[(layer name, blobs)]`` of the binary NetParameter in ``buf`` (bytes, or a memory map: the arrays
+    are views of it), or :class:`Deferred` when protobuf's parser must decide (see the module docstring)."""
+    if not looks_binary(buf[:65536]):
+        raise Deferred
     try:
-        return _net_layers(view, 0, size)
+        return _net_layers(buf, 0, len(buf))
     except (IndexError, ValueError, UnicodeDecodeError):
-        raise _Fallback from None  # truncated or corrupt: read_net names the problem
+        raise Deferred from None  # truncated or corrupt: read_net names the problem
+
+
+_MASK64, _MASK32 = (1 << 64) - 1, (1 << 32) - 1
+_MAX_DEPTH = 100  # protobuf's default recursion limit
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
+    """A varint as protobuf decodes it: at most 10 bytes, the value kept to its low 64 bits."""
     value = shift = 0
     while True:
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
-            return value, pos
+            return value & _MASK64, pos
         shift += 7
         if shift > 63:
             raise ValueError("varint longer than 10 bytes")
+
+
+def _int32(value: int) -> int:
+    """An ``int32`` field's value from its varint: protobuf keeps the low 32 bits, then the sign."""
+    value &= _MASK32
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _fields(buf, pos: int, end: int):
@@ -135,6 +162,8 @@ def _fields(buf, pos: int, end: int):
     length-delimited field is its ``(start, stop)``, of a varint its integer, of fixed fields None."""
     while pos < end:
         key, pos = _varint(buf, pos)
+        if key > _MASK32:
+            raise Deferred  # protobuf reads a tag as 32 bits
         field, wire = key >> 3, key & 7
         if wire == _VARINT:
             value, pos = _varint(buf, pos)
@@ -146,31 +175,93 @@ def _fields(buf, pos: int, end: int):
         elif wire == _FIXED64:
             value, pos = None, pos + 8
         else:
-            raise _Fallback  # groups: not in caffe.proto
+            raise Deferred  # groups (not in caffe.proto), a stray end-group, wire types 6 and 7
         if pos > end or field == 0:
             raise ValueError("field runs past its message")
         yield field, wire, value
+
+
+# -- protobuf's checks of the fields the fast reader does not use ------------------------------------
+# protobuf parses every known field of every message (a LayerParameter's convolution_param, a blob's
+# diff, the net's state), so corruption there is corruption of the file: the fast reader checks those
+# fields' framing against caffe.proto's descriptors, and defers to protobuf on anything it does not
+# model exactly (a known field with another wire type, groups).
+
+_F = caffe_pb2.NetParameter.DESCRIPTOR.fields_by_name["layer"].__class__  # FieldDescriptor
+_VARINT_TYPES = {_F.TYPE_INT32, _F.TYPE_INT64, _F.TYPE_UINT32, _F.TYPE_UINT64, _F.TYPE_SINT32, _F.TYPE_SINT64,
+                 _F.TYPE_BOOL, _F.TYPE_ENUM}
+_FIXED32_TYPES = {_F.TYPE_FIXED32, _F.TYPE_SFIXED32, _F.TYPE_FLOAT}
+_FIXED64_TYPES = {_F.TYPE_FIXED64, _F.TYPE_SFIXED64, _F.TYPE_DOUBLE}
+
+
+def _is_repeated(field) -> bool:
+    flag = getattr(field, "is_repeated", None)  # protobuf >= 5.28; protobuf 7 dropped `label`
+    return bool(flag) if flag is not None else field.label == _F.LABEL_REPEATED
+
+
+def _check_field(buf, descriptor, number: int, wire: int, value, depth: int) -> None:
+    """Check one field of a message of type ``descriptor`` as protobuf's parser would (ValueError when it
+    is corrupt, :class:`Deferred` when protobuf must decide)."""
+    field = descriptor.fields_by_number.get(number)
+    if field is None:
+        return  # an unknown field: protobuf keeps it as is, its framing is all that is checked
+    kind = field.type
+    if kind == _F.TYPE_MESSAGE:
+        if wire != _BYTES:
+            raise Deferred
+        _check_message(buf, *value, field.message_type, depth + 1)
+    elif kind in (_F.TYPE_STRING, _F.TYPE_BYTES):
+        if wire != _BYTES:
+            raise Deferred
+    elif wire == _BYTES:
+        if not _is_repeated(field):
+            raise Deferred
+        start, stop = value
+        if kind in _VARINT_TYPES:
+            pos = start
+            while pos < stop:
+                _, pos = _varint(buf, pos)
+            if pos != stop:
+                raise ValueError("packed varints overrun their field")
+        elif (stop - start) % (4 if kind in _FIXED32_TYPES else 8):
+            raise ValueError("packed run is not a whole number of values")
+    elif wire != (_VARINT if kind in _VARINT_TYPES else _FIXED32 if kind in _FIXED32_TYPES
+                  else _FIXED64 if kind in _FIXED64_TYPES else -1):
+        raise Deferred
+
+
+def _check_message(buf, pos: int, end: int, descriptor, depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        raise Deferred
+    for number, wire, value in _fields(buf, pos, end):
+        _check_field(buf, descriptor, number, wire, value, depth)
+
+
+_NET, _LAYER, _BLOB, _SHAPE = (caffe_pb2.NetParameter.DESCRIPTOR, caffe_pb2.LayerParameter.DESCRIPTOR,
+                               caffe_pb2.BlobProto.DESCRIPTOR, caffe_pb2.BlobShape.DESCRIPTOR)
 
 
 def _net_layers(buf, pos: int, end: int) -> list[tuple[str, list[StoredBlob]]]:
     layers = []
     for field, wire, value in _fields(buf, pos, end):
         if field == _NET_LEGACY_LAYERS:
-            raise _Fallback  # V1/V0 layers: Caffe upgrades them first
+            raise Deferred  # V1/V0 layers: Caffe upgrades them first
         if field == _NET_LAYER and wire == _BYTES:
             layers.append(_layer(buf, *value))
+        else:
+            _check_field(buf, _NET, field, wire, value, 1)
     return layers
 
 
 def _layer(buf, pos: int, end: int) -> tuple[str, list[StoredBlob]]:
     name, blobs = "", []
     for field, wire, value in _fields(buf, pos, end):
-        if wire != _BYTES:
-            continue
-        if field == _LAYER_NAME:
-            name = bytes(buf[value[0]:value[1]]).decode("utf-8")
-        elif field == _LAYER_BLOBS:
+        if field == _LAYER_NAME and wire == _BYTES:
+            name = bytes(buf[value[0]:value[1]]).decode("utf-8")  # invalid UTF-8: protobuf decides
+        elif field == _LAYER_BLOBS and wire == _BYTES:
             blobs.append(_blob(buf, *value))
+        else:
+            _check_field(buf, _LAYER, field, wire, value, 2)
     return name, blobs
 
 
@@ -178,13 +269,17 @@ def _blob(buf, pos: int, end: int) -> StoredBlob:
     legacy, dims, floats, doubles = {}, [], [], []
     for field, wire, value in _fields(buf, pos, end):
         if field in _BLOB_LEGACY_DIMS and wire == _VARINT:
-            legacy[field] = value - (1 << 64) if value >= 1 << 63 else value  # int32 as a sign-extended varint
+            legacy[field] = _int32(value)
         elif field == _BLOB_SHAPE and wire == _BYTES:
             dims.extend(_shape_dims(buf, *value))
-        elif field == _BLOB_DATA:
-            floats.append(_packed(buf, wire, value, "<f4"))
-        elif field == _BLOB_DOUBLE_DATA:
-            doubles.append(_packed(buf, wire, value, "<f8"))
+        elif field == _BLOB_DATA and wire == _BYTES:
+            floats.append(_packed(buf, value, "<f4"))
+        elif field == _BLOB_DOUBLE_DATA and wire == _BYTES:
+            doubles.append(_packed(buf, value, "<f8"))
+        elif field in (_BLOB_DATA, _BLOB_DOUBLE_DATA):
+            raise Deferred  # one unpacked value per field: valid, rare, left to protobuf
+        else:
+            _check_field(buf, _BLOB, field, wire, value, 3)
     if legacy:
         shape = tuple(legacy.get(f, 0) for f in _BLOB_LEGACY_DIMS)  # proto2 defaults 0
     else:
@@ -195,9 +290,7 @@ def _blob(buf, pos: int, end: int) -> StoredBlob:
     return StoredBlob(shape, bool(legacy), values)
 
 
-def _packed(buf, wire: int, value, dtype: str) -> np.ndarray:
-    if wire != _BYTES:
-        raise _Fallback  # one unpacked value per field: valid, rare, left to protobuf
+def _packed(buf, value, dtype: str) -> np.ndarray:
     start, stop = value
     itemsize = np.dtype(dtype).itemsize
     if (stop - start) % itemsize:
@@ -208,17 +301,17 @@ def _packed(buf, wire: int, value, dtype: str) -> np.ndarray:
 def _shape_dims(buf, pos: int, end: int) -> list[int]:
     dims = []
     for field, wire, value in _fields(buf, pos, end):
-        if field != _SHAPE_DIM:
-            continue
-        if wire == _VARINT:
-            dims.append(value - (1 << 64) if value >= 1 << 63 else value)
-        elif wire == _BYTES:
+        if field == _SHAPE_DIM and wire == _VARINT:
+            dims.append(_int64(value))
+        elif field == _SHAPE_DIM and wire == _BYTES:
             p, stop = value
             while p < stop:
                 dim, p = _varint(buf, p)
-                dims.append(dim - (1 << 64) if dim >= 1 << 63 else dim)
+                dims.append(_int64(dim))
             if p != stop:
                 raise ValueError("packed dims overrun")
+        else:
+            _check_field(buf, _SHAPE, field, wire, value, 4)
     return dims
 
 

@@ -37,7 +37,10 @@ import torch
 from caffe_compat.errors import CaffeCompatError
 from caffe_compat.io import read_net, read_solver
 from caffe_compat.io.atomic import write_text_atomic
+from caffe_compat.io.safe_open import check_regular_file, memory_budget, read_regular_text
 from caffe_compat.proto import caffe_pb2
+
+_RECORD_MAX_BYTES = 16 << 20  # the settings and progress records are a few KB of JSON
 
 #: The top-level prototxt/ of a source checkout (absent from an installed package).
 CHECKOUT_PROTOTXT = Path(__file__).resolve().parents[2] / "prototxt"
@@ -81,6 +84,7 @@ REPO_PROTOTXT = prototxt_root(strict=False)
 @lru_cache(maxsize=32)
 def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
+    check_regular_file(path, "a reproduced run's file")  # a FIFO would block, /dev/zero never end
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
@@ -132,7 +136,7 @@ def read_settings(run_dir: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())["settings"]
+        return json.loads(read_regular_text(path, "the run's settings record", _RECORD_MAX_BYTES))["settings"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RunSettingsMismatch(f"{path}: unreadable settings record ({exc}); pass a new --out, or --fresh to "
                                   f"discard this run and retrain it") from None
@@ -263,8 +267,8 @@ def _truncate_log(log_path: Path, before_iter: int) -> None:
     """Keep the header and the rows of iterations ``< before_iter`` (a resumed run redoes the others)."""
     if not log_path.exists():
         return
-    with open(log_path, newline="") as f:
-        rows = list(csv.reader(f))
+    text = read_regular_text(log_path, "the run's training log", memory_budget(0.1))
+    rows = list(csv.reader(text.splitlines(keepends=True)))
     kept = rows[:1] + [r for r in rows[1:] if r and r[0].lstrip("-").isdigit() and int(r[0]) < before_iter]
     text = "".join(",".join(r) + "\n" for r in kept)
     write_text_atomic(log_path, text)
@@ -275,7 +279,7 @@ def _segments(run_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     try:
-        return list(json.loads(path.read_text())["segments"])
+        return list(json.loads(read_regular_text(path, "the run's progress record", _RECORD_MAX_BYTES))["segments"])
     except (OSError, ValueError, KeyError, TypeError):
         return []
 

@@ -80,7 +80,8 @@ def _both(*readers):
 # -- readers (imported here, before the runner forks) --------------------------------------------------
 
 def _read_prototxt(path):
-    from caffe_compat.io import infer_shapes, read_net
+    from caffe_compat.io import read_net
+    from caffe_compat.net_shapes import infer_shapes  # left caffe_compat.io (main moved it)
 
     infer_shapes(read_net(path))
 
@@ -90,6 +91,25 @@ def _read_caffemodel(path):
 
     read_weights(path)
     read_net(path)
+
+
+class Disagreement(AssertionError):
+    """The fast caffemodel reader and protobuf disagree on a file: a bug (an untyped exception)."""
+
+
+def _caffemodel_vs_protobuf(path):
+    """The in-place reader against protobuf's parser on the same bytes (see
+    tests/io/test_weights_differential.py), then read_weights itself."""
+    from tests.io.test_weights_differential import disagreement
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    reason = disagreement(data)
+    if reason:
+        raise Disagreement(reason)
+    from caffe_compat.io import read_weights
+
+    read_weights(path)
 
 
 def _read_solver(path):
@@ -273,6 +293,173 @@ def _npy_suffix(data: bytes) -> str:
     return ".npz" if data.startswith(b"PK") else ".npy"
 
 
+# -- our own files: .trainstate and checkpoints -------------------------------------------------------
+
+_TRAINSTATE: dict = {}
+
+
+def _trainstate_setup():
+    """A LabelShufflingLayer net trained 3 iterations (snapshot at 3) and a Solver restored there: the
+    parent builds it once, every forked case resumes into its own copy."""
+    if not _TRAINSTATE:
+        import logging
+
+        from caffe_compat.solver import Solver
+        from tests.solver.test_train_resume import _run, _solver_file
+
+        logging.getLogger("caffe_compat").setLevel(logging.ERROR)
+        tmp = Path(tempfile.mkdtemp(prefix="fuzz-trainstate-seed-"))
+        part = _solver_file(tmp, "label_shuffling", "part")
+        _run(part, iters=3)
+        state = tmp / "part" / "snap_iter_3.solverstate"
+        solver = Solver(part, device="cpu")
+        solver.restore(str(state))
+        _TRAINSTATE.update(solver=solver, seed=state.with_suffix(".trainstate").read_bytes())
+    return _TRAINSTATE
+
+
+def _trainstate_seeds():
+    import json
+
+    seed = _trainstate_setup()["seed"]
+    raw = json.loads(seed)
+    del raw["sha256"]
+    return [seed, json.dumps(raw).encode()]  # with its digest, and as an older caffe-compat wrote it
+
+
+def _with_digest(raw) -> bytes:
+    import hashlib
+    import json
+
+    body = json.dumps(raw, separators=(",", ":")).encode()
+    if not (isinstance(raw, dict) and raw):
+        return body
+    return body[:-1] + b',"sha256":"' + hashlib.sha256(body).hexdigest().encode() + b'"}'
+
+
+_JSON_VALUES = [0, -1, 1, 2 ** 31, 2 ** 63, -2 ** 63, 2 ** 64, 10 ** 30, 1.5, -0.0, float("nan"), float("inf"), "", "x",
+                "MT19937", None, True, False, [], {}, [1, 2, 3], {"a": 1}, {"__tuple__": [1]}, {"__items__": [[1, 2]]},
+                {"__bytes__": "AAAA"}, {"__ndarray__": "AAAA", "dtype": "<u4", "shape": [1]},
+                {"__ndarray__": "AAAA", "dtype": "O", "shape": [1]}, {"__tensor__": "", "dtype": "|u1", "shape": [0]},
+                {"__ndarray__": "AAAA", "dtype": "<f8", "shape": [2 ** 40]}, {"__pickle__": "x"}]
+
+
+def _json_nodes(node, path=()):
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _json_nodes(value, path + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _json_nodes(value, path + (i,))
+
+
+def _mutate_json(rng, raw):
+    """One structural edit of the parsed JSON: a value replaced, a key dropped or added, a list changed."""
+    import copy
+
+    raw = copy.deepcopy(raw)
+    nodes = [(p, n) for p, n in _json_nodes(raw) if p]
+    path, node = rng.choice(nodes)
+    parent = raw
+    for key in path[:-1]:
+        parent = parent[key]
+    op = rng.random()
+    if op < 0.55:
+        value = copy.deepcopy(rng.choice(_JSON_VALUES))
+        if isinstance(node, int) and not isinstance(node, bool) and rng.random() < 0.5:
+            value = node + rng.choice([-1, 1, 7, 1000, -node - 1])
+        parent[path[-1]] = value
+    elif op < 0.7 and isinstance(parent, dict):
+        del parent[path[-1]]
+    elif op < 0.8 and isinstance(parent, dict):
+        parent[rng.choice(["extra", "__x", "stream", "generator", "position"])] = copy.deepcopy(rng.choice(_JSON_VALUES))
+    elif isinstance(node, list) and node:
+        node[:] = node[: rng.randrange(len(node))] if rng.random() < 0.5 else node * rng.randint(2, 3)
+    elif isinstance(node, str) and node:
+        i = rng.randrange(len(node))
+        parent[path[-1]] = node[:i] + rng.choice("A/+=!") + node[i + 1:]
+    else:
+        parent[path[-1]] = copy.deepcopy(rng.choice(_JSON_VALUES))
+    return raw
+
+
+def _trainstate_mutator(rng, data, seeds):
+    import json
+
+    if rng.random() < 0.3:  # bytes and text: the digest (or, without one, the parser) must catch them
+        return mutate.mutate_text(rng, data) if rng.random() < 0.5 else mutate.mutate_bytes(rng, data, seeds)
+    raw = json.loads(data)
+    raw.pop("sha256", None)
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        raw = _mutate_json(rng, raw)
+    return _with_digest(raw)  # a valid digest: the schema is what must catch it
+
+
+def _read_trainstate(path):
+    from caffe_compat.solver.trainstate import load_train_state
+
+    load_train_state(_trainstate_setup()["solver"], path[: -len(".trainstate")] + ".solverstate")
+
+
+def _checkpoint_seeds():
+    from converters import convert_caffe_to_torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "seed.pt"
+        convert_caffe_to_torch(str(fixture_path("layer_zoo_nondiff/deploy.prototxt")),
+                               str(fixture_path("layer_zoo_nondiff/weights.caffemodel")), path)
+        return [path.read_bytes()]
+
+
+def _checkpoint_mutator(rng, data, seeds):
+    """Bytes of the zip (the digest or torch's reader must catch them), or a payload edited and saved again
+    with a fresh digest (the checks of keys, the net's build and the strict state_dict must)."""
+    import torch
+
+    from caffe_compat.checkpoint import content_digest
+
+    if rng.random() < 0.6:
+        return mutate.mutate_bytes(rng, data, seeds)
+    payload = torch.load(io.BytesIO(data), weights_only=True)
+    op = rng.choice(["prototxt", "phase", "tensor_shape", "tensor_dtype", "drop_tensor", "extra_key", "drop_key"])
+    if op == "prototxt":
+        payload["net_prototxt"] = mutate.mutate_text(rng, payload["net_prototxt"].encode()).decode("utf-8", "replace")
+    elif op == "phase":
+        payload["phase"] = rng.choice(["train", "test", "TEST", "", 1])
+    elif op in ("tensor_shape", "tensor_dtype", "drop_tensor") and payload["state_dict"]:
+        key = rng.choice(sorted(payload["state_dict"]))
+        tensor = payload["state_dict"][key]
+        if op == "tensor_shape":
+            payload["state_dict"][key] = torch.zeros(*(d + rng.choice([0, 1, 2]) for d in tensor.shape), 1)
+        elif op == "tensor_dtype":
+            payload["state_dict"][key] = tensor.to(rng.choice([torch.float64, torch.int64, torch.bool, torch.float16]))
+        else:
+            del payload["state_dict"][key]
+    elif op == "extra_key":
+        payload[rng.choice(["optimizer", "sha256", "format"])] = rng.choice(["x", 1, torch.zeros(2)])
+    else:
+        del payload[rng.choice(["net_prototxt", "phase", "state_dict"])]
+    if rng.random() < 0.8:
+        try:
+            payload["sha256"] = content_digest(payload)
+        except Exception:  # noqa: BLE001 - a payload the digest cannot describe: saved as it is
+            pass
+    out = io.BytesIO()
+    torch.save(payload, out)
+    return out.getvalue()
+
+
+def _read_checkpoint(path):
+    import warnings
+
+    from caffe_compat.checkpoint import load_checkpoint
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load_checkpoint(path)
+
+
 def _lock_fifo(folder: Path) -> None:
     (folder / "data.mdb").write_bytes(fixture_path("data/lmdb_raw/data.mdb").read_bytes())
     os.mkfifo(folder / "lock.mdb")
@@ -283,6 +470,9 @@ TARGETS = {t.name: t for t in [
            _read_prototxt, ".prototxt"),
     Target("inspect", _file_seeds("layer_zoo/deploy.prototxt"), _text, _inspect, ".prototxt"),
     Target("caffemodel", _file_seeds("layer_zoo/weights.caffemodel"), _protobuf, _read_caffemodel, ".caffemodel"),
+    Target("caffemodel_diff", _file_seeds("layer_zoo/weights.caffemodel", "layer_zoo_nondiff/weights.caffemodel",
+                                          "solvers/sgd_fappy_authors_setup/init.caffemodel"),
+           _protobuf, _caffemodel_vs_protobuf, ".caffemodel", file_specials=False),  # specials: "caffemodel"
     Target("solver", _solver_seeds, _text, _read_solver, ".prototxt"),
     Target("binaryproto", _file_seeds("data/mean.binaryproto", "losses/infogain_H.binaryproto"), _protobuf, _read_blob,
            ".binaryproto"),
@@ -292,6 +482,8 @@ TARGETS = {t.name: t for t in [
     Target("hdf5", _hdf5_seeds, lambda rng, data, seeds: mutate.mutate_bytes(rng, data, seeds), _read_hdf5, ".h5"),
     Target("image", _image_seeds, lambda rng, data, seeds: mutate.mutate_bytes(rng, data, seeds), _read_image, ".img"),
     Target("param_str", _param_str_seeds, _text, _read_param_str, ".txt", file_specials=False),
+    Target("trainstate", _trainstate_seeds, _trainstate_mutator, _read_trainstate, ".trainstate"),
+    Target("checkpoint", _checkpoint_seeds, _checkpoint_mutator, _read_checkpoint, ".pt"),
 ]}
 
 
@@ -299,10 +491,14 @@ def preload() -> None:
     """Import what the readers import, so that forked children start warm."""
     import caffe_compat.cli  # noqa: F401
     import caffe_compat.data.hdf5  # noqa: F401
+    import caffe_compat.net_shapes  # noqa: F401
     import caffe_compat.data.image  # noqa: F401
     import caffe_compat.data.lmdb_source  # noqa: F401
     import caffe_compat.layers.python_ports  # noqa: F401
     import caffe_compat.tools.netsetup  # noqa: F401
+    import caffe_compat.checkpoint  # noqa: F401
+    import caffe_compat.solver.trainstate  # noqa: F401
+    import tests.io.test_weights_differential  # noqa: F401
     from caffe_compat.cli import build_parser
 
     build_parser()
