@@ -86,6 +86,12 @@ def data_param_prefetch(param):
         param.data_param.HasField("prefetch") else None
 
 
+def random_state_from(generator) -> np.random.RandomState:
+    """A data layer's numpy RandomState seeded from the net's torch generator (at ``fill``; Caffe seeds its
+    prefetch RNG from its own), so seeded nets draw the same crops, mirrors and shuffles."""
+    return np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
+
+
 class DataSetLayer(PrefetchingLayer, SourceLayer):
     """Base of the layers that read a data set: export stands an Input in for them (``reads_source``,
     ``input_facts`` from the DataTransformer's settings), and their tops' shapes are unknown without opening
@@ -122,7 +128,7 @@ class _RecordLayer(DataSetLayer):
     def fill(self, generator=None):
         """Seed the layer's RandomState from the net's generator (Caffe seeds it from its own RNG)."""
         self.reset_prefetch()
-        self._generator = np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
+        self._generator = random_state_from(generator)
 
     def output_shapes(self):
         return [(self.batch_size, *self.image_shape), (self.batch_size,)][:len(self.param.top)]
@@ -406,7 +412,7 @@ class HDF5Data(DataSetLayer):
 
     def fill(self, generator=None):
         self.reset_prefetch()
-        self._generator = np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
+        self._generator = random_state_from(generator)
         self._start()
 
     def _start(self) -> None:

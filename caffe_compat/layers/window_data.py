@@ -19,12 +19,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import torch
 
 from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import DataError, FormatError
 from caffe_compat.io.safe_open import check_regular_file, read_regular_text
 from caffe_compat.layers.data import SourceLayer
+from caffe_compat.layers.datasets import random_state_from
 from caffe_compat.layers.facts import BlobCount, InputFacts, Shapes, transform_input_facts
 from caffe_compat.layers.registry import register_layer
 
@@ -177,7 +177,7 @@ class WindowData(PrefetchingLayer, SourceLayer):
     def fill(self, generator=None):
         """Seed the layer's RandomState from the net's generator (Caffe seeds its prefetch RNG from its own)."""
         self.reset_prefetch()
-        self._generator = np.random.RandomState(int(torch.randint(0, 2 ** 31, (1,), generator=generator).item()))
+        self._generator = random_state_from(generator)
 
     def output_shapes(self):
         return [(self.batch_size, self.channels, self.crop, self.crop), (self.batch_size,)]
