@@ -7,9 +7,11 @@ held as the symmetric (B,B) matrix; one sort per row puts the row's negatives fi
 positive partners next.  As ``floor((s + 1)/d) < v  <=>  s + 1 < v·d`` exactly for power-of-two widths,
 one batched ``searchsorted`` of the thresholds ``v·d`` in the sorted rows finds those counts for every
 positive pair's two rows at every level, and per-row prefix sums of ``s + 1`` give the weight sums.
-The levels with fewer than 32·B bins (all of them for Δ = 1e-2 and 1e-3 at B = 128, those down to
-2^-10 for Δ = 1e-4) answer the same queries by a gather in a per-row prefix count of the entries' bins
-at the finest of these widths (``u < v  <=>  u_fine < v·2^k``); only the finer levels search.
+The levels with fewer than 8·B bins (all of them for Δ = 1e-2 at B = 128, those down to 2^-8 for
+smaller Δ) answer the same queries by a gather in a per-row prefix count of the entries' bins at the
+finest of these widths (``u < v  <=>  u_fine < v·2^k``); only the finer levels search (a wider table
+measured slower in a whole forward+backward: its cumulative sum and cache footprint outweigh the
+searches it saves).
 """
 
 from __future__ import annotations
@@ -222,9 +224,9 @@ def _levels(rows: _Rows, levels: list[float]) -> _Levels:
 
 
 #: Levels with fewer than this many bins per batch row take their counts from a per-row table of the
-#: bins of the finest of them (O(B·bins) <= O(32 B²) memory, a gather per query), the finer levels
+#: bins of the finest of them (O(B·bins) <= O(8 B²) memory, a gather per query), the finer levels
 #: from binary searches (~25 ns a query).
-_TABLE_COLUMNS_PER_ROW = 32
+_TABLE_COLUMNS_PER_ROW = 8
 
 
 def _counts_below_from_table(rows: _Rows, bins: torch.Tensor, scale: torch.Tensor, finest: float,
