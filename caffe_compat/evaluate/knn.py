@@ -23,6 +23,9 @@ the 64-bit keys ``ordered_bits(S) · 2^31 + (2^31 − 1 − r)``, where ``ordere
 an int32 of the same order (``-0.0`` is first folded onto ``+0.0``). For speed, ``topk`` ranks keys
 only among the float top-(k+1) candidates and redoes a row on its full keys when its k-th and
 (k+1)-th candidates tie; the first-match rank counts, and looks at ties only in rows that have one.
+The float candidates come from :mod:`caffe_compat.evaluate.select` (on the CPU: a group-maximum lower
+bound, then NumPy; the columns of a panel are selected as rows of its transposed copy, never by a
+strided top-k): exact top-(k+1) values, so no result depends on which entries of a tie it returns.
 """
 
 from __future__ import annotations
