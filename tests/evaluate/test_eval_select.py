@@ -14,6 +14,11 @@ from caffe_compat.evaluate.map_at_r import ranking_scores
 from caffe_compat.evaluate.recall import recall_at_k
 
 
+@pytest.fixture(autouse=True)
+def numpy_for_every_c(monkeypatch):
+    monkeypatch.setattr(select, "MIN_NUMPY_CANDIDATES", 1)  # exercise the NumPy path for small c too
+
+
 @pytest.fixture
 def torch_path(monkeypatch):
     def use_torch():
