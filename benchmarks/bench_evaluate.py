@@ -12,7 +12,9 @@ Time is the best of 3 runs for CUB, one run for SOP. Each measurement runs in it
                N × N similarity matrix at once (faiss, its default k-NN, is not installed here); run
                under an address-space cap (--pml-cap-gb, default 8) so SOP (14.6 GB matrix) fails fast
   pml-batched  the same with CustomKNN(..., batch_size=1024): PML's own bounded-memory k-NN
-Every run has a wall-clock timeout (--timeout, default 240 s). Run: python benchmarks/bench_evaluate.py
+Every run has a wall-clock timeout (--timeout, default 240 s) and uses --threads torch threads (default 1, as
+the issue's table; on a shared 2-CPU machine two threads mostly measure the neighbours).
+Run: python benchmarks/bench_evaluate.py
 """
 
 from __future__ import annotations
@@ -43,13 +45,14 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def worker(impl: str, size: str, cap_gb: float) -> None:
+def worker(impl: str, size: str, cap_gb: float, threads: int = 1) -> None:
     if impl == "pml" and cap_gb > 0:
         cap = int(cap_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     sys.path.insert(0, str(REPO))
     import torch
 
+    torch.set_num_threads(threads)
     features, labels = make_data(*SIZES[size])
     if impl == "ours":
         from caffe_compat.evaluate.map_at_r import ranking_scores
@@ -84,8 +87,8 @@ def worker(impl: str, size: str, cap_gb: float) -> None:
     print(json.dumps({"seconds": seconds, "peak_mb": peak, "extra_mb": peak - before, "p1": p1, "map_at_r": mapr}))
 
 
-def measure(impl: str, size: str, timeout: float, cap_gb: float) -> dict:
-    cmd = [sys.executable, __file__, "--worker", impl, "--size", size, "--pml-cap-gb", str(cap_gb)]
+def measure(impl: str, size: str, timeout: float, cap_gb: float, threads: int = 1) -> dict:
+    cmd = [sys.executable, __file__, "--worker", impl, "--size", size, "--pml-cap-gb", str(cap_gb), "--threads", str(threads)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
     except subprocess.TimeoutExpired:
@@ -103,9 +106,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="cub,sop", help="comma-separated sizes to run (cub, sop)")
     parser.add_argument("--timeout", type=float, default=240.0)
     parser.add_argument("--pml-cap-gb", type=float, default=8.0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in every run (default 1)")
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.size, args.pml_cap_gb)
+        worker(args.worker, args.size, args.pml_cap_gb, args.threads)
         return
 
     from _common import print_header
@@ -117,7 +121,7 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for size in args.sizes.split(","):
         n, d, c = SIZES[size]
-        results = {impl: measure(impl, size, args.timeout, args.pml_cap_gb) for impl in ("ours", "pml-batched", "pml")}
+        results = {impl: measure(impl, size, args.timeout, args.pml_cap_gb, args.threads) for impl in ("ours", "pml-batched", "pml")}
         ours = results["ours"]
         for impl, r in results.items():
             label = f"{size} ({n:,} × {d})"

@@ -23,6 +23,9 @@ the 64-bit keys ``ordered_bits(S) · 2^31 + (2^31 − 1 − r)``, where ``ordere
 an int32 of the same order (``-0.0`` is first folded onto ``+0.0``). For speed, ``topk`` ranks keys
 only among the float top-(k+1) candidates and redoes a row on its full keys when its k-th and
 (k+1)-th candidates tie; the first-match rank counts, and looks at ties only in rows that have one.
+The float candidates come from :mod:`caffe_compat.evaluate.select` (on the CPU: a group-maximum lower
+bound, then NumPy; the columns of a panel are selected as rows of its transposed copy, never by a
+strided top-k): exact top-(k+1) values, so no result depends on which entries of a tie it returns.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from caffe_compat.evaluate.inputs import EvaluationInputError, as_features
+from caffe_compat.evaluate.select import column_candidates, merge_top, row_candidates, select_top
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20
 BYTES_PER_ELEMENT = 24  # float32 similarity + worst-case exact-tie path (int64 key + int32 temporaries)
@@ -167,13 +171,6 @@ def self_similarity(tiles: Tiles, start: int, stop: int, column_start: int = 0) 
     return out
 
 
-def _merge_top(values: torch.Tensor, columns: torch.Tensor, more_values, more_columns, k: int):
-    """The k largest of two candidate lists per row (unsorted)."""
-    values = torch.cat([values, more_values], dim=1)
-    values, order = torch.topk(values, k, dim=1, largest=True, sorted=False)
-    return values, torch.cat([columns, more_columns], dim=1).gather(1, order)
-
-
 def self_topk(
     x: torch.Tensor, k: int, *, budget_bytes: int = DEFAULT_BUDGET_BYTES
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -215,18 +212,17 @@ def self_topk(
         sims = self_similarity(tiles, start, stop, start)
         own = torch.arange(stop - start, device=x.device)
         sims[own, own] = float("-inf")
-        values, columns = torch.topk(sims, min(candidates, n - start), dim=1, largest=True, sorted=False)
-        values, columns = _merge_top(kept_values[start:stop], kept_columns[start:stop], values, columns + start, candidates)
+        kept = kept_values[start:stop]
+        values, columns = row_candidates(sims, min(candidates, n - start), kept.amin(dim=1))
+        values, columns = merge_top(kept, kept_columns[start:stop], values, columns + start, candidates)
         below = sims[:, stop - start :]
         if stop < n:  # column r: row stop + r against this panel
-            active = torch.nonzero(below.amax(dim=0) > kept_values[stop:].amin(dim=1))[:, 0]
+            panel_values, panel_rows, active = column_candidates(
+                below, min(candidates, stop - start), kept_values[stop:].amin(dim=1))
             if len(active):
-                if len(active) < below.shape[1]:
-                    below = below.index_select(1, active)
-                panel_values, panel_rows = torch.topk(below, min(candidates, stop - start), dim=0, sorted=False)
                 rows = active + stop
-                kept_values[rows], kept_columns[rows] = _merge_top(
-                    kept_values[rows], kept_columns[rows], panel_values.t(), panel_rows.t() + start, candidates
+                kept_values[rows], kept_columns[rows] = merge_top(
+                    kept_values[rows], kept_columns[rows], panel_values, panel_rows + start, candidates
                 )
         del sims, below  # before the consumer runs: at most one panel is alive
         yield start, *rank_candidates(values, columns, k, full_rows(start))
@@ -256,7 +252,7 @@ class SimilarityBlock:
         sims = self.sims
         if k + 1 > sims.shape[1]:
             return exact_topk(sims, k)
-        values, columns = torch.topk(sims, k + 1, dim=1, largest=True, sorted=False)
+        values, columns = select_top(*row_candidates(sims, k + 1), k + 1)
         return rank_candidates(values, columns, k, lambda rows: sims[rows])
 
     def same_label(self, rows: torch.Tensor | None = None) -> torch.Tensor:

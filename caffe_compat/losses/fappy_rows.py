@@ -7,8 +7,11 @@ held as the symmetric (B,B) matrix; one sort per row puts the row's negatives fi
 positive partners next.  As ``floor((s + 1)/d) < v  <=>  s + 1 < v·d`` exactly for power-of-two widths,
 one batched ``searchsorted`` of the thresholds ``v·d`` in the sorted rows finds those counts for every
 positive pair's two rows at every level, and per-row prefix sums of ``s + 1`` give the weight sums.
-When the finest width has fewer than 8·B bins (Δ = 1e-2 at B = 128) a per-row prefix count of the
-entries' finest bins answers the same queries by a gather (``u < v  <=>  u_fine < v·2^k``).
+The levels with fewer than 8·B bins (all of them for Δ = 1e-2 at B = 128, those down to 2^-8 for
+smaller Δ) answer the same queries by a gather in a per-row prefix count of the entries' bins at the
+finest of these widths (``u < v  <=>  u_fine < v·2^k``); only the finer levels search (a wider table
+measured slower in a whole forward+backward: its cumulative sum and cache footprint outweigh the
+searches it saves).
 """
 
 from __future__ import annotations
@@ -199,13 +202,18 @@ def _levels(rows: _Rows, levels: list[float]) -> _Levels:
     rh = torch.where(active, frac, 0.0)
     lh = torch.where(active, 1.0 - frac, 0.0)
     bins = t[:, :, None, :] + shifts                                # (B,K,3,L) bins v = t-1, t, t+1
-    finest_bins = int(round(2.0 / levels[-1])) + 1                  # u_fine = 0 .. 2/d_min
-    if finest_bins < _TABLE_COLUMNS_PER_ROW * b:
-        lo = _counts_below_from_table(rows, bins, d / levels[-1], levels[-1], finest_bins)
-        thr = bins.mul_(d)
-    else:
-        thr = bins.mul_(d)                                          # thresholds v·d
-        lo = torch.searchsorted(rows.s1.detach(), thr.view(b, -1))
+    # the coarse levels' counts from a table of the bins of width d_table (the finest level with fewer
+    # than _TABLE_COLUMNS_PER_ROW·B bins), the finer levels' by binary search
+    n_table = sum(1 for w in levels if int(round(2.0 / w)) + 1 < _TABLE_COLUMNS_PER_ROW * b)
+    if n_table:
+        table_bins = int(round(2.0 / levels[n_table - 1])) + 1      # u = 0 .. 2/d_table
+        lo = _counts_below_from_table(rows, bins[..., :n_table], d[:n_table] / levels[n_table - 1],
+                                      levels[n_table - 1], table_bins)
+    thr = bins.mul_(d)                                              # thresholds v·d
+    if n_table < len(levels):
+        found = torch.searchsorted(rows.s1.detach(), thr[..., n_table:].reshape(b, -1).contiguous())
+        lo = found if not n_table else torch.cat([lo.view(b, -1, 3, n_table), found.view(b, -1, 3, len(levels) - n_table)],
+                                                 3).view(b, -1)
     # X_v = (cum[lo_v] - v·d·lo_v)/d (v·d·lo_v is exact): X_{t-1}, X_t, X_{t+1}
     xs = rows.cum.gather(1, lo).view(thr.shape).sub_(thr.mul_(lo.view(thr.shape))).div_(d)
     xs = xs.diff(dim=2)                                          # X_t - X_{t-1}, X_{t+1} - X_t
@@ -215,8 +223,9 @@ def _levels(rows: _Rows, levels: list[float]) -> _Levels:
     return _Levels(d, active, lh, rh, tails[:, :, 0], tails[:, :, 1], at_t, lo)
 
 
-#: Below this many finest-level bins per batch row, counts come from a per-row table of the finest
-#: bins (O(B·bins) <= O(B²) memory, a gather per query) rather than from binary searches.
+#: Levels with fewer than this many bins per batch row take their counts from a per-row table of the
+#: bins of the finest of them (O(B·bins) <= O(8 B²) memory, a gather per query), the finer levels
+#: from binary searches (~25 ns a query).
 _TABLE_COLUMNS_PER_ROW = 8
 
 

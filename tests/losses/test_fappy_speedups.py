@@ -1,0 +1,75 @@
+"""FAPPY's optimised caffe-mode layer gives the same loss and diff, bit for bit, as the layer before the
+speed work (``tests/losses/fappy_frozen.py``), on the benchmark's inputs and on inputs built to hit
+the corner cases: cosines on bin edges and tied, every delta from 2 down to 1e-6 (every table/search
+split of the levels), lone labels, no positive pair, tiny batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from caffe_compat.losses import fappy
+from caffe_compat.losses.fappy import FAPPYLoss, caffe_levels, fappy_caffe_forward_backward
+from caffe_compat.losses.fappy_rows import _from_matrix, _from_vector
+from caffe_compat.losses.pairwise import cosine_matrix
+from tests.losses import fappy_frozen
+
+DELTAS = [2.0, 0.3, 1e-2, 3e-3, 1e-3, 1e-4, 1e-6]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().reshape(-1)
+    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.equal(_bits(a), _bits(b))
+
+
+def _batch(b, dim, run, seed):
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.arange(b) // run
+    centres = torch.randn(int(labels.max()) + 1, 16, generator=gen)
+    z = centres[labels] + 1.5 * torch.randn(b, 16, generator=gen)
+    return z @ torch.randn(16, dim, generator=gen), labels.to(torch.float32)
+
+
+@pytest.mark.parametrize("delta", DELTAS)
+@pytest.mark.parametrize("b,dim,run", [(128, 512, 10), (150, 64, 16), (40, 32, 3), (9, 8, 4)])
+def test_layer_matches_the_frozen_layer_bitwise(b, dim, run, delta):
+    for seed in range(3):
+        x, labels = _batch(b, dim, run, seed)
+        s = _from_matrix(cosine_matrix(x))
+        levels = caffe_levels(delta)
+        loss, h = fappy._caffe(s, labels, levels)
+        ref_loss, ref_h = fappy_frozen._caffe(s, labels, levels)
+        assert _same(loss, ref_loss) and _same(h, ref_h)
+
+
+@pytest.mark.parametrize("delta", DELTAS)
+def test_forward_backward_on_bin_edges_and_ties_matches_the_frozen_layer(delta):
+    for seed, (b, run) in enumerate([(64, 8), (33, 5), (20, 20), (12, 1), (2, 2)]):
+        gen = torch.Generator().manual_seed(seed)
+        m = b * (b - 1) // 2
+        cos = (torch.round(torch.randn(m, generator=gen) * 32) / 32).clamp(-1.0, 31 / 32)  # many ties, on edges
+        labels = torch.arange(b) // run
+        loss, diff = fappy_caffe_forward_backward(cos, labels, delta)
+        ref_loss, e = fappy_frozen._caffe(_from_vector(cos, b), labels, caffe_levels(delta))
+        iu, ju = torch.triu_indices(b, b, 1)
+        ref_diff = torch.zeros(m, dtype=torch.float64) if e is None else e[iu, ju]
+        assert _same(loss, ref_loss.float()) and _same(diff, ref_diff.float())
+
+
+@pytest.mark.parametrize("delta", [1e-2, 1e-3, 1e-4])
+def test_module_gradient_matches_the_frozen_layer_bitwise(delta):
+    x, labels = _batch(128, 512, 10, 0)
+    x.requires_grad_()
+    loss = FAPPYLoss(delta)(x, labels)
+    loss.backward()
+    with torch.no_grad():
+        sim = cosine_matrix(x)
+        ref_loss, e = fappy_frozen._caffe(_from_matrix(sim), labels, caffe_levels(delta))
+        ref_grad = fappy._cosine_backward(x, sim, e.to(x.dtype))
+    assert _same(loss, ref_loss.to(x.dtype)) and _same(x.grad, ref_grad)
