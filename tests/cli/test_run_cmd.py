@@ -5,10 +5,8 @@ caffe`` as caffe_compat and ``sys.argv`` as Python sets it; its errors are its o
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
-import pytest
 
 import caffe_compat
 from caffe_compat.cli import main
@@ -38,8 +36,6 @@ def test_a_pycaffe_script_runs_unchanged_and_sees_its_argv(tmp_path):
     assert done.stdout.strip() == "argv ['a', '--b'] caffe_compat.pycaffe Datum 6.5"  # 1+2+3 + 0.5
 
 
-@pytest.mark.skipif(importlib.util.find_spec("caffe_compat.pycaffe.net_spec") is None,
-                    reason="caffe.layers/params (NetSpec) are not in this checkout yet")
 def test_netspec_names_through_the_alias(tmp_path):
     (tmp_path / "spec.py").write_text("import sys\nimport caffe\nfrom caffe import layers as L, params as P\n"
                                       "n = caffe.NetSpec()\nn.data = L.Input(shape=dict(dim=[1, 3]))\n"
