@@ -5,7 +5,7 @@ Every retrieval metric of :mod:`caffe_compat.evaluate` reads its neighbours from
 Similarity: ``S[q, r] = <x_q, y_r>`` of L2-normalised rows (float32 matmul on the chosen device).
 The ``Nq × Nr`` matrix is never held whole: query rows are processed in chunks so that one chunk's
 block, with its order keys, masks and temporaries (:data:`BYTES_PER_ELEMENT` bytes per entry), stays
-under ``budget_bytes`` (default 64 MiB; SOP, 60,502 × 60,502, runs in chunks of one 256-row tile). Chunks are
+under ``budget_bytes`` (default 256 MiB; SOP, 60,502 × 60,502, runs in chunks of one 256-row tile). Chunks are
 whole numbers of 256-row tiles and each tile is one fixed-shape matmul (:func:`tiled_matmul`), so the
 similarities, hence every result, are bitwise identical for any budget (a budget below one tile's
 need is raised to one tile).
@@ -16,6 +16,10 @@ as a neighbour (unlike "drop the first neighbour", which may drop the duplicate 
 Its matrix is built from the 256 × 256 tile products of the upper triangle only (:func:`self_similarity`):
 ``S[q, r] = S[r, q]`` exactly, and :func:`self_topk` finds the k-NN from that half of the products
 (half the matmul work), panel by panel, each panel handing its columns' candidates to the rows below.
+The scheme is picked by size: when the stored upper triangle fits the budget (CUB, 5,924 items: ~0.2 GB
+worst case, ~0.14 GB measured), :mod:`caffe_compat.evaluate.stored` keeps it and selects every item's
+candidates in one bound-and-gather pass (no running lists, no column top-k); larger sets (SOP) use the
+panels. Both give bitwise the same results (tests/evaluate/test_eval_stored.py).
 
 Ties are broken deterministically, the same way on every device and for every chunk size: items are
 ranked by similarity descending, then by reference index ascending. The order is exact: it is that of
@@ -38,7 +42,7 @@ import torch
 from caffe_compat.evaluate.inputs import EvaluationInputError, as_features
 from caffe_compat.evaluate.select import column_candidates, merge_top, row_candidates, select_top
 
-DEFAULT_BUDGET_BYTES = 64 * 2**20
+DEFAULT_BUDGET_BYTES = 256 * 2**20
 BYTES_PER_ELEMENT = 24  # float32 similarity + worst-case exact-tie path (int64 key + int32 temporaries)
 _INDEX_SPAN = 2**31
 TILE_ROWS = 256  # every similarity row comes from a (256, D) @ (D, M) matmul: chunking cannot change a bit
@@ -184,11 +188,20 @@ def self_topk(
     are rows of later panels: each such row ``r`` keeps a running top-(k+1) list, merged with the
     panel's top-(k+1) of ``S[a:b, r]`` when the panel holds a value above the list's current last one
     (else nothing of the panel can enter it). Needs ``1 <= k <= N - 1``.
+
+    Small sets (see :func:`caffe_compat.evaluate.stored.stored_plan`) skip the panels: one part
+    ``(0, similarities, columns)`` from :func:`caffe_compat.evaluate.stored.stored_topk`, the same results.
     """
     n = x.shape[0]
     if not 1 <= k <= n - 1:
         raise EvaluationInputError(f"k must be in [1, {n - 1}] here, got {k}")
     tiles = Tiles(x)
+    group = _stored_group(x, n, k, budget_bytes)
+    if group is not None:  # small sets (CUB): the stored half matrix, one bound-and-gather pass
+        from caffe_compat.evaluate.stored import stored_topk
+
+        yield 0, *stored_topk(tiles, k, group)
+        return
     candidates = k + 1
     panel = max(1, int(budget_bytes // (n * PANEL_BYTES_PER_ELEMENT)) // TILE_ROWS) * TILE_ROWS
     kept_values = x.new_full((n, candidates), float("-inf"))  # -inf placeholders never reach the top k
@@ -226,6 +239,17 @@ def self_topk(
                 )
         del sims, below  # before the consumer runs: at most one panel is alive
         yield start, *rank_candidates(values, columns, k, full_rows(start))
+
+
+def _stored_group(x: torch.Tensor, n: int, k: int, budget_bytes: int) -> int | None:
+    """The group size of :mod:`caffe_compat.evaluate.stored`'s scheme when :func:`self_topk` uses it
+    (on the CPU with NumPy selection, when its memory fits ``budget_bytes``), else None."""
+    from caffe_compat.evaluate import select
+    from caffe_compat.evaluate.stored import stored_plan
+
+    if x.device.type != "cpu" or not select.NUMPY_ON_CPU:
+        return None
+    return stored_plan(n, k, budget_bytes)
 
 
 @dataclass

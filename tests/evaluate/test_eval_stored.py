@@ -1,0 +1,90 @@
+"""The k-NN scheme is picked by size: small sets (CUB) use the stored half matrix
+(:mod:`caffe_compat.evaluate.stored`), large ones (SOP) the panels of :func:`~caffe_compat.evaluate.knn.self_topk`.
+Both must give the same neighbours, similarities and metrics, bit for bit, ties included."""
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_compat.evaluate import stored
+from caffe_compat.evaluate.inputs import as_features
+from caffe_compat.evaluate.knn import DEFAULT_BUDGET_BYTES, Tiles, exact_topk, self_similarity, self_topk, topk_neighbours
+from caffe_compat.evaluate.map_at_r import precision_at_1, ranking_scores
+
+
+def _data(kind, n, seed=0):
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return rng.normal(size=(n, 24)).astype(np.float32)
+    if kind.startswith("prototypes"):  # massive exact ties: every item equals one of a few prototypes
+        protos = rng.normal(size=(int(kind.split("-")[1]), 16))
+        return protos[rng.integers(0, len(protos), n)].astype(np.float32)
+    # half the items random, half copies of 3 prototypes: light and tie-heavy rows side by side
+    x = rng.normal(size=(n, 16)).astype(np.float32)
+    x[::2] = rng.normal(size=(3, 16)).astype(np.float32)[rng.integers(0, 3, len(x[::2]))]
+    return x
+
+
+def _topk(x, k, budget):
+    parts = list(self_topk(as_features(x), k, budget_bytes=budget))
+    return [p[0] for p in parts], torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+
+
+def test_the_scheme_follows_the_size():
+    assert stored.stored_plan(5924, 59, DEFAULT_BUDGET_BYTES) == 16            # CUB: stored half matrix
+    assert stored.stored_plan(5924, 1, DEFAULT_BUDGET_BYTES) == 16
+    assert stored.stored_plan(60502, 11, DEFAULT_BUDGET_BYTES) is None         # SOP: panels
+    assert stored.stored_plan(700, 699, 10**12) is None                         # k too large for a bound
+    assert stored.stored_plan(700, 40, 10**12) == 4                             # fewer items: smaller groups
+    assert stored.stored_plan(5924, 59, 64 * 2**20) is None                     # the budget is honoured
+
+
+@pytest.mark.parametrize("kind,n", [("random", 700), ("random", 300), ("prototypes-4", 600),
+                                    ("prototypes-30", 900), ("mixed", 800), ("random", 200)])
+@pytest.mark.parametrize("k", [1, 5, 40, 61])
+def test_stored_scheme_equals_panels_and_brute_force(kind, n, k, monkeypatch):
+    x = _data(kind, n)
+    if k >= n:
+        pytest.skip("k must be below n")
+    group = stored.stored_plan(n, k, 10**12)
+    starts, sims, idx = _topk(x, k, 10**12)
+    if group is not None:
+        assert starts == [0]
+    monkeypatch.setattr(stored, "stored_plan", lambda n, k, budget: None)
+    _, ref_sims, ref_idx = _topk(x, k, 1)
+    assert torch.equal(idx, ref_idx) and torch.equal(sims, ref_sims)
+    whole = self_similarity(Tiles(as_features(x)), 0, n)
+    whole.fill_diagonal_(float("-inf"))
+    brute_sims, brute_idx = exact_topk(whole, k)
+    assert torch.equal(idx, brute_idx) and torch.equal(sims, brute_sims)
+
+
+@pytest.mark.parametrize("kind", ["random", "prototypes-4", "prototypes-30", "mixed"])
+def test_metrics_equal_across_schemes_with_lone_queries(kind, monkeypatch):
+    n = 900
+    x = _data(kind, n, seed=3)
+    labels = np.arange(n) % 40
+    labels[:7] = 1000 + np.arange(7)  # lone queries: left out of MAP@R and precision@1
+    assert stored.stored_plan(n, int(np.bincount(labels).max()) - 1, DEFAULT_BUDGET_BYTES) is not None
+    scores = ranking_scores(x, labels)
+    p1 = precision_at_1(x, labels)
+    neighbours = topk_neighbours(x, 30)
+    monkeypatch.setattr(stored, "stored_plan", lambda n, k, budget: None)
+    assert ranking_scores(x, labels) == scores
+    assert precision_at_1(x, labels) == p1
+    ref = topk_neighbours(x, 30)
+    assert torch.equal(neighbours[0], ref[0]) and torch.equal(neighbours[1], ref[1])
+
+
+def test_tie_heavy_items_dropped_early_still_rank_exactly(monkeypatch):
+    # with k = 2 the cap is 20 candidates: the entries of tie-heavy items are dropped while strips are
+    # read (more than 2 · n · cap held), their rows then ranked whole
+    x = _data("prototypes-4", 1100, seed=5)
+    _, sims, idx = _topk(x, 2, 10**12)
+    p = x.astype(np.float64) / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+    s = p @ p.T
+    np.fill_diagonal(s, -np.inf)
+    assert np.array_equal(idx.numpy(), np.argsort(-s, axis=1, kind="stable")[:, :2])
+    monkeypatch.setattr(stored, "stored_plan", lambda n, k, budget: None)
+    _, ref_sims, ref_idx = _topk(x, 2, 1)
+    assert torch.equal(idx, ref_idx) and torch.equal(sims, ref_sims)
