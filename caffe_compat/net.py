@@ -117,9 +117,9 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
         self._saved_params: list[caffe_pb2.LayerParameter] = []  # layer params as Caffe's ToProto writes them
         self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
         self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
-        check_memory_budget(self.net_param, f"net '{self.name}'")
+        inferred = check_memory_budget(self.net_param, f"net '{self.name}'")
         stored = None if weights is None else read_weights(weights)
-        self._build(filtered, overwritten_layers(filtered.layer, stored))
+        self._build(filtered, overwritten_layers(filtered.layer, stored), inferred)
         self.reinitialize(seed, skip=self._supplied_by(stored))
         if stored is not None:
             self._load_stored([(weights, stored)], strict)
@@ -127,9 +127,13 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
 
     # ------------------------------------------------------------------------------ building
 
-    def _build(self, filtered: caffe_pb2.NetParameter, overwritten: frozenset[str]) -> None:
+    def _build(self, filtered: caffe_pb2.NetParameter, overwritten: frozenset[str], inferred=None) -> None:
         """Build every layer in order; the layers named in ``overwritten`` get uninitialised blobs (the
-        caffemodel about to be copied in overwrites them all: ``overwritten_layers``)."""
+        caffemodel about to be copied in overwrites them all: ``overwritten_layers``).  ``inferred``: the
+        memory-budget inference of ``self.net_param`` (one entry per layer), whose shape rule answers the
+        ports reuse where their bottoms' shapes are the ones it assumed."""
+        rules = [None] * len(self.net_param.layer) if inferred is None else [
+            entry.rule for entry in inferred]
         user_layers = [(layer.name, layer.type) for layer in filtered.layer]
         next_user = 0
         producers: dict[str, str] = {}
@@ -137,7 +141,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
         keys: set[str] = set()
         saved_net = caffe_pb2.NetParameter()  # one copy of every layer (what Caffe's ToProto writes), not one each
         saved_net.layer.extend(self.net_param.layer)
-        for layer, saved in zip(self.net_param.layer, saved_net.layer):
+        for index, (layer, saved) in enumerate(zip(self.net_param.layer, saved_net.layer)):
             automatic = not (next_user < len(user_layers) and user_layers[next_user] == (layer.name, layer.type))
             if not automatic:
                 next_user += 1
@@ -148,11 +152,14 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                 top_shapes = [bottom_shapes[0]] * len(layer.top)
             else:
                 cls = layer_class(layer)
+                rule = rules[index]
+                if rule is not None and inferred[index].bottom_shapes != bottom_shapes:
+                    rule = None  # a data layer's top the inference could not know: ask the port
                 if layer.name in overwritten:
                     with blobs_overwritten():
-                        module = cls(layer, bottom_shapes, phase)
+                        module = cls.build(layer, bottom_shapes, phase, rule)
                 else:
-                    module = cls(layer, bottom_shapes, phase)
+                    module = cls.build(layer, bottom_shapes, phase, rule)
                 key = module_key(layer.name, keys)
                 keys.add(key)
                 self.layers[key] = module

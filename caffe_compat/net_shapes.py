@@ -33,18 +33,21 @@ class LayerShapes:
     top_shapes: list[tuple[int, ...] | None]
     param_shapes: list[tuple[int, ...]] = field(default_factory=list)
     macs: int = 0
+    #: The bottoms' shapes the rule was asked with, and its answer (None when a bottom was unknown or the
+    #: type has no rule): what building the net hands to the port (``CaffeLayer.build``) instead of asking again.
+    bottom_shapes: list[tuple[int, ...] | None] = field(default_factory=list)
+    rule: Shapes | None = None
 
 
 def has_shape_rule(layer) -> bool:
     """True when the layer's port has a shape rule (``infer`` is overridden)."""
-    port = port_for(layer)
-    return port is not None and port.infer.__func__ is not _base_infer()
+    return _has_rule(port_for(layer))
 
 
-def _base_infer():
+def _has_rule(port) -> bool:
     from caffe_compat.layers.registry import CaffeLayer
 
-    return CaffeLayer.infer.__func__
+    return port is not None and port.infer.__func__ is not CaffeLayer.infer.__func__
 
 
 def types_without_rule(net) -> list[str]:
@@ -56,17 +59,20 @@ def types_without_rule(net) -> list[str]:
 
 def layer_shapes(layer, bottoms) -> Shapes:
     """One layer's shapes: its port's rule after Caffe's count checks (unknown tops without a rule)."""
-    port = port_for(layer)
+    return _layer_shapes(layer, port_for(layer), bottoms, len(layer.top))
+
+
+def _layer_shapes(layer, port, bottoms, num_tops: int) -> Shapes:
     if port is not None:
         port.check_blob_counts(layer, len(bottoms))
     if any(b is None for b in bottoms):
-        return Shapes([None] * len(layer.top))
-    if port is None or not has_shape_rule(layer):
+        return Shapes([None] * num_tops)
+    if not _has_rule(port):
         if layer.type.endswith("Loss") or layer.loss_weight:
-            return Shapes([()] + [None] * (len(layer.top) - 1))
-        return Shapes([None] * len(layer.top))
+            return Shapes([()] + [None] * (num_tops - 1))
+        return Shapes([None] * num_tops)
     try:
-        return port.infer(layer, [tuple(int(d) for d in b) for b in bottoms])
+        return port.infer(layer, bottoms)
     except (ArithmeticError, IndexError, TypeError, ValueError) as exc:
         raise FormatError(f"layer '{layer.name}' ({layer.type}): cannot infer its output shapes from the input "
                           f"shapes {[tuple(b) for b in bottoms]}: {exc}") from None
@@ -75,30 +81,34 @@ def layer_shapes(layer, bottoms) -> Shapes:
 def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[dict, list[LayerShapes]]:
     """Every blob's shape (``None`` when it depends on data, e.g. a Data layer) and, per layer, the top
     shapes, learnable blob shapes and multiply-adds.  ``input_shapes`` overrides/assigns blob shapes."""
-    given = dict(input_shapes or {})
+    given = {name: None if shape is None else tuple(int(d) for d in shape)
+             for name, shape in (input_shapes or {}).items()}
     blobs: dict[str, tuple[int, ...] | None] = dict(given)
     producers: dict[str, str] = {}
     table = []
     for layer in net.layer:
-        for j, top in enumerate(layer.top):  # Caffe's Net::AppendTop: one producer per blob, in-place aside
-            if top in producers and not (j < len(layer.bottom) and layer.bottom[j] == top):
-                raise FormatError(f"layer '{layer.name}': top blob '{top}' is produced by multiple sources "
+        name, bottom_names, top_names = layer.name, list(layer.bottom), list(layer.top)
+        for j, top in enumerate(top_names):  # Caffe's Net::AppendTop: one producer per blob, in-place aside
+            if top in producers and not (j < len(bottom_names) and bottom_names[j] == top):
+                raise FormatError(f"layer '{name}': top blob '{top}' is produced by multiple sources "
                                   f"(already produced by layer '{producers[top]}')")
-            producers[top] = layer.name
+            producers[top] = name
         bottoms = []
-        for name in layer.bottom:
-            if name not in blobs:
-                raise FormatError(f"layer '{layer.name}' ({layer.type}): unknown bottom blob '{name}'")
-            bottoms.append(blobs[name])
-        shapes = layer_shapes(layer, bottoms)
-        tops = list(shapes.tops) + [None] * (len(layer.top) - len(shapes.tops))
-        known = [blobs.get(name) if name in given else None for name in layer.top]
-        for name, shape, kept in zip(layer.top, tops, known):
-            if kept is not None:  # a shape the caller gave wins (a data layer's top, say)
-                shape = kept
-            blobs[name] = None if shape is None else tuple(int(d) for d in shape)
-        table.append(LayerShapes(layer.name, layer.type, list(layer.bottom), list(layer.top),
-                                 [blobs[t] for t in layer.top], [tuple(p) for p in shapes.params], int(shapes.macs)))
+        for bottom in bottom_names:
+            if bottom not in blobs:
+                raise FormatError(f"layer '{name}' ({layer.type}): unknown bottom blob '{bottom}'")
+            bottoms.append(blobs[bottom])
+        port = port_for(layer)
+        shapes = _layer_shapes(layer, port, bottoms, len(top_names))
+        ruled = _has_rule(port) and None not in bottoms
+        tops = list(shapes.tops) + [None] * (len(top_names) - len(shapes.tops))
+        for top, shape in zip(top_names, tops):
+            if top in given and given[top] is not None:  # a shape the caller gave wins (a data layer's top, say)
+                shape = given[top]
+            blobs[top] = None if shape is None else tuple(int(d) for d in shape)
+        table.append(LayerShapes(name, layer.type, bottom_names, top_names, [blobs[t] for t in top_names],
+                                 [tuple(p) for p in shapes.params], int(shapes.macs), bottoms,
+                                 shapes if ruled else None))
     return blobs, table
 
 
@@ -115,24 +125,26 @@ def memory_needed(blobs: dict, table: list[LayerShapes], bytes_per_value: int = 
     return total * bytes_per_value, largest
 
 
-def check_memory_budget(net, where: str, budget: int | None = None) -> None:
+def check_memory_budget(net, where: str, budget: int | None = None) -> list[LayerShapes] | None:
     """FormatError before anything is allocated when the net's blobs and parameters (float32, from the
     shape rules) exceed ``budget`` bytes (default: all the memory available, or ``CAFFE_COMPAT_MEMORY_BUDGET``,
     :func:`caffe_compat.io.safe_open.memory_budget`): a hostile or mistyped
     prototxt (an Input of 10^6 × 10^6, ``num_output: 2000000000``) is refused with the layer named,
     instead of exhausting memory.  Caffe allocates every blob in ``Net::Init`` too, so a net it could
     build passes.  Shapes that cannot be inferred (data layers, errors the build reports itself) are
-    left out: the check never refuses what it cannot measure."""
+    left out: the check never refuses what it cannot measure.  Returns the inference's per-layer table (None
+    when the inference failed), which the caller may reuse."""
     budget = memory_budget(fraction=1.0) if budget is None else budget
     try:
         blobs, table = infer_shapes(net)
     except FormatError:
-        return  # the build reports the net's own error, with the port's message
+        return None  # the build reports the net's own error, with the port's message
     needed, largest = memory_needed(blobs, table)
     if needed > budget:
         raise FormatError(f"{where}: its blobs and parameters need {needed / 2 ** 30:.3g} GiB (float32; the largest "
                           f"share at layer '{largest}'), more than the {budget / 2 ** 30:.3g} GiB of memory available; "
                           f"set CAFFE_COMPAT_MEMORY_BUDGET (e.g. 64G) to allow more")
+    return table
 
 
 __all__ = ["LayerShapes", "check_memory_budget", "count", "has_shape_rule", "infer_shapes",

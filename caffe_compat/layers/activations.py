@@ -84,7 +84,7 @@ class PReLU(NeuronLayer):
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         self.channel_shared = bool(param.prelu_param.channel_shared)
-        self.slope = nn.Parameter(self.new_blob(self.infer(param, self.bottom_shapes).params[0], 0.25))
+        self.slope = nn.Parameter(self.new_blob(self.rule().params[0], 0.25))
         self.filler = layer_filler(param.prelu_param, "filler", constant_filler(0.25))
 
     def caffe_blobs(self):

@@ -57,7 +57,7 @@ class Eltwise(CaffeLayer):
         if self.coeffs and len(self.coeffs) != len(self.bottom_shapes):
             raise FormatError(f"layer '{self.layer_name}': Eltwise has {len(self.coeffs)} coeff(s) for "
                               f"{len(self.bottom_shapes)} bottoms")
-        self.infer(param, self.bottom_shapes)
+        self.rule()
 
     def forward(self, *bottoms):
         if self.operation == _Eltwise.PROD:
@@ -299,7 +299,7 @@ class Accuracy(CaffeLayer):
         self.axis = canonical_axis(p.axis, len(scores), self.layer_name, "accuracy_param.axis")
         self.ignore_label = int(p.ignore_label) if p.HasField("ignore_label") else None
         self.num_labels = scores[self.axis]
-        self.infer(param, self.bottom_shapes)
+        self.rule()
         self.num_tops = max(1, len(param.top))
 
     def forward(self, scores, labels):
@@ -343,7 +343,7 @@ class Parameter(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        self.blob = nn.Parameter(self.new_blob(self.infer(param, []).params[0]))
+        self.blob = nn.Parameter(self.new_blob(self.rule().params[0]))
 
     def caffe_blobs(self):
         return [self.blob]

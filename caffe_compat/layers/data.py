@@ -72,7 +72,7 @@ class Input(SourceLayer):
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        self.shapes = self.infer(param, []).tops
+        self.shapes = self.rule().tops
 
     def forward(self):
         return tuple(torch.zeros(s, dtype=self.dtype, device=self.device) for s in self.shapes)
@@ -106,7 +106,7 @@ class DummyData(SourceLayer):
         super().__init__(param, bottom_shapes, phase)
         p = param.dummy_data_param
         num_top = len(param.top)
-        self.shapes = self.infer(param, []).tops
+        self.shapes = self.rule().tops
         fillers = list(p.data_filler) or [caffe_pb2.FillerParameter(type="constant", value=0.0)]
         self.fillers = _per_top(fillers, num_top, "data_filler", self.layer_name)
         self.refill = [f.type != "constant" for f in self.fillers]
@@ -152,7 +152,7 @@ class MemoryData(SourceLayer):
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         p = param.memory_data_param
-        self.infer(param, [])
+        self.rule()
         self.batch_size, self.channels, self.height, self.width = (int(p.batch_size), int(p.channels),
                                                                   int(p.height), int(p.width))
         self._data: torch.Tensor | None = None

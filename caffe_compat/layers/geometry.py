@@ -55,14 +55,15 @@ def pooled_hw(in_hw, kernel, stride, pad, ceil_mode: bool = True) -> tuple[int, 
 
 def _pair(values, default, name, layer):
     """A repeated kernel/stride/pad/dilation field: 1 value for both axes or 2 (h, w); ``default`` if empty."""
-    values = list(values)
-    if not values:
+    n = len(values)
+    if not n:
         if default is None:
             raise FormatError(f"layer '{layer}': {name} is required")
         return default, default
-    if len(values) == 1:
-        return int(values[0]), int(values[0])
-    if len(values) == 2:
+    if n == 1:
+        v = int(values[0])
+        return v, v
+    if n == 2:
         return int(values[0]), int(values[1])
     raise FormatError(f"layer '{layer}': {name} has {len(values)} values; 2-D layers take 1 or 2")
 
@@ -82,15 +83,18 @@ def conv_geometry(layer) -> ConvGeometry:
     """Caffe's BaseConvolutionLayer rules: ``_h``/``_w`` forms win when either is set (an unset one is 0,
     which is fine for pad and an error for kernel and stride), else the repeated field (1 or 2 values)."""
     p = layer.convolution_param
-
-    def hw(name, repeated, default):
-        if p.HasField(f"{name}_h") or p.HasField(f"{name}_w"):
-            return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
-        return _pair(repeated, default, name, layer.name)
-
-    kernel = hw("kernel", p.kernel_size, None)
-    stride = hw("stride", p.stride, 1)
-    pad = hw("pad", p.pad, 0)
+    if p.HasField("kernel_h") or p.HasField("kernel_w"):
+        kernel = int(p.kernel_h), int(p.kernel_w)
+    else:
+        kernel = _pair(p.kernel_size, None, "kernel", layer.name)
+    if p.HasField("stride_h") or p.HasField("stride_w"):
+        stride = int(p.stride_h), int(p.stride_w)
+    else:
+        stride = _pair(p.stride, 1, "stride", layer.name)
+    if p.HasField("pad_h") or p.HasField("pad_w"):
+        pad = int(p.pad_h), int(p.pad_w)
+    else:
+        pad = _pair(p.pad, 0, "pad", layer.name)
     dilation = _pair(p.dilation, 1, "dilation", layer.name)
     if min(dilation) < 1:
         raise FormatError(f"layer '{layer.name}' ({layer.type}): convolution_param.dilation must be >= 1, got "

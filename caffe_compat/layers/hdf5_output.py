@@ -59,7 +59,7 @@ class HDF5Output(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        self.infer(param, self.bottom_shapes)
+        self.rule()
         try:
             import h5py  # noqa: F401
         except ImportError:

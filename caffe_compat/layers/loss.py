@@ -110,7 +110,7 @@ class _LossLayer(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        self.infer(param, self.bottom_shapes)
+        self.rule()
 
     def _bad(self, message: str) -> CaffeCompatError:
         return FormatError(f"layer '{self.layer_name}' ({self.caffe_type}): {message}")

@@ -55,7 +55,7 @@ class BatchNorm(CaffeLayer):
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         p = param.batch_norm_param
-        self.channels = self.infer(param, self.bottom_shapes).params[0][0]
+        self.channels = self.rule().params[0][0]
         self.moving_average_fraction = float(p.moving_average_fraction)
         self.eps = float(p.eps)
         self._global_stats_setting = p.use_global_stats if p.HasField("use_global_stats") else None

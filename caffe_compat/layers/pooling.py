@@ -320,7 +320,7 @@ class SPP(CaffeLayer):
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         self._pyramids: dict[tuple[int, int], nn.ModuleList] = {}
-        self.infer(param, self.bottom_shapes)
+        self.rule()
 
     def _pyramid(self, height: int, width: int) -> nn.ModuleList:
         key = (height, width)

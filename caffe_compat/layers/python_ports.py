@@ -364,7 +364,7 @@ class DistributionLossLayer(CaffeLayer):
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
         name = self.layer_name
-        self.infer(param, self.bottom_shapes)
+        self.rule()
         params = parse_param_str(param.python_param.param_str, name)
         self.delta = float(_required(params, "grid_delta", name))
         if not 0 < self.delta <= 2:

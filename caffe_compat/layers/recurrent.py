@@ -113,7 +113,7 @@ class LSTMUnit(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        self.infer(param, self.bottom_shapes)
+        self.rule()
 
     def forward(self, c_prev, gates, cont):
         c, h = lstm_unit(c_prev[0], gates[0], cont[0].to(gates.dtype))
@@ -218,7 +218,7 @@ class Recurrent(CaffeLayer):
         self.steps, streams, self.hidden, _, static = self.geometry(param, self.bottom_shapes)
         self.static_input = static is not None
         self.expose_hidden = bool(param.recurrent_param.expose_hidden)
-        shapes = self.infer(param, self.bottom_shapes).params
+        shapes = self.rule().params
         self._blob_names = self.blob_names(self.static_input)
         for name, shape in zip(self._blob_names, shapes):
             self.register_parameter(name, nn.Parameter(torch.zeros(shape)))

@@ -103,6 +103,17 @@ class CaffeLayer(nn.Module):
     #: The LayerParameter field of its parameters (None: none; set from the type name by convention).
     param_message: str | None = None
 
+    @classmethod
+    def build(cls, param, bottom_shapes, phase: str = "test", rule: Shapes | None = None) -> "CaffeLayer":
+        """``cls(param, bottom_shapes, phase)``, with the type's shape rule for these bottoms already known
+        (``rule``: what :meth:`infer` returned for them, e.g. from the net's memory-budget inference), so
+        that building a net runs each layer's rule once."""
+        port = cls.__new__(cls)
+        if rule is not None:
+            port.__dict__["_rule"] = rule
+        port.__init__(param, bottom_shapes, phase)
+        return port
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__()
         shapes = [tuple(map(int, s)) for s in bottom_shapes]
@@ -161,9 +172,17 @@ class CaffeLayer(nn.Module):
             return torch.empty(shape)
         return torch.full(shape, value) if value else torch.zeros(shape)
 
+    def rule(self) -> Shapes | None:
+        """The type's shape rule (:meth:`infer`) for the bottom shapes given at construction, computed once
+        (its checks raise on the first call) and kept."""
+        known = self.__dict__.get("_rule")
+        if known is None:
+            known = self.__dict__["_rule"] = self.infer(self.param, self.bottom_shapes)
+        return known
+
     def output_shapes(self) -> list[tuple[int, ...]]:
         """The tops' shapes for the bottom shapes given at construction: the type's shape rule."""
-        shapes = self.infer(self.param, self.bottom_shapes)
+        shapes = self.rule()
         if shapes is None:
             raise NotImplementedError(f"{type(self).__name__} has no shape rule (define infer or output_shapes)")
         return list(shapes.tops)

@@ -47,7 +47,7 @@ class Concat(CaffeLayer):
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         self.axis = self.concat_axis(param, len(self.bottom_shapes[0]))
-        self.infer(param, self.bottom_shapes)
+        self.rule()
 
     def forward(self, *bottoms):
         if len(bottoms) == 1:
@@ -311,7 +311,7 @@ class Tile(CaffeLayer):
         p = param.tile_param
         self.axis = canonical_axis(p.axis, len(self.bottom_shapes[0]), self.layer_name, "tile_param.axis")
         self.tiles = int(p.tiles)
-        self.infer(param, self.bottom_shapes)
+        self.rule()
 
     def forward(self, x):
         reps = [1] * x.dim()
@@ -361,7 +361,7 @@ class BatchReindex(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        self.infer(param, self.bottom_shapes)
+        self.rule()
 
     def forward(self, data, index):
         rows = index.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
@@ -413,7 +413,7 @@ class Filter(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
-        self.infer(param, self.bottom_shapes)
+        self.rule()
 
     def forward(self, *bottoms):
         selector = bottoms[-1]

@@ -101,10 +101,10 @@ class _ConvolutionBase(CaffeLayer):
                               f"be divisible by group {g.group}")
         if g.stride[0] < 1 or g.stride[1] < 1 or g.kernel[0] < 1 or g.kernel[1] < 1:
             raise FormatError(f"layer '{self.layer_name}': kernel and stride must be positive")
-        self.kernel, self.stride, self.pad, self.dilation = g.kernel, g.stride, g.pad, g.dilation
-        self.group, self.num_output, self.bias_term = g.group, g.num_output, g.bias_term
-        self.channels = channels
-        blobs = self.infer(param, self.bottom_shapes).params
+        # plain values (no parameter, buffer or module): straight into __dict__, as CaffeLayer.__init__ does
+        self.__dict__.update(kernel=g.kernel, stride=g.stride, pad=g.pad, dilation=g.dilation, group=g.group,
+                             num_output=g.num_output, bias_term=g.bias_term, channels=channels)
+        blobs = self.rule().params
         self.weight = nn.Parameter(self.new_blob(blobs[0]))
         self.bias = nn.Parameter(self.new_blob(blobs[1])) if g.bias_term else None
 
@@ -184,7 +184,7 @@ class InnerProduct(CaffeLayer):
         self.num_input = int(math.prod(shape[self.axis:]))
         self.num_output = int(p.num_output)
         self.transpose = bool(p.transpose)
-        self.weight = nn.Parameter(self.new_blob(self.infer(param, self.bottom_shapes).params[0]))
+        self.weight = nn.Parameter(self.new_blob(self.rule().params[0]))
         self.bias = nn.Parameter(self.new_blob((self.num_output,))) if p.bias_term else None
 
     def caffe_blobs(self):

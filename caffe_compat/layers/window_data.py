@@ -143,7 +143,7 @@ class WindowData(PrefetchingLayer, SourceLayer):
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        self.infer(param, [])
+        self.rule()
         p, t = param.window_data_param, param.transform_param
         self.where = f"layer '{self.layer_name}' (WindowData)"
         try:
