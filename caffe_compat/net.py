@@ -49,7 +49,6 @@ when the caller's input tensors require grad.
 from __future__ import annotations
 
 import logging
-import re
 from collections import OrderedDict
 
 import numpy as np
@@ -77,7 +76,7 @@ _DEFAULT_SPEC = caffe_pb2.ParamSpec()  # read only
 
 def module_key(layer_name: str, taken: set[str]) -> str:
     """A ``ModuleDict`` key from a Caffe layer name: ``/`` and ``.`` become ``__``; made unique."""
-    key = re.sub(r"[/.]", "__", layer_name) or "_"
+    key = layer_name.replace("/", "__").replace(".", "__") or "_"
     candidate, n = key, 2
     while candidate in taken:
         candidate, n = f"{key}_{n}", n + 1
@@ -141,52 +140,55 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
         keys: set[str] = set()
         saved_net = caffe_pb2.NetParameter()  # one copy of every layer (what Caffe's ToProto writes), not one each
         saved_net.layer.extend(self.net_param.layer)
+        blob_shapes, default_phase = self.blob_shapes, self.phase
         for index, (layer, saved) in enumerate(zip(self.net_param.layer, saved_net.layer)):
-            automatic = not (next_user < len(user_layers) and user_layers[next_user] == (layer.name, layer.type))
+            name, type_ = layer.name, layer.type
+            bottoms, tops = tuple(layer.bottom), tuple(layer.top)
+            automatic = not (next_user < len(user_layers) and user_layers[next_user] == (name, type_))
             if not automatic:
                 next_user += 1
-            phase = PHASE_NAMES.get(layer.phase, self.phase) if layer.HasField("phase") else self.phase
-            bottom_shapes = [self.blob_shapes[b] for b in layer.bottom]  # insert_splits checked they exist
+            phase = PHASE_NAMES.get(layer.phase, default_phase) if layer.HasField("phase") else default_phase
+            bottom_shapes = [blob_shapes[b] for b in bottoms]  # insert_splits checked they exist
             if automatic:
                 key, module = None, None
-                top_shapes = [bottom_shapes[0]] * len(layer.top)
+                top_shapes = [bottom_shapes[0]] * len(tops)
             else:
                 cls = layer_class(layer)
                 rule = rules[index]
                 if rule is not None and inferred[index].bottom_shapes != bottom_shapes:
                     rule = None  # a data layer's top the inference could not know: ask the port
-                if layer.name in overwritten:
+                if name in overwritten:
                     with blobs_overwritten():
                         module = cls.build(layer, bottom_shapes, phase, rule)
                 else:
                     module = cls.build(layer, bottom_shapes, phase, rule)
-                key = module_key(layer.name, keys)
+                key = module_key(name, keys)
                 keys.add(key)
                 self.layers[key] = module
                 top_shapes = [tuple(int(d) for d in s) for s in module.output_shapes()]
-                if len(top_shapes) != len(layer.top):
-                    raise FormatError(f"layer '{layer.name}' ({layer.type}): {len(layer.top)} tops given, the layer "
+                if len(top_shapes) != len(tops):
+                    raise FormatError(f"layer '{name}' ({type_}): {len(tops)} tops given, the layer "
                                       f"produces {len(top_shapes)}")
-            for j, top in enumerate(layer.top):
-                in_place = j < len(layer.bottom) and layer.bottom[j] == top
-                if top in self.blob_shapes and not in_place:
-                    raise FormatError(f"layer '{layer.name}': top blob '{top}' is produced by multiple sources "
+            for j, top in enumerate(tops):
+                in_place = j < len(bottoms) and bottoms[j] == top
+                if top in blob_shapes and not in_place:
+                    raise FormatError(f"layer '{name}': top blob '{top}' is produced by multiple sources "
                                       f"(already produced by layer '{producers[top]}')")
-                producers[top] = layer.name
-                self.blob_shapes[top] = top_shapes[j]
+                producers[top] = name
+                blob_shapes[top] = top_shapes[j]
             weights = self._loss_weights_of(layer, module, saved)
-            for top, w in zip(layer.top, weights):
+            for top, w in zip(tops, weights):
                 if w:
                     self.loss_weights[top] = self.loss_weights.get(top, 0.0) + w
-            if layer.propagate_down and len(layer.propagate_down) != len(layer.bottom):
-                raise FormatError(f"layer '{layer.name}': propagate_down must be unspecified or given once per "
-                                  f"bottom ({len(layer.bottom)}), got {len(layer.propagate_down)}")
-            propagate = tuple(layer.propagate_down) or (True,) * len(layer.bottom)
+            propagate = tuple(layer.propagate_down)
+            if propagate and len(propagate) != len(bottoms):
+                raise FormatError(f"layer '{name}': propagate_down must be unspecified or given once per "
+                                  f"bottom ({len(bottoms)}), got {len(propagate)}")
+            propagate = propagate or (True,) * len(bottoms)
             if module is not None:
                 self._bind_params(layer, key, module, saved, owners)
             self._saved_params.append(saved)
-            self.steps.append(LayerStep(layer.name, layer.type, tuple(layer.bottom), tuple(layer.top), key, phase,
-                                        weights, propagate))
+            self.steps.append(LayerStep(name, type_, bottoms, tops, key, phase, weights, propagate))
         self._apply_specs()  # once, after every share is known (per layer it made building O(layers^2))
 
     @staticmethod
