@@ -69,6 +69,15 @@ class NotRegularFileError(ParseError, DataError):
     caught either for the same file keep catching it."""
 
 
+class MemoryBudgetError(FormatError, DataError):
+    """What a file declares (a net's blobs and parameters, an HDF5 dataset, an ``.npy`` array, an image's
+    decoded size, a resize, a list file) needs more memory than the budget
+    (:func:`caffe_compat.io.safe_open.memory_budget`, ``CAFFE_COMPAT_MEMORY_BUDGET``): names the file (or
+    layer, LMDB key) and the bytes, and is raised before anything is allocated.  Both a FormatError and a
+    DataError, the two classes these refusals were raised as before, so callers that caught either keep
+    catching it."""
+
+
 class WeightsMismatchWarning(UserWarning):
     """A caffemodel and the net it is loaded into disagree on layer names: source layers with blobs that
     the net lacks (ignored, as Caffe's "Ignoring source layer X"), and net layers with blobs that the

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, MemoryBudgetError
 from caffe_compat.io.safe_open import memory_budget
 from caffe_compat.layers.facts import Shapes, count
 from caffe_compat.layers.registry import port_for
@@ -130,7 +130,7 @@ def check_memory_budget(net, where: str, budget: int | None = None) -> None:
         return  # the build reports the net's own error, with the port's message
     needed, largest = memory_needed(blobs, table)
     if needed > budget:
-        raise FormatError(f"{where}: its blobs and parameters need {needed / 2 ** 30:.3g} GiB (float32; the largest "
+        raise MemoryBudgetError(f"{where}: its blobs and parameters need {needed / 2 ** 30:.3g} GiB (float32; the largest "
                           f"share at layer '{largest}'), more than the {budget / 2 ** 30:.3g} GiB of memory available; "
                           f"set CAFFE_COMPAT_MEMORY_BUDGET (e.g. 64G) to allow more")
 

@@ -163,6 +163,9 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
     except OSError as exc:
         raise _Skip(exc.strerror or str(exc)) from None
     flag = cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR
+    from caffe_compat.io.image_header import check_decode_budget
+
+    check_decode_budget(raw, f"{where}: {image_path}", flag)  # refused, not skipped: the user asked for it
     with capturing():
         try:
             image = cv2.imdecode(np.frombuffer(raw, dtype=np.uint8), flag) if raw else None

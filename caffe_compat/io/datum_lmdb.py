@@ -196,7 +196,10 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
     if datum.encoded:
         import cv2
 
+        from caffe_compat.io.image_header import check_decode_budget
+
         flag = cv2.IMREAD_COLOR if force_color else cv2.IMREAD_GRAYSCALE if force_gray else cv2.IMREAD_UNCHANGED
+        check_decode_budget(datum.data, f"{source}: the encoded Datum", flag)
         try:
             image = cv2.imdecode(np.frombuffer(datum.data, dtype=np.uint8), flag) if datum.data else None
         except cv2.error as exc:
