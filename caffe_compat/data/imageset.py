@@ -51,7 +51,7 @@ from typing import Callable
 import numpy as np
 
 from caffe_compat.errors import DataError
-from caffe_compat.io.safe_open import read_regular_bytes, read_regular_text
+from caffe_compat.io.safe_open import memory_budget, read_list_text, read_regular_bytes
 
 
 def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> list[tuple[int, str, int]]:
@@ -60,7 +60,7 @@ def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> 
     entries = []
     path = Path(list_file)
     try:
-        lines = read_regular_text(path, what).splitlines()
+        lines = read_list_text(path, what).splitlines()
     except FileNotFoundError:
         raise DataError(f"{path}: no such list file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -157,7 +157,7 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
     from caffe_compat.io import make_datum
 
     try:
-        raw = read_regular_bytes(image_path, where)
+        raw = read_regular_bytes(image_path, where, memory_budget())
     except FileNotFoundError:
         raise _Skip("file not found") from None
     except OSError as exc:
