@@ -71,6 +71,8 @@ def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> 
         name, _, label = line.rstrip().rpartition(" ")
         if not name:
             raise DataError(f"{path}:{number}: expected 'relative/path label', got {line!r}")
+        if "\0" in name:
+            raise DataError(f"{path}:{number}: the path {name!r} holds a NUL byte")
         try:
             entries.append((number, name, int(label)))
         except ValueError:

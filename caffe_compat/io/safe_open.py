@@ -71,6 +71,8 @@ def read_regular_bytes(path: str | os.PathLike, what: str | None = None, max_byt
     """The bytes of ``path`` once :func:`check_regular_file` accepts it; never more than ``max_bytes``
     (NotRegularFileError if the file grew past it).  Missing files raise the usual OSError."""
     st = check_regular_file(path, what, max_bytes)
+    if "\0" in os.fsdecode(path):
+        raise NotRegularFileError(f"{_named(path, what)!r}: a path with a NUL byte names no file")
     with open(path, "rb") as fh:
         if max_bytes is None:
             return fh.read()
