@@ -83,3 +83,18 @@ class WeightsMismatchWarning(UserWarning):
     the net lacks (ignored, as Caffe's "Ignoring source layer X"), and net layers with blobs that the
     caffemodel does not cover (left at their fillers).  ``strict=True`` (``--strict``) makes it a
     :class:`FormatError`."""
+
+
+def naming_file(exc: CaffeCompatError, *paths) -> CaffeCompatError:
+    """``exc`` itself when its message already names one of ``paths`` (None entries skipped), else an error
+    of the same type whose message starts with the first path (and ``with weights <path>`` for a second):
+    a net's setup error names its layer; the command line and ``load_net`` add the file."""
+    named = [str(p) for p in paths if p is not None]
+    text = str(exc)
+    if not named or any(p in text for p in named):
+        return exc
+    prefix = named[0] + (f" (with weights {named[1]})" if len(named) > 1 else "")
+    try:
+        return type(exc)(f"{prefix}: {text}")
+    except TypeError:  # a subclass with another constructor: the base class keeps the type's family
+        return CaffeCompatError(f"{prefix}: {text}")

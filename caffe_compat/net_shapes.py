@@ -97,6 +97,9 @@ def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
             if kept is not None:  # a shape the caller gave wins (a data layer's top, say)
                 shape = kept
             blobs[name] = None if shape is None else tuple(int(d) for d in shape)
+            if blobs[name] is not None and min(blobs[name], default=0) < 0:  # Blob::Reshape CHECK_GE(shape[i], 0)
+                raise FormatError(f"layer '{layer.name}' ({layer.type}): top '{name}' would have the negative "
+                                  f"shape {blobs[name]} (Caffe's Blob::Reshape CHECKs every dimension >= 0)")
         table.append(LayerShapes(layer.name, layer.type, list(layer.bottom), list(layer.top),
                                  [blobs[t] for t in layer.top], [tuple(p) for p in shapes.params], int(shapes.macs)))
     return blobs, table
