@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 from google.protobuf import text_format
 
-from caffe_compat.errors import CaffeCompatError, CaffeCompatWarning, FormatError, ShapeMismatchError
+from caffe_compat.errors import (CaffeCompatError, CaffeCompatWarning, FormatError, MemoryBudgetError,
+                                 ShapeMismatchError)
 from caffe_compat.proto import caffe_pb2
 
 FORMAT = "caffe-compat/1"
@@ -140,7 +141,7 @@ def load_checkpoint(path: str | os.PathLike, device=None):
     path = Path(path)
     st, budget = check_regular_file(path, "the checkpoint"), memory_budget()
     if st is not None and st.st_size > budget:
-        raise FormatError(f"{path}: {st.st_size} bytes, more than the memory budget of {budget} "
+        raise MemoryBudgetError(f"{path}: {st.st_size} bytes, more than the memory budget of {budget} "
                           f"(CAFFE_COMPAT_MEMORY_BUDGET): a checkpoint is loaded whole")
     if not path.is_file():
         raise CaffeCompatError(f"{path}: no such checkpoint file")

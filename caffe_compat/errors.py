@@ -69,8 +69,32 @@ class NotRegularFileError(ParseError, DataError):
     caught either for the same file keep catching it."""
 
 
+class MemoryBudgetError(FormatError, DataError):
+    """What a file declares (a net's blobs and parameters, an HDF5 dataset, an ``.npy`` array, an image's
+    decoded size, a resize, a list file) needs more memory than the budget
+    (:func:`caffe_compat.io.safe_open.memory_budget`, ``CAFFE_COMPAT_MEMORY_BUDGET``): names the file (or
+    layer, LMDB key) and the bytes, and is raised before anything is allocated.  Both a FormatError and a
+    DataError, the two classes these refusals were raised as before, so callers that caught either keep
+    catching it."""
+
+
 class WeightsMismatchWarning(UserWarning):
     """A caffemodel and the net it is loaded into disagree on layer names: source layers with blobs that
     the net lacks (ignored, as Caffe's "Ignoring source layer X"), and net layers with blobs that the
     caffemodel does not cover (left at their fillers).  ``strict=True`` (``--strict``) makes it a
     :class:`FormatError`."""
+
+
+def naming_file(exc: CaffeCompatError, *paths) -> CaffeCompatError:
+    """``exc`` itself when its message already names one of ``paths`` (None entries skipped), else an error
+    of the same type whose message starts with the first path (and ``with weights <path>`` for a second):
+    a net's setup error names its layer; the command line and ``load_net`` add the file."""
+    named = [str(p) for p in paths if p is not None]
+    text = str(exc)
+    if not named or any(p in text for p in named):
+        return exc
+    prefix = named[0] + (f" (with weights {named[1]})" if len(named) > 1 else "")
+    try:
+        return type(exc)(f"{prefix}: {text}")
+    except TypeError:  # a subclass with another constructor: the base class keeps the type's family
+        return CaffeCompatError(f"{prefix}: {text}")

@@ -49,13 +49,14 @@ when the caller's input tensors require grad.
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict
 
 import numpy as np
 import torch
 from torch import nn
 
-from caffe_compat.errors import FormatError, ShapeMismatchError
+from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError, naming_file
 from caffe_compat.io import read_net
 from caffe_compat.io.weights import read_weights
 from caffe_compat.layers import layer_class
@@ -370,5 +371,9 @@ def load_net(prototxt, weights=None, phase: str = "test", level: int | None = No
     caffemodel the net lacks, and net layers with blobs it does not cover, give one
     :class:`~caffe_compat.errors.WeightsMismatchWarning`; ``strict=True`` makes that a FormatError.
     ``fuse=True``: the net in eval mode, fused for inference (:mod:`caffe_compat.fuse`; not bit-faithful)."""
-    net = CaffeNet(prototxt, phase=phase, level=level, stages=stages, weights=weights, seed=seed, strict=strict)
+    try:
+        net = CaffeNet(prototxt, phase=phase, level=level, stages=stages, weights=weights, seed=seed, strict=strict)
+    except CaffeCompatError as exc:  # a setup error names the layer: the file too, when it came from one
+        path = prototxt if isinstance(prototxt, (str, os.PathLike)) and os.path.isfile(prototxt) else None
+        raise naming_file(exc, path, weights if isinstance(weights, (str, os.PathLike)) else None) from exc
     return net.eval().fuse_for_inference() if fuse else net

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from caffe_compat.errors import FormatError
 from caffe_compat.io.blobs import blob_shape, legacy_shape_equals
 from caffe_compat.layers.registry import caffe_1_0_types, layer_class, port_for
 from caffe_compat.net_shapes import infer_shapes, types_without_rule
@@ -85,6 +86,11 @@ def check_weights(table, weights) -> dict:
                                          f"{len(entry.param_shapes)}"})
             continue
         for i, (blob, shape) in enumerate(zip(source.blobs, entry.param_shapes)):
+            values = max(len(blob.data), len(blob.double_data))
+            if values != math.prod(blob_shape(blob)):  # Caffe's Blob::FromProto CHECKs the count
+                raise FormatError(f"layer '{entry.name}' blob {i}: the caffemodel declares shape "
+                                  f"{tuple(blob_shape(blob))} ({math.prod(blob_shape(blob))} values) but holds "
+                                  f"{values}")
             if legacy_shape_equals(blob, shape):
                 matched += 1
             else:

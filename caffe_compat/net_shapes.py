@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, MemoryBudgetError
 from caffe_compat.io.safe_open import memory_budget
 from caffe_compat.layers.facts import Shapes, count
 from caffe_compat.layers.registry import port_for
@@ -106,6 +106,9 @@ def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
             if top in given and given[top] is not None:  # a shape the caller gave wins (a data layer's top, say)
                 shape = given[top]
             blobs[top] = None if shape is None else tuple(int(d) for d in shape)
+            if blobs[top] is not None and min(blobs[top], default=0) < 0:  # Blob::Reshape CHECK_GE(shape[i], 0)
+                raise FormatError(f"layer '{name}' ({layer.type}): top '{top}' would have the negative "
+                                  f"shape {blobs[top]} (Caffe's Blob::Reshape CHECKs every dimension >= 0)")
         table.append(LayerShapes(name, layer.type, bottom_names, top_names, [blobs[t] for t in top_names],
                                  [tuple(p) for p in shapes.params], int(shapes.macs), bottoms,
                                  shapes if ruled else None))
@@ -141,9 +144,9 @@ def check_memory_budget(net, where: str, budget: int | None = None) -> list[Laye
         return None  # the build reports the net's own error, with the port's message
     needed, largest = memory_needed(blobs, table)
     if needed > budget:
-        raise FormatError(f"{where}: its blobs and parameters need {needed / 2 ** 30:.3g} GiB (float32; the largest "
-                          f"share at layer '{largest}'), more than the {budget / 2 ** 30:.3g} GiB of memory available; "
-                          f"set CAFFE_COMPAT_MEMORY_BUDGET (e.g. 64G) to allow more")
+        raise MemoryBudgetError(f"{where}: its blobs and parameters need {needed / 2 ** 30:.3g} GiB (float32; the "
+                                f"largest share at layer '{largest}'), more than the {budget / 2 ** 30:.3g} GiB of "
+                                f"memory available; set CAFFE_COMPAT_MEMORY_BUDGET (e.g. 64G) to allow more")
     return table
 
 

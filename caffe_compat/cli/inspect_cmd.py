@@ -63,7 +63,15 @@ def run(args) -> int:
 
     net = read_net(args.net)
     weights = read_net(args.weights) if args.weights else None
-    report = inspect_net(net, weights, input_shapes=parse_input_shapes(args.input_shape))
+    from caffe_compat.errors import CaffeCompatError, naming_file
+
+    from caffe_compat.net_shapes import check_memory_budget
+
+    try:
+        check_memory_budget(net, f"net '{net.name}'")  # as load_net: a net too large to build is refused
+        report = inspect_net(net, weights, input_shapes=parse_input_shapes(args.input_shape))
+    except CaffeCompatError as exc:  # a setup error names the layer: the file too
+        raise naming_file(exc, args.net, args.weights) from exc
     if args.strict and weights is not None:
         _refuse_name_mismatch(args.weights, net, report["weights_check"])
     if args.json:

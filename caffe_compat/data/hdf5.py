@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from caffe_compat.errors import DataError, FormatError
+from caffe_compat.errors import DataError, FormatError, MemoryBudgetError
 from caffe_compat.io.safe_open import check_regular_file, memory_budget
 
 __all__ = ["read_hdf5_tops"]
@@ -57,7 +57,7 @@ def read_hdf5_tops(path, names, where: str, named_by: str | None = None,
                 need = math.prod(shape) * (item.dtype.itemsize + 4)  # as stored, then as float32
                 total += need
                 if total > budget:
-                    raise DataError(f"{where}: {path}: dataset '{name}' of shape {shape} ({item.dtype}) needs "
+                    raise MemoryBudgetError(f"{where}: {path}: dataset '{name}' of shape {shape} ({item.dtype}) needs "
                                     f"{need} bytes to read as float32, more than the memory budget of {budget} "
                                     f"bytes")
                 arrays.append(np.asarray(item[()], dtype=np.float32))

@@ -6,7 +6,9 @@ uint8; if both ``new_height > 0`` and ``new_width > 0`` the image is resized wit
 the two is positive nothing is resized (Caffe's rule).  Caffe logs an error and returns an empty
 Mat for an unreadable file; here that is a :class:`~caffe_compat.errors.DataError`, and so is any
 ``cv2.error`` OpenCV raises on a hostile file (a decoder's failure, an image too large to allocate), with
-the file and the field or list that named it.
+the file and the field or list that named it.  Before OpenCV sees the file, the decoded size its header
+declares is compared with the memory budget (:func:`caffe_compat.io.image_header.check_decode_budget`): a
+small file declaring 60000 x 60000 pixels is a :class:`~caffe_compat.errors.MemoryBudgetError`.
 
 The result is always ``H x W x C`` uint8 (``C`` = 3 colour, 1 grey), the layout
 :meth:`caffe_compat.data.transformer.DataTransformer.transform` takes.
@@ -19,8 +21,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from caffe_compat.errors import DataError
+from caffe_compat.errors import DataError, MemoryBudgetError
 from caffe_compat.io.datum_lmdb import cv_reason
+from caffe_compat.io.image_header import check_decode_budget
 from caffe_compat.io.safe_open import check_regular_file, memory_budget
 
 
@@ -29,7 +32,7 @@ def resize_within_budget(image: np.ndarray, height: int, width: int, where: str)
     result fits the memory budget; a DataError naming ``where`` otherwise, or when OpenCV cannot allocate it."""
     need = int(height) * int(width) * (image.shape[2] if image.ndim == 3 else 1) * image.itemsize
     if need > memory_budget():
-        raise DataError(f"{where}: resizing to new_height {height} x new_width {width} needs {need} bytes, more "
+        raise MemoryBudgetError(f"{where}: resizing to new_height {height} x new_width {width} needs {need} bytes, more "
                         f"than the memory budget of {memory_budget()} bytes")
     try:
         return cv2.resize(image, (int(width), int(height)))
@@ -45,6 +48,7 @@ def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, ne
     check_regular_file(path, what)
     named = f" (named by {what})" if what else ""
     flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
+    check_decode_budget(path, f"{path}{named}", flag)  # the decoded size from the header, before OpenCV allocates it
     try:
         image = cv2.imread(str(path), flag)
     except cv2.error as exc:

@@ -51,7 +51,7 @@ from typing import Callable
 import numpy as np
 
 from caffe_compat.errors import DataError
-from caffe_compat.io.safe_open import read_regular_bytes, read_regular_text
+from caffe_compat.io.safe_open import memory_budget, read_list_text, read_regular_bytes
 
 
 def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> list[tuple[int, str, int]]:
@@ -60,7 +60,7 @@ def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> 
     entries = []
     path = Path(list_file)
     try:
-        lines = read_regular_text(path, what).splitlines()
+        lines = read_list_text(path, what).splitlines()
     except FileNotFoundError:
         raise DataError(f"{path}: no such list file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -71,6 +71,8 @@ def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> 
         name, _, label = line.rstrip().rpartition(" ")
         if not name:
             raise DataError(f"{path}:{number}: expected 'relative/path label', got {line!r}")
+        if "\0" in name:
+            raise DataError(f"{path}:{number}: the path {name!r} holds a NUL byte")
         try:
             entries.append((number, name, int(label)))
         except ValueError:
@@ -157,12 +159,15 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
     from caffe_compat.io import make_datum
 
     try:
-        raw = read_regular_bytes(image_path, where)
+        raw = read_regular_bytes(image_path, where, memory_budget())
     except FileNotFoundError:
         raise _Skip("file not found") from None
     except OSError as exc:
         raise _Skip(exc.strerror or str(exc)) from None
     flag = cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR
+    from caffe_compat.io.image_header import check_decode_budget
+
+    check_decode_budget(raw, f"{where}: {image_path}", flag)  # refused, not skipped: the user asked for it
     with capturing():
         try:
             image = cv2.imdecode(np.frombuffer(raw, dtype=np.uint8), flag) if raw else None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from caffe_compat.errors import DataError
-from caffe_compat.io.safe_open import check_regular_file, read_regular_text
+from caffe_compat.io.safe_open import check_regular_file, read_list_text
 
 
 def require_file(path: Path, what: str) -> Path:
@@ -34,7 +34,7 @@ def read_table(path: Path, fields: Sequence[str], header: bool = False) -> list[
     path = Path(path)
     require_file(path, " ".join(fields))
     try:
-        text = read_regular_text(path, encoding="utf-8")
+        text = read_list_text(path, encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text ({exc})") from None
     rows: list[tuple[int, list[str]]] = []

@@ -88,9 +88,9 @@ def evaluate_onnx(onnx_path, protocol: str, root, provider: str | None = "cpu", 
     if not onnx_path.is_file():
         raise CaffeCompatError(f"{onnx_path}: no such ONNX file")
     meta = read_metadata(onnx_path)
+    preprocessor = ImagePreprocessor(meta, str(onnx_path))  # its metadata checked before anything is read
     per_split = read_protocol_records(protocol, root, split)
     session = EmbedderSession(onnx_path, provider)
-    preprocessor = ImagePreprocessor(meta)
     paths = list(dict.fromkeys(str(r.path) for records in per_split.values() for r in records))
     fixed = None if meta.get("batch") == "dynamic" else int(meta["batch"])
     features = embed_images(session, paths, preprocessor, batch_size, fixed, progress, desc=f"{protocol} features")

@@ -57,7 +57,8 @@ from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
 FORMAT = "caffe-compat-onnx/1"
 PREPROCESSING_KEYS = ("channel_order", "resize", "crop_size", "mean_value", "mean_file", "scale", "input_blob")
 
-__all__ = ["FORMAT", "PREPROCESSING_KEYS", "assumed_preprocessing", "decode_mean_image", "encode_mean_image",
+__all__ = ["FORMAT", "PREPROCESSING_KEYS", "assumed_preprocessing", "check_preprocessing_metadata",
+           "decode_mean_image", "encode_mean_image",
            "normalize_preprocessing", "preprocessing_from_data_layer", "read_mean_file", "read_metadata",
            "write_metadata"]
 
@@ -234,6 +235,71 @@ def preprocessing_from_data_layer(layer) -> tuple[dict | None, list[str]]:
         notes.append(f"resize: none (images used at their stored size, which {facts.stored_size_by} decides "
                      f"and export does not open)")
     return spec, notes
+
+
+def _number(value, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise FormatError(f"{where}: metadata '{key}' must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_preprocessing_metadata(meta: dict, where: str = "model") -> dict:
+    """The preprocessing entries of a model's metadata (``input_shape``, ``channel_order``, ``resize``,
+    ``crop_size``, ``mean_value``, ``mean_image``, ``scale``), checked before any image is read: a typed
+    error naming ``where`` (the ONNX file) and the entry for anything :func:`normalize_preprocessing` would
+    not have written -- a NaN or infinite scale or mean, a channel order other than BGR/RGB, a resize that
+    is not two positive sizes, a crop larger than the resized image -- and a MemoryBudgetError for a
+    resize whose image exceeds the memory budget (``resize: [100000, 100000]``).  Returns the entries as
+    ``{"input_shape": (C, H, W), "resize": (h, w) or None, "rgb": bool, "crop_size": int,
+    "mean_value": [...], "mean_image": array or None, "scale": float}``."""
+    from caffe_compat.errors import MemoryBudgetError
+    from caffe_compat.io.safe_open import memory_budget
+
+    shape = meta.get("input_shape")
+    if (not isinstance(shape, list) or len(shape) != 3
+            or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape)):
+        raise FormatError(f"{where}: metadata 'input_shape' must be [C, H, W] of positive ints, got {shape!r}")
+    channels = shape[0]
+    order = meta.get("channel_order", "BGR")
+    if not isinstance(order, str) or order.upper() not in ("BGR", "RGB"):
+        raise FormatError(f"{where}: metadata 'channel_order' must be 'BGR' or 'RGB', got {order!r}")
+    if order.upper() == "RGB" and channels != 3:
+        raise FormatError(f"{where}: metadata 'channel_order' RGB needs 3 channels, 'input_shape' has {channels}")
+    raw_resize = meta.get("resize")
+    if raw_resize is not None and not (isinstance(raw_resize, list) and len(raw_resize) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in raw_resize)):
+        raise FormatError(f"{where}: metadata 'resize' must be [height, width] or null, got {raw_resize!r}")
+    resize = _resize_pair(raw_resize, f"{where}: metadata")
+    if resize is not None:
+        need, budget = resize[0] * resize[1] * channels, memory_budget()
+        if need > budget:
+            raise MemoryBudgetError(f"{where}: metadata 'resize' {resize} needs {need} bytes per image, more than "
+                                    f"the memory budget of {budget} bytes")
+    crop = meta.get("crop_size", 0) or 0
+    if isinstance(crop, bool) or not isinstance(crop, int) or crop < 0:
+        raise FormatError(f"{where}: metadata 'crop_size' must be an int >= 0, got {crop!r}")
+    if crop and resize is not None and (resize[0] < crop or resize[1] < crop):
+        raise FormatError(f"{where}: metadata 'resize' {resize} is smaller than 'crop_size' {crop}")
+    means = meta.get("mean_value") or []
+    means = [means] if isinstance(means, (int, float)) and not isinstance(means, bool) else means
+    if not isinstance(means, list) or len(means) not in (0, 1, channels):
+        raise FormatError(f"{where}: metadata 'mean_value' needs 0, 1 or {channels} numbers, got {means!r}")
+    means = [_number(m, "mean_value", where) for m in means]
+    try:
+        mean_image = decode_mean_image(meta.get("mean_image"))
+    except FormatError as exc:
+        raise FormatError(f"{where}: {exc}") from None
+    if mean_image is not None:
+        if mean_image.ndim != 3 or mean_image.shape[0] != channels:
+            raise FormatError(f"{where}: metadata 'mean_image' has shape {mean_image.shape}, expected ({channels}, "
+                              f"H, W)")
+        if not np.isfinite(mean_image).all():
+            raise FormatError(f"{where}: metadata 'mean_image' holds NaN or infinite values")
+        if means:
+            raise FormatError(f"{where}: metadata has both 'mean_image' and 'mean_value'")
+    scale = _number(meta.get("scale", 1.0), "scale", where)
+    return {"input_shape": tuple(shape), "resize": tuple(resize) if resize else None, "rgb": order.upper() == "RGB",
+            "crop_size": crop, "mean_value": means, "mean_image": mean_image, "scale": scale}
 
 
 def write_metadata(model, values: dict) -> None:

@@ -13,26 +13,28 @@ import numpy as np
 
 from caffe_compat.data import DataTransformer, load_image_bgr
 from caffe_compat.errors import FormatError
-from caffe_compat.export.metadata import decode_mean_image
+from caffe_compat.export.metadata import check_preprocessing_metadata
 
 __all__ = ["ImagePreprocessor"]
 
 
 class ImagePreprocessor:
-    """``preprocessor(path) -> float32 (C, H, W)``; built from :func:`read_metadata`'s dict."""
+    """``preprocessor(path) -> float32 (C, H, W)``; built from :func:`read_metadata`'s dict, checked first by
+    :func:`~caffe_compat.export.metadata.check_preprocessing_metadata` (``where`` names the model in its
+    errors: a NaN scale, a bad channel order or a huge resize is refused before any image is read)."""
 
-    def __init__(self, meta: dict):
+    def __init__(self, meta: dict, where: str = "the model"):
+        checked = check_preprocessing_metadata(meta, where)
+        self.channels, self.height, self.width = checked["input_shape"]
+        self.resize = checked["resize"] or (0, 0)
+        self.rgb = checked["rgb"]
+        mean_image = checked["mean_image"]
         try:
-            self.channels, self.height, self.width = (int(d) for d in meta["input_shape"])
-            resize = meta.get("resize")
-            self.resize = (int(resize[0]), int(resize[1])) if resize else (0, 0)
-            self.rgb = str(meta.get("channel_order", "BGR")).upper() == "RGB"
-            mean_image = decode_mean_image(meta.get("mean_image"))
-            self.transformer = DataTransformer(crop_size=int(meta.get("crop_size") or 0), mean_file=mean_image,
-                                               mean_value=() if mean_image is not None else meta.get("mean_value") or (),
-                                               scale=float(meta.get("scale", 1.0)), phase="TEST")
+            self.transformer = DataTransformer(crop_size=checked["crop_size"], mean_file=mean_image,
+                                               mean_value=() if mean_image is not None else checked["mean_value"],
+                                               scale=checked["scale"], phase="TEST")
         except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"the model's preprocessing metadata is incomplete or malformed ({exc})") from None
+            raise FormatError(f"{where}: the preprocessing metadata is malformed ({exc})") from None
 
     def __call__(self, path) -> np.ndarray:
         image = load_image_bgr(path, self.channels == 3, self.resize[0], self.resize[1])

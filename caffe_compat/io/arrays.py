@@ -21,7 +21,7 @@ import zlib
 
 import numpy as np
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, MemoryBudgetError
 from caffe_compat.io.safe_open import check_regular_file, memory_budget
 
 __all__ = ["load_array_file"]
@@ -58,7 +58,7 @@ def _check_header(fh, available: int, where: str) -> None:
         raise FormatError(f"{where}: its header declares shape {shape} of {dtype} ({need} bytes), the file holds "
                           f"{max(held, 0)} bytes of data (truncated or corrupt)")
     if need > memory_budget():
-        raise FormatError(f"{where}: shape {shape} of {dtype} needs {need} bytes, more than the memory budget of "
+        raise MemoryBudgetError(f"{where}: shape {shape} of {dtype} needs {need} bytes, more than the memory budget of "
                           f"{memory_budget()} bytes")
 
 
@@ -75,7 +75,7 @@ class _CheckedNpz:
             member = name if name in self.npz.zip.namelist() else f"{name}.npy"
             info = self.npz.zip.getinfo(member)
             if info.file_size > memory_budget():
-                raise FormatError(f"{where}: {info.file_size} bytes expanded, more than the memory budget of "
+                raise MemoryBudgetError(f"{where}: {info.file_size} bytes expanded, more than the memory budget of "
                                   f"{memory_budget()} bytes")
             with self.npz.zip.open(member) as fh:
                 _check_header(fh, info.file_size, where)

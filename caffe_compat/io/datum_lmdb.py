@@ -53,7 +53,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from caffe_compat.errors import DataError, FormatError, ParseError
+from caffe_compat.errors import DataError, FormatError, ParseError, WriteError
 from caffe_compat.io.lmdb_check import check_lmdb_file
 from caffe_compat.io.protofiles import parse_binary
 from caffe_compat.io.safe_open import check_regular_file
@@ -196,7 +196,10 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
     if datum.encoded:
         import cv2
 
+        from caffe_compat.io.image_header import check_decode_budget
+
         flag = cv2.IMREAD_COLOR if force_color else cv2.IMREAD_GRAYSCALE if force_gray else cv2.IMREAD_UNCHANGED
+        check_decode_budget(datum.data, f"{source}: the encoded Datum", flag)
         try:
             image = cv2.imdecode(np.frombuffer(datum.data, dtype=np.uint8), flag) if datum.data else None
         except cv2.error as exc:
@@ -287,7 +290,11 @@ class LmdbWriter:
     """A new LMDB of Datum records, built in a temporary folder beside ``path`` and renamed into place by
     :meth:`close` (a reader never sees a half-written database); refuses an existing ``path`` as Caffe's
     ``db::NEW`` does.  Records are committed every 1000, as Caffe's tools commit.  :meth:`abort` (or an
-    exception inside ``with``) removes the temporary folder."""
+    exception inside ``with``) removes the temporary folder.
+
+    ``map_size`` (1 TiB by default, as Caffe's 1 TB ``LMDB_MAP_SIZE``) is address space liblmdb maps, not
+    memory; where the process may not map that much (``ulimit -v``, a container's limit) the map is halved
+    until it opens, and grown (doubled, the uncommitted records written again) whenever it fills."""
 
     def __init__(self, path: str | os.PathLike, map_size: int = 1 << 40):
         import tempfile
@@ -299,24 +306,71 @@ class LmdbWriter:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent))
         self.count = 0
+        self.pending: list[tuple[bytes, bytes]] = []  # since the last commit: written again if the map grows
         try:
-            self.env = lmdb.open(str(self.tmp), map_size=map_size)
+            while True:
+                try:
+                    self.env = lmdb.open(str(self.tmp), map_size=map_size)
+                    break
+                except lmdb.MemoryError:
+                    if map_size <= 1 << 20:
+                        raise WriteError(f"{self.target}: cannot map even {map_size} bytes for the new LMDB "
+                                         f"(address space limit)") from None
+                    map_size //= 2
+            self.map_size = map_size
             self.txn = self.env.begin(write=True)
         except BaseException:
             self.abort()
             raise
 
     def put(self, key: str, datum: caffe_pb2.Datum) -> None:
-        self.txn.put(key.encode("utf-8"), datum.SerializeToString())
+        record = (key.encode("utf-8"), datum.SerializeToString())
+        self.pending.append(record)
+        self._put(record)
         self.count += 1
         if self.count % 1000 == 0:
-            self.txn.commit()
+            self._commit()
             self.txn = self.env.begin(write=True)
+
+    def _put(self, record) -> None:
+        lmdb = _lmdb()
+        try:
+            self.txn.put(*record)
+        except lmdb.MapFullError:
+            self._grow()
+
+    def _commit(self) -> None:
+        lmdb = _lmdb()
+        try:
+            self.txn.commit()
+        except lmdb.MapFullError:
+            self._grow()
+            self.txn.commit()
+        self.pending = []
+
+    def _grow(self) -> None:
+        """The map is full: abort the transaction, double the map and write the uncommitted records again."""
+        lmdb = _lmdb()
+        self.txn.abort()
+        while True:
+            self.map_size *= 2
+            try:
+                self.env.set_mapsize(self.map_size)
+            except lmdb.MemoryError:
+                raise WriteError(f"{self.target}: the new LMDB needs more than the {self.map_size // 2} bytes of "
+                                 f"address space this process may map") from None
+            self.txn = self.env.begin(write=True)
+            try:
+                for record in self.pending:
+                    self.txn.put(*record)
+                return
+            except lmdb.MapFullError:
+                self.txn.abort()
 
     def close(self) -> int:
         """Commit, close and move the database into place; returns the record count."""
         try:
-            self.txn.commit()
+            self._commit()
             self.env.close()
             os.replace(self.tmp, self.target)
         except BaseException:

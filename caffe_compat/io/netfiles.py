@@ -105,8 +105,13 @@ def read_solver(path_or_text, upgrade: bool = True) -> caffe_pb2.SolverParameter
 
 
 def read_solverstate(path: str | os.PathLike) -> caffe_pb2.SolverState:
-    """A binary ``.solverstate`` (iteration, learned net path, history blobs, current_step)."""
-    return parse_binary(read_bytes(path), caffe_pb2.SolverState(), str(path))
+    """A binary ``.solverstate`` (iteration, learned net path, history blobs, current_step).  A
+    ``learned_net`` that is not UTF-8 (protobuf's Python reader then returns bytes, not a path) is a
+    ParseError naming the file and the field."""
+    state = parse_binary(read_bytes(path), caffe_pb2.SolverState(), str(path))
+    if not isinstance(state.learned_net, str):
+        raise ParseError(f"{path}: field 'learned_net' is not UTF-8 text ({state.learned_net[:40]!r}...)")
+    return state
 
 
 def write_solverstate(state: caffe_pb2.SolverState, path: str | os.PathLike) -> None:

@@ -11,6 +11,9 @@ between the check and the read still cannot be read without limit.
 
 :func:`memory_budget` is the bound a reader compares a size declared by a file (an HDF5 dataset's shape, a
 resize asked for by a model) with before allocating it: half the memory available now.
+:func:`read_list_text` reads a list file (an ImageData or convert_imageset list, an HDF5Data source list, a
+WindowData file, a data set's table) within :func:`list_file_limit`, a sixteenth of the budget: the text,
+its lines and their Python objects take several times the file's bytes.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from __future__ import annotations
 import os
 import stat
 
-from caffe_compat.errors import FormatError, NotRegularFileError
+from caffe_compat.errors import FormatError, MemoryBudgetError, NotRegularFileError
 
-__all__ = ["PROTOBUF_MAX_BYTES", "available_memory", "check_regular_file", "memory_budget", "read_regular_bytes", "read_regular_text"]
+__all__ = ["LIST_EXPANSION", "PROTOBUF_MAX_BYTES", "available_memory", "check_regular_file", "list_file_limit",
+           "memory_budget", "read_list_text", "read_regular_bytes", "read_regular_text"]
 
 #: The largest message protobuf parses (2 GB, ``INT_MAX`` bytes): prototxt, caffemodel, solverstate,
 #: binaryproto.
@@ -67,6 +71,8 @@ def read_regular_bytes(path: str | os.PathLike, what: str | None = None, max_byt
     """The bytes of ``path`` once :func:`check_regular_file` accepts it; never more than ``max_bytes``
     (NotRegularFileError if the file grew past it).  Missing files raise the usual OSError."""
     st = check_regular_file(path, what, max_bytes)
+    if "\0" in os.fsdecode(path):
+        raise NotRegularFileError(f"{_named(path, what)!r}: a path with a NUL byte names no file")
     with open(path, "rb") as fh:
         if max_bytes is None:
             return fh.read()
@@ -123,3 +129,34 @@ def memory_budget(fraction: float = 0.5) -> int:
             raise FormatError(f"CAFFE_COMPAT_MEMORY_BUDGET={text!r} is not a size (bytes, or e.g. 512M, "
                               f"8G)") from None
     return max(int(available_memory() * fraction), 1 << 20)
+
+
+#: How many times its size a list file may take once read: the bytes, the decoded text, one ``str`` per line
+#: and field (about 50 bytes of object header each), the tuples holding them.
+LIST_EXPANSION = 16
+
+
+def list_file_limit() -> int:
+    """The most bytes a list file may hold: :func:`memory_budget` divided by :data:`LIST_EXPANSION`."""
+    return memory_budget() // LIST_EXPANSION
+
+
+def read_list_text(path: str | os.PathLike, what: str | None = None, encoding: str | None = None,
+                   errors: str | None = None) -> str:
+    """A list file's text (see :func:`read_regular_text`), refused with a MemoryBudgetError naming it when
+    it holds more than :func:`list_file_limit` bytes; it is never read past that bound, so a file that
+    grows while it is read (or a ``/proc`` file that reports 0 bytes) cannot exhaust memory either."""
+    limit = list_file_limit()
+    st = check_regular_file(path, what)
+    if st is not None and st.st_size > limit:
+        raise MemoryBudgetError(f"{_named(path, what)}: a list file of {st.st_size} bytes, more than the "
+                                f"{limit} bytes allowed (1/{LIST_EXPANSION} of the memory budget of "
+                                f"{limit * LIST_EXPANSION} bytes; set CAFFE_COMPAT_MEMORY_BUDGET to allow more)")
+    try:
+        return read_regular_text(path, what, limit, encoding, errors)
+    except NotRegularFileError as exc:
+        if isinstance(exc, MemoryBudgetError) or "bytes this format allows" not in str(exc):
+            raise
+        raise MemoryBudgetError(f"{_named(path, what)}: a list file of more than the {limit} bytes allowed "
+                                f"(1/{LIST_EXPANSION} of the memory budget; set CAFFE_COMPAT_MEMORY_BUDGET to "
+                                f"allow more)") from None

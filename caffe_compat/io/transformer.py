@@ -56,7 +56,10 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
 
     from caffe_compat.io.safe_open import check_regular_file
 
+    from caffe_compat.io.image_header import IMREAD_UNCHANGED, check_decode_budget
+
     check_regular_file(filename, "load_image")
+    check_decode_budget(filename, str(filename), IMREAD_UNCHANGED)
     try:
         image = cv2.imread(str(filename), cv2.IMREAD_UNCHANGED)
     except cv2.error as exc:

@@ -68,6 +68,10 @@ class Input(SourceLayer):
         shapes = [tuple(int(d) for d in s.dim) for s in layer.input_param.shape]
         if not shapes:
             raise FormatError(f"layer '{layer.name}' (Input): input_param.shape is required")
+        for shape in shapes:
+            if min(shape, default=0) < 0:  # Blob::Reshape CHECK_GE(shape[i], 0)
+                raise FormatError(f"layer '{layer.name}' (Input): input_param.shape {shape} has a negative "
+                                  f"dimension (Caffe CHECKs every dimension >= 0)")
         return Shapes(_per_top(shapes, len(layer.top), "input_param.shape", layer.name))
 
     def __init__(self, param, bottom_shapes, phase="test"):

@@ -19,7 +19,7 @@ import torch
 
 from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
-from caffe_compat.io.safe_open import check_regular_file, read_regular_text
+from caffe_compat.io.safe_open import check_regular_file, read_list_text
 from caffe_compat.layers.data import SourceLayer
 from caffe_compat.layers.facts import BlobCount, InputFacts, Shapes, transform_input_facts
 from caffe_compat.layers.registry import register_layer
@@ -399,8 +399,8 @@ class HDF5Data(DataSetLayer):
         if self.batch_size < 1:
             raise FormatError(f"layer '{self.layer_name}' (HDF5Data): hdf5_data_param.batch_size must be positive")
         try:
-            self.files = read_regular_text(p.source, f"layer '{self.layer_name}' (HDF5Data) hdf5_data_param.source"
-                                           ).split()
+            self.files = read_list_text(p.source, f"layer '{self.layer_name}' (HDF5Data) hdf5_data_param.source"
+                                        ).split()
         except OSError:
             raise DataError(f"layer '{self.layer_name}' (HDF5Data): cannot read source list '{p.source}' (relative "
                             f"to {Path.cwd()})") from None

@@ -22,7 +22,7 @@ import numpy as np
 
 from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import DataError, FormatError
-from caffe_compat.io.safe_open import check_regular_file, read_regular_text
+from caffe_compat.io.safe_open import check_regular_file, read_list_text
 from caffe_compat.layers.data import SourceLayer
 from caffe_compat.layers.datasets import random_state_from
 from caffe_compat.layers.facts import BlobCount, InputFacts, Shapes, transform_input_facts
@@ -147,7 +147,7 @@ class WindowData(PrefetchingLayer, SourceLayer):
         p, t = param.window_data_param, param.transform_param
         self.where = f"layer '{self.layer_name}' (WindowData)"
         try:
-            text = read_regular_text(p.source, f"{self.where} window_data_param.source")
+            text = read_list_text(p.source, f"{self.where} window_data_param.source")
         except OSError:
             raise DataError(f"{self.where}: failed to open window file '{p.source}' (relative to {Path.cwd()})") from None
         self.images, self.foreground, self.background = parse_window_file(

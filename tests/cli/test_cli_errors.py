@@ -49,7 +49,7 @@ def _net(layer: str, dims=(2, 6, 5, 5)) -> str:
 def test_inspect_invalid_convolution(tmp_path, layer, dims, message):
     net = tmp_path / "net.prototxt"
     net.write_text(_net(layer, dims))
-    assert_usage_error(run_cli("inspect", net), "inspect", message)
+    assert_usage_error(run_cli("inspect", net), "inspect", f"{net}: {message}")  # the file too (issue #19)
 
 
 def test_inspect_reshape_axis_out_of_range(tmp_path):
@@ -60,7 +60,7 @@ def test_inspect_reshape_axis_out_of_range(tmp_path):
     net = tmp_path / "deploy.prototxt"
     net.write_text(changed)
     assert_usage_error(run_cli("inspect", net), "inspect",
-                       "layer 'reshape' (Reshape): reshape_param.axis 9 is out of range for the 3-axis input "
+                       f"{net}: layer 'reshape' (Reshape): reshape_param.axis 9 is out of range for the 3-axis input "
                        "(2, 84, 6) (expected -4 to 3)")
 
 
@@ -82,7 +82,8 @@ def test_inspect_unknown_layer_type_exits_2_naming_layer_and_type(tmp_path):
     net.write_text(_net('type: "Convolutoin" convolution_param { num_output: 4 kernel_size: 3 }'))
     done = run_cli("inspect", net)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.startswith("caffe-compat inspect: error: layer 'conv': unknown layer type 'Convolutoin'.")
+    assert done.stderr.startswith(f"caffe-compat inspect: error: {net}: layer 'conv': unknown layer type "
+                                  f"'Convolutoin'.")  # the file too (issue #19)
     assert done.stdout == ""  # no table printed with '?' shapes
 
 

@@ -119,7 +119,8 @@ def test_unknown_layer_type_exit_2(tmp_path, capsys):
     assert main(["inspect", str(changed)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith("caffe-compat inspect: error: layer 'conv_1x1_s': unknown layer type 'Convolutoin'.")
+    assert captured.err.startswith(f"caffe-compat inspect: error: {changed}: layer 'conv_1x1_s': unknown layer type "
+                                   f"'Convolutoin'.")  # the file too (issue #19)
 
 
 def test_caffe_types_without_a_port_and_python_layers_are_not_unknown(capsys):

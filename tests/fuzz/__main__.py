@@ -91,13 +91,13 @@ def main(argv=None) -> int:
                       log=sys.stdout)
         rows.append((name, result["counts"], time.monotonic() - began))
         print(f"{name}: done in {rows[-1][2]:.0f} s", flush=True)
-    header = f"{'target':<12} {'cases':>6} {'ok':>6} {'typed':>6} {'bugs':>5}  " + " ".join(f"{b:>8}" for b in BUGS)
+    header = f"{'target':<18} {'cases':>6} {'ok':>6} {'typed':>6} {'bugs':>5}  " + " ".join(f"{b:>8}" for b in BUGS)
     print("\n" + header + "\n" + "-" * len(header))
     total_bugs = 0
     for name, counts, _ in rows:
         bugs = sum(counts[b] for b in BUGS)
         total_bugs += bugs
-        print(f"{name:<12} {sum(counts.values()):>6} {counts['ok']:>6} {counts['typed']:>6} {bugs:>5}  "
+        print(f"{name:<18} {sum(counts.values()):>6} {counts['ok']:>6} {counts['typed']:>6} {bugs:>5}  "
               + " ".join(f"{counts[b]:>8}" for b in BUGS))
     if args.out and total_bugs:
         print(f"\nfailing inputs in {args.out}")

@@ -465,6 +465,167 @@ def _lock_fifo(folder: Path) -> None:
     os.mkfifo(folder / "lock.mdb")
 
 
+# -- ONNX models and their metadata ----------------------------------------------------------------
+
+_ONNX: dict = {}
+
+
+def _onnx_setup():
+    """The tiny embedder of tests/export exported once (with its preprocessing), and an image to feed it."""
+    if not _ONNX:
+        import cv2
+
+        from caffe_compat.export import export_onnx
+        from tests.export.helpers import TINY_PREPROCESSING, write_tiny_net
+
+        tmp = Path(tempfile.mkdtemp(prefix="fuzz-onnx-seed-"))
+        prototxt, weights = write_tiny_net(tmp)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            path = export_onnx(prototxt, weights=weights, path=tmp / "m.onnx", opset=13,
+                               preprocessing=TINY_PREPROCESSING)
+        image = tmp / "image.png"
+        cv2.imwrite(str(image), np.arange(30 * 32 * 3, dtype=np.uint8).reshape(30, 32, 3))
+        _ONNX.update(seed=Path(path).read_bytes(), image=str(image))
+    return _ONNX
+
+
+def _onnx_seeds():
+    return [_onnx_setup()["seed"]]
+
+
+_METADATA_VALUES = [float("nan"), float("inf"), -1, 0, 1e5, 100000, [100000, 100000], [0, 5], [-3, 4], [28.5, 28],
+                    "XYZ", "rgb", "RGB", "", None, True, [], {}, [1, 2, 3], [3, 24], [3, 24, 24, 1], [0, 24, 24],
+                    [float("nan")] * 3, [1e308, 1, 1], "garbage{", {"shape": [3, 2, 2], "base64": "!!"},
+                    {"shape": [3, 28, 28], "dtype": "float32", "base64": "AAAA"}, 2 ** 63, "dynamic"]
+
+
+def _onnx_mutator(rng, data, seeds):
+    """The model's bytes, or one or two of its metadata values replaced (a NaN scale, a bad channel order,
+    a huge resize, a malformed mean image, ...) or their JSON text mutated."""
+    import json
+
+    import onnx
+
+    if rng.random() < 0.35:
+        return mutate.mutate_bytes(rng, data, seeds)
+    model = onnx.load_model_from_string(data)
+    props = list(model.metadata_props)
+    for _ in range(rng.choice([1, 1, 2])):
+        prop = rng.choice(props)
+        if rng.random() < 0.7:
+            prop.value = json.dumps(rng.choice(_METADATA_VALUES))
+        else:
+            prop.value = mutate.mutate_text(rng, prop.value.encode()).decode("utf-8", "replace")
+    if rng.random() < 0.1:
+        del model.metadata_props[rng.randrange(len(props))]
+    return model.SerializeToString()
+
+
+def _read_onnx(path):
+    """What ``caffe-compat evaluate`` (and ``verify`` on an image) reads from the model: its metadata, and
+    the preprocessing it describes, applied to one image."""
+    from caffe_compat.export.metadata import read_metadata
+    from caffe_compat.export.preprocess import ImagePreprocessor
+
+    meta = read_metadata(path)
+    ImagePreprocessor(meta, path)(_onnx_setup()["image"])
+
+
+# -- Caffe solverstates through the solver's restore --------------------------------------------------
+
+_SOLVERSTATE: dict = {}
+
+
+def _solverstate_setup():
+    if not _SOLVERSTATE:
+        from tests.solver.caffe_cases import case_dir, make_solver
+
+        _SOLVERSTATE.update(solver=make_solver("nesterov"), folder=case_dir("nesterov"))
+    return _SOLVERSTATE
+
+
+def _solverstate_seeds():
+    from caffe_compat.proto import caffe_pb2
+
+    folder = _solverstate_setup()["folder"]
+    state = caffe_pb2.SolverState.FromString((folder / "snap_iter_5.solverstate").read_bytes())
+    state.learned_net = str(folder / "snap_iter_5.caffemodel")  # found wherever the case is written
+    without = caffe_pb2.SolverState(iter=state.iter, current_step=state.current_step, history=state.history)
+    return [state.SerializeToString(), without.SerializeToString()]
+
+
+def _read_solverstate(path):
+    import logging
+
+    logging.getLogger("caffe_compat").setLevel(logging.ERROR)
+    _solverstate_setup()["solver"].restore(path)
+
+
+# -- the command line beyond inspect ------------------------------------------------------------------
+
+def _cli(*argv):
+    """``caffe-compat ARGV``: exit 2 without a traceback is the typed-error path, 0 is ok."""
+    import contextlib
+
+    from caffe_compat.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        status = main(list(argv))
+    if status == 2 and "Traceback" not in err.getvalue():
+        raise _ExitStatus(err.getvalue().strip()[-300:])
+    if status != 0:
+        raise RuntimeError(f"{argv[0]} exited {status}: {err.getvalue()[-300:]}")
+
+
+def _cli_compute_mean(path):
+    out = Path(tempfile.mkdtemp(prefix="fuzz-mean-")) / "mean.binaryproto"
+    _cli("compute-mean", path, str(out))
+
+
+def _cli_upgrade(path):
+    out = Path(tempfile.mkdtemp(prefix="fuzz-upgrade-"))
+    _cli("upgrade", path, str(out / "new.prototxt"))
+
+
+def _cli_upgrade_solver(path):
+    out = Path(tempfile.mkdtemp(prefix="fuzz-upgrade-"))
+    _cli("upgrade", "--solver", path, str(out / "new.prototxt"))
+
+
+def _v1_seeds():
+    return [fixture_path("layer_zoo/deploy.prototxt").read_bytes()] + [
+        p.read_bytes() for p in sorted(fixture_path("nets").rglob("*v1*.prototxt"))[:2]]
+
+
+def _cli_make_lmdb(path):
+    """``make-lmdb LIST ROOT OUT`` with the list mutated; ROOT holds a PNG and a JPEG the seeds name."""
+    root = _image_root()
+    out = Path(tempfile.mkdtemp(prefix="fuzz-lmdb-")) / "db"
+    _cli("make-lmdb", "--quiet", path, str(root), str(out))
+
+
+_ROOT: dict = {}
+
+
+def _image_root() -> Path:
+    if not _ROOT:
+        import cv2
+
+        root = Path(tempfile.mkdtemp(prefix="fuzz-images-"))
+        for name, ext in (("a", ".png"), ("b", ".jpg")):
+            cv2.imwrite(str(root / f"{name}{ext}"), np.full((6, 5, 3), 7, np.uint8))
+        _ROOT["root"] = root
+    return _ROOT["root"]
+
+
+def _list_seeds():
+    _image_root()
+    return [b"a.png 0\nb.jpg 1\n", b"a.png 3\n\nb.jpg 4\na.png 5\n"]
+
+
 TARGETS = {t.name: t for t in [
     Target("prototxt", _file_seeds("layer_zoo/deploy.prototxt", "authors/cub200/train.prototxt"), _text,
            _read_prototxt, ".prototxt"),
@@ -484,6 +645,12 @@ TARGETS = {t.name: t for t in [
     Target("param_str", _param_str_seeds, _text, _read_param_str, ".txt", file_specials=False),
     Target("trainstate", _trainstate_seeds, _trainstate_mutator, _read_trainstate, ".trainstate"),
     Target("checkpoint", _checkpoint_seeds, _checkpoint_mutator, _read_checkpoint, ".pt"),
+    Target("onnx", _onnx_seeds, _onnx_mutator, _read_onnx, ".onnx"),
+    Target("solverstate", _solverstate_seeds, _protobuf, _read_solverstate, ".solverstate"),
+    Target("cli_compute_mean", _lmdb_seeds, _lmdb, _cli_compute_mean, folder=True),
+    Target("cli_upgrade", _v1_seeds, _text, _cli_upgrade, ".prototxt"),
+    Target("cli_upgrade_solver", _solver_seeds, _text, _cli_upgrade_solver, ".prototxt"),
+    Target("cli_make_lmdb", _list_seeds, _text, _cli_make_lmdb, ".txt"),
 ]}
 
 
@@ -500,5 +667,9 @@ def preload() -> None:
     import caffe_compat.solver.trainstate  # noqa: F401
     import tests.io.test_weights_differential  # noqa: F401
     from caffe_compat.cli import build_parser
+
+    import caffe_compat.export.metadata  # noqa: F401
+    import caffe_compat.export.preprocess  # noqa: F401
+    import caffe_compat.solver  # noqa: F401
 
     build_parser()

@@ -1,0 +1,115 @@
+"""Regressions for what the fuzz targets added for issue #19 (onnx, solverstate, cli_*) found: make-lmdb under
+an address-space limit (liblmdb's 1 TiB map), a NUL byte in a list entry, a solverstate whose learned_net
+is not UTF-8, and ONNX metadata that ``evaluate`` used as is (a NaN scale, a bad channel order, a huge
+resize)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from caffe_compat.errors import CaffeCompatError, DataError, FormatError, MemoryBudgetError, ParseError
+
+
+def test_make_lmdb_halves_the_map_where_the_address_space_is_limited_and_grows_it_when_full(tmp_path,
+                                                                                            monkeypatch):
+    lmdb = pytest.importorskip("lmdb")
+    from caffe_compat.io import iter_lmdb, make_datum
+    from caffe_compat.io.datum_lmdb import LmdbWriter
+
+    real_open = lmdb.open
+
+    def limited_open(path, map_size, **kwargs):  # as under ulimit -v: a large map cannot be reserved
+        if map_size > 1 << 22:
+            raise lmdb.MemoryError(path, "Cannot allocate memory")
+        return real_open(path, map_size=map_size, **kwargs)
+
+    monkeypatch.setattr(lmdb, "open", limited_open)
+    with LmdbWriter(tmp_path / "db") as writer:
+        for i in range(1500):  # 1500 x ~3 KB: more than the 4 MiB map it opened with
+            writer.put(f"{i:08d}", make_datum(np.full((3, 32, 32), i % 251, np.uint8), i))
+    assert writer.map_size > 1 << 22
+    monkeypatch.setattr(lmdb, "open", real_open)
+    records = list(iter_lmdb(tmp_path / "db"))
+    assert len(records) == 1500 and int(records[-1][1][0, 0, 0]) == 1499 % 251
+
+
+def test_nul_byte_in_a_list_entry_is_a_data_error_naming_the_line(tmp_path):
+    from caffe_compat.data.imageset import convert_imageset, read_list_file
+
+    (tmp_path / "list.txt").write_bytes(b"a.png 0\nb\x00.png 1\n")
+    with pytest.raises(DataError, match=r"list.txt:2: the path 'b\\x00.png' holds a NUL byte"):
+        read_list_file(tmp_path / "list.txt")
+    with pytest.raises(DataError, match="list.txt:2"):
+        convert_imageset(tmp_path / "list.txt", tmp_path, tmp_path / "db", progress=False)
+
+
+def test_solverstate_learned_net_not_utf8_is_a_parse_error(tmp_path):
+    from caffe_compat.io import read_solverstate
+    from caffe_compat.proto import caffe_pb2
+
+    raw = caffe_pb2.SolverState(iter=3, learned_net="x.caffemodel").SerializeToString()
+    raw = raw.replace(b"x.caffemodel", b"\xff\xfecaffemodel")  # same length
+    (tmp_path / "s.solverstate").write_bytes(raw)
+    with pytest.raises(ParseError, match="s.solverstate: field 'learned_net' is not UTF-8"):
+        read_solverstate(tmp_path / "s.solverstate")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from caffe_compat.export import export_onnx
+    from tests.export.helpers import TINY_PREPROCESSING, write_tiny_net
+
+    tmp = tmp_path_factory.mktemp("onnx")
+    prototxt, weights = write_tiny_net(tmp)
+    return export_onnx(prototxt, weights=weights, path=tmp / "m.onnx", opset=13, preprocessing=TINY_PREPROCESSING)
+
+
+def _with_metadata(exported, tmp_path, **values):
+    import onnx
+
+    model = onnx.load(str(exported))
+    for prop in model.metadata_props:
+        if prop.key in values:
+            prop.value = json.dumps(values[prop.key])
+    path = tmp_path / "edited.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("values, error, message", [
+    ({"scale": float("nan")}, FormatError, r"metadata 'scale' must be a finite number, got nan"),
+    ({"scale": "0.5"}, FormatError, r"metadata 'scale' must be a finite number"),
+    ({"channel_order": "XYZ"}, FormatError, r"metadata 'channel_order' must be 'BGR' or 'RGB', got 'XYZ'"),
+    ({"resize": [100000, 100000]}, MemoryBudgetError, r"metadata 'resize' \[100000, 100000\] needs 30000000000 bytes"),
+    ({"resize": [0, 5]}, FormatError, r"resize must be a positive int"),
+    ({"mean_value": [float("nan")] * 3}, FormatError, r"metadata 'mean_value' must be a finite number"),
+    ({"input_shape": [3, 24]}, FormatError, r"metadata 'input_shape' must be \[C, H, W\]"),
+    ({"crop_size": -1}, FormatError, r"metadata 'crop_size' must be an int >= 0"),
+    ({"mean_image": {"shape": [3, 2, 2], "base64": "!!"}}, FormatError, r"metadata 'mean_image' is malformed"),
+])
+def test_onnx_metadata_evaluate_would_use_is_checked_naming_the_model(exported, tmp_path, monkeypatch, values,
+                                                                     error, message):
+    from caffe_compat.export.evaluate import evaluate_onnx
+    from caffe_compat.export.metadata import read_metadata
+    from caffe_compat.export.preprocess import ImagePreprocessor
+
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "1G")
+    path = _with_metadata(exported, tmp_path, **values)
+    with pytest.raises(error, match=f"edited.onnx: .*{message}"):
+        ImagePreprocessor(read_metadata(path), str(path))
+    with pytest.raises(CaffeCompatError, match=message):  # before the data set or ONNX Runtime is touched
+        evaluate_onnx(path, "cub200", tmp_path / "no-such-root", progress=False, device="cpu")
+
+
+def test_valid_metadata_still_preprocesses(exported, tmp_path):
+    import cv2
+
+    from caffe_compat.export.metadata import read_metadata
+    from caffe_compat.export.preprocess import ImagePreprocessor
+
+    image = tmp_path / "i.png"
+    cv2.imwrite(str(image), np.zeros((30, 32, 3), np.uint8))
+    assert ImagePreprocessor(read_metadata(exported), str(exported))(image).shape == (3, 24, 24)
