@@ -1,6 +1,6 @@
 """``caffe-compat export NET.prototxt (--weights W.caffemodel | --checkpoint model.pt) -o embedder.onnx
 --output BLOB [--strict] [--normalize] [--opset N] [--fp16] [--fuse] [--batch dynamic|N] [--preprocessing JSON]
-[--verify] [--verify-input PATH ...] [--tolerance T]``
+[--compile] [--verify] [--verify-input PATH ...] [--tolerance T]``
 
 Calls :func:`caffe_compat.export.export_onnx`; ``--verify`` then runs :func:`verify_onnx` (onnx.checker,
 ONNX Runtime vs PyTorch on a random batch and on every ``--verify-input``) and prints max abs/rel error per
@@ -14,6 +14,14 @@ preprocessing stored in the exported model, as ``caffe-compat evaluate`` does
 temporary file and moved into place only when it passes; a missing, unreadable or wrongly shaped
 verification input is a bad input (exit 2, one line naming the file and what was expected, nothing written).
 
+``--compile``: the graph is captured by ``torch.export`` from the compilable net (one graph, no graph
+break, as ``train --compile`` compiles it) and written by PyTorch's dynamo exporter
+(``torch.onnx.export(..., dynamo=True)``) instead of the TorchScript tracer; every other option works the
+same and the metadata is the same.  It needs ``onnxscript`` (``pip install 'caffe-compat[compile]'``) and
+opset 18..20 (default 18 with ``--compile``, 17 without).  Refused (exit 2, one line): onnxscript not
+installed, ``--opset`` below 18, a cut holding a layer that is not one graph (a user Python layer, named);
+never a silent fallback to the tracer.
+
 Preprocessing: ``--preprocessing`` (keys ``channel_order``, ``resize``, ``crop_size``, ``mean_value`` or
 ``mean_file`` (a .binaryproto, stored in the model), ``scale``); without it, what the net's TEST-phase data
 layer applies (its ``transform_param``), else "resize to the input size, no crop, no mean", recorded as
@@ -23,7 +31,7 @@ never opened, so a training prototxt exports without its training data.
 Exit status: 0 written (and verified), 1 verification above tolerance on any input (nothing written), 2 bad
 input (unknown blob: the message lists the available ones; unreadable files; unexportable layer; a bad
 ``--verify-input``; a ``-o`` folder that does not exist; with ``--strict``, ``--weights`` whose layer names
-do not match the net), nothing written.
+do not match the net; the ``--compile`` refusals above), nothing written.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ def register(sub) -> None:
     p.add_argument("--output", dest="blob", default="fc_embedding", metavar="BLOB",
                    help="embedding blob to cut at (default fc_embedding)")
     p.add_argument("--normalize", action="store_true", help="append row-wise L2 normalisation")
-    p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    p.add_argument("--opset", type=int, help="ONNX opset (default 17; 18 with --compile)")
     p.add_argument("--strict", action="store_true",
                    help="with --weights: refuse (exit 2) a caffemodel whose layer names do not match the net "
                         "(layers the net lacks, or net layers with blobs it does not cover); without it, a warning")
@@ -52,6 +60,9 @@ def register(sub) -> None:
                    help='preprocessing to store, JSON text or a .json file, e.g. \'{"resize": 256, "crop_size": 224, '
                         '"mean_value": [104, 117, 123]}\' or {..., "mean_file": "mean.binaryproto"} (default: the '
                         "TEST-phase data layer's transform_param, else resize to the input size, with a warning)")
+    p.add_argument("--compile", action="store_true",
+                   help="capture the graph with torch.export (one graph, dynamo exporter) instead of the "
+                        "TorchScript tracer; needs onnxscript (pip install 'caffe-compat[compile]') and opset >= 18")
     p.add_argument("--verify", action="store_true", help="check the model and compare ONNX Runtime with PyTorch")
     p.add_argument("--verify-input", dest="verify_inputs", action="append", default=[], metavar="PATH",
                    help="also verify on this input (repeatable; implies --verify): a .npy/.npz array in the net's "
@@ -102,9 +113,13 @@ def run(args) -> int:
     from caffe_compat.cli.output import print_table
     from caffe_compat.export import export_onnx, verify_onnx
     from caffe_compat.export.notices import cli_warnings
+    from caffe_compat.export.onnx_export import default_opset, require_onnxscript
     from caffe_compat.export.verify import check_verify_input_path
     from caffe_compat.io.atomic import require_folder
 
+    if args.compile:
+        require_onnxscript()  # before any work: a missing package is one line, exit 2
+    opset = default_opset(args.compile) if args.opset is None else args.opset
     target = require_folder(args.path)
     args.verify = bool(args.verify or args.verify_inputs)
     inputs = _verify_inputs(args.verify_inputs, check_verify_input_path)  # missing files fail before the export
@@ -112,8 +127,9 @@ def run(args) -> int:
     try:
         with cli_warnings("export"):
             export_onnx(args.prototxt, weights=args.weights, checkpoint=args.checkpoint, output_blob=args.blob,
-                        path=path, normalize=args.normalize, opset=args.opset, fp16=args.fp16, batch=args.batch,
-                        preprocessing=_preprocessing(args.preprocessing), strict=args.strict, fuse=args.fuse)
+                        path=path, normalize=args.normalize, opset=opset, fp16=args.fp16, batch=args.batch,
+                        preprocessing=_preprocessing(args.preprocessing), strict=args.strict, fuse=args.fuse,
+                        compile=args.compile)
         if args.verify:
             report = verify_onnx(path, prototxt=args.prototxt, weights=args.weights, checkpoint=args.checkpoint,
                                  tolerance=args.tolerance, inputs=inputs or None, random=True)
@@ -131,6 +147,7 @@ def run(args) -> int:
     finally:
         if args.verify and path.exists():
             path.unlink()
-    print(f"wrote {target}: blob '{args.blob}'{' L2-normalised' if args.normalize else ''}, opset {args.opset}, "
-          f"batch {args.batch}{', fp16' if args.fp16 else ''}{', fused' if args.fuse else ''}")
+    print(f"wrote {target}: blob '{args.blob}'{' L2-normalised' if args.normalize else ''}, opset {opset}, "
+          f"batch {args.batch}{', fp16' if args.fp16 else ''}{', fused' if args.fuse else ''}"
+          f"{', torch.export' if args.compile else ''}")
     return 0

@@ -1,7 +1,8 @@
 """Deployment: Caffe embedders as ONNX files and their evaluation with ONNX Runtime.
 
 * :func:`export_onnx` cuts a TEST-phase net at its embedding blob (optionally L2-normalised, float16,
-  dynamic or fixed batch) and stores the preprocessing in the model's metadata;
+  dynamic or fixed batch; traced, or with ``compile`` captured by ``torch.export``) and stores the
+  preprocessing in the model's metadata;
 * :func:`verify_onnx` runs ``onnx.checker`` and compares ONNX Runtime with the PyTorch layer ports;
 * :func:`evaluate_onnx` embeds a data set's test split(s) with ONNX Runtime and applies the paper's
   protocol (:data:`caffe_compat.evaluate.PROTOCOLS`).

@@ -15,15 +15,30 @@ ONNX Runtime ``ceil_mode``/``count_include_pad`` path is ever used.  The exporte
 subgraphs (pad lists) are then folded into initializers (:mod:`caffe_compat.export.fold`) so every
 ``Pad`` has constant pads and ONNX shape inference gives Caffe's shapes.
 
-A layer that cannot be exported raises :class:`~caffe_compat.errors.FormatError` naming the layer and its
-type (each kept layer is exported alone to find it).  The file is written atomically (temp file +
-rename) and passes ``onnx.checker`` first: an error leaves nothing behind.
+``compile=True`` (the CLI's ``--compile``): the graph is captured instead by ``torch.export`` from the
+compilable net (what ``torch.compile(net, fullgraph=True)`` compiles: one graph, no graph break, see
+:func:`caffe_compat.net.traces_whole`) and translated by PyTorch's dynamo exporter,
+``torch.onnx.export(..., dynamo=True)``.  It needs the ``onnxscript`` package (``pip install
+'caffe-compat[compile]'``; without it a :class:`~caffe_compat.errors.CaffeCompatError` says so) and opset
+18..20 (the exporter builds opset 18 and cannot convert Caffe's pooling pads down; the default opset is
+then 18).  A dynamic batch is a ``torch.export.Dim("batch")`` of the input's first axis; everything else
+(the cut, ``normalize``, ``fuse``, ``fp16``, fixed batch, the metadata, the constant folding, the checker,
+the atomic write) is the same, the ports trace into the same export forms (the exporter sets
+``torch.onnx.is_in_onnx_export()`` while it captures), and the metadata is identical to the traced
+export's at the same opset.  A cut with a layer that cannot be one graph (a user Python layer: its NumPy
+code runs outside torch) raises a FormatError naming it, never a silent fallback to the tracer.
 
-Defaults: ``output_blob="fc_embedding"``, ``normalize=False``, ``opset=17``, ``fp16=False``,
-``batch="dynamic"``, ``preprocessing=None``: read from the TEST-phase data layer the cut reads (its
-``transform_param``: crop_size, mean_value, mean_file, scale; mirror off), else assumed ("resize to the
-input size, no crop, no mean") and recorded as such in the metadata (``preprocessing_source``,
-``preprocessing_assumed``) with a :class:`~caffe_compat.export.notices.PreprocessingAssumedWarning`.
+A layer that cannot be exported raises :class:`~caffe_compat.errors.FormatError` naming the layer and its
+type (each kept layer is exported alone to find it; with ``compile``, the first line of the capture
+failure).  The file is written atomically (temp file + rename) and passes ``onnx.checker`` first: an
+error leaves nothing behind.
+
+Defaults: ``output_blob="fc_embedding"``, ``normalize=False``, ``opset=None`` (17; 18 with ``compile``),
+``fp16=False``, ``compile=False``, ``batch="dynamic"``, ``preprocessing=None``: read from the TEST-phase
+data layer the cut reads (its ``transform_param``: crop_size, mean_value, mean_file, scale; mirror off),
+else assumed ("resize to the input size, no crop, no mean") and recorded as such in the metadata
+(``preprocessing_source``, ``preprocessing_assumed``) with a
+:class:`~caffe_compat.export.notices.PreprocessingAssumedWarning`.
 
 A training prototxt exports without its training data: data layers are never opened, the data layer the
 cut reads is replaced by an Input layer (:mod:`caffe_compat.export.source`), whose size comes from the
@@ -48,9 +63,43 @@ from caffe_compat.export.metadata import (FORMAT, assumed_preprocessing, normali
 from caffe_compat.export.notices import PreprocessingAssumedWarning
 from caffe_compat.export.source import TestPhaseNet
 
-__all__ = ["export_onnx", "build_embedder", "example_input"]
+__all__ = ["export_onnx", "build_embedder", "example_input", "default_opset", "require_onnxscript",
+           "whole_graph_blocker"]
 
 MIN_OPSET, MAX_OPSET = 11, 20
+DEFAULT_OPSET = 17
+#: the dynamo exporter's lowest opset (it builds opset 18; ONNX's converter has no Pad adapter below it)
+COMPILE_MIN_OPSET = 18
+
+
+def default_opset(compile: bool = False) -> int:
+    """The opset an export writes when none is given: 17, or 18 with ``compile``."""
+    return COMPILE_MIN_OPSET if compile else DEFAULT_OPSET
+
+
+def require_onnxscript() -> None:
+    """CaffeCompatError (one line, what to install) when ``onnxscript``, which the dynamo exporter of
+    ``compile=True`` needs, cannot be imported."""
+    try:
+        import onnxscript  # noqa: F401
+    except ImportError as exc:
+        raise CaffeCompatError(f"--compile (torch.export -> ONNX) needs the onnxscript package, which cannot be "
+                               f"imported ({type(exc).__name__}); install it: pip install 'caffe-compat[compile]' "
+                               f"(or pip install onnxscript)") from None
+
+
+def whole_graph_blocker(embedder):
+    """The first kept step of ``embedder`` that keeps its cut from being one graph (``traces_whole`` false
+    for it: a user Python layer), or None when the cut traces whole.  Only the cut counts: a Python loss
+    head outside it does not reach the graph."""
+    from types import SimpleNamespace
+
+    from caffe_compat.net import traces_whole
+
+    layers = embedder.net.layers
+    if traces_whole(SimpleNamespace(steps=embedder.steps, layers=layers)):
+        return None
+    return next(step for step in embedder.steps if not traces_whole(SimpleNamespace(steps=[step], layers=layers)))
 
 
 def example_input(shape, batch: int, seed: int = 0) -> torch.Tensor:
@@ -111,6 +160,47 @@ def _trace(module, args, opset, input_names, output_names, dynamic_axes) -> byte
     return buffer.getvalue()
 
 
+def _innermost(exc: BaseException) -> BaseException:
+    """The first exception of ``exc``'s cause chain that says something (the exporter wraps the real one)."""
+    seen = {id(exc)}
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen and str(exc.__cause__).strip():
+        exc = exc.__cause__
+        seen.add(id(exc))
+    return exc
+
+
+def _capture(module, example, opset, input_name, output_name, fixed) -> bytes:
+    """The embedder captured by ``torch.export`` (one graph) and translated by the dynamo exporter."""
+    import logging
+
+    dynamic_shapes = None if fixed else ({0: torch.export.Dim("batch", min=1)},)
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # "torchvision is not installed" and the like: not this export's business
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(module, (example,), None, dynamo=True, opset_version=opset,
+                                        input_names=[input_name], output_names=[output_name],
+                                        dynamic_shapes=dynamic_shapes, optimize=True, verbose=False)
+    finally:
+        logger.setLevel(level)
+    model = program.model_proto
+    got = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
+    if got != opset:
+        raise FormatError(f"--compile: the dynamo exporter wrote opset {got}, not the requested {opset}")
+    return model.SerializeToString()
+
+
+def _uncapturable(embedder: Embedder, opset: int, cause: Exception) -> FormatError:
+    inner = _innermost(cause)
+    text = str(inner).strip()
+    first = text.splitlines()[0] if text else type(inner).__name__
+    return FormatError(f"--compile: net '{embedder.net.name}' cut at '{embedder.output_blob}' cannot be captured by "
+                       f"torch.export and exported to ONNX opset {opset}: {type(inner).__name__}: {first} (export "
+                       f"without --compile uses the TorchScript tracer)")
+
+
 def _unexportable_layer(embedder: Embedder, example: torch.Tensor, opset: int, cause: Exception) -> FormatError:
     """Export each kept layer alone, on its real bottoms, and name the first one that fails."""
     net = embedder.net
@@ -136,19 +226,29 @@ def _unexportable_layer(embedder: Embedder, example: torch.Tensor, opset: int, c
 
 
 def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
-                path="embedder.onnx", normalize: bool = False, opset: int = 17, fp16: bool = False,
-                batch="dynamic", preprocessing: dict | None = None, strict: bool = False, fuse: bool = False) -> Path:
+                path="embedder.onnx", normalize: bool = False, opset: int | None = None, fp16: bool = False,
+                batch="dynamic", preprocessing: dict | None = None, strict: bool = False, fuse: bool = False,
+                compile: bool = False) -> Path:
     """Write the embedder ONNX file (see the module docstring) and return its path.  ``strict``: refuse
     (FormatError) a caffemodel whose layer names do not match the net (see :func:`build_embedder`).
     ``fuse``: BatchNorm/Scale/Bias (+ Eltwise shortcut) + ReLU folded into the convolutions before export
     (:mod:`caffe_compat.fuse`); the metadata records ``fuse`` and ``fuse_tolerance`` (the bound
-    :func:`verify_onnx` then applies against the unfused net)."""
+    :func:`verify_onnx` then applies against the unfused net).  ``compile``: captured by ``torch.export``
+    (one graph) and the dynamo exporter instead of the TorchScript tracer; needs onnxscript and opset
+    >= 18, and refuses (FormatError) a cut that is not one graph (see the module docstring)."""
     import onnx
 
     from caffe_compat.io.atomic import write_bytes_atomic
 
+    if compile:
+        require_onnxscript()
+    opset = default_opset(compile) if opset is None else opset
     if not MIN_OPSET <= int(opset) <= MAX_OPSET:
         raise CaffeCompatError(f"opset must be in {MIN_OPSET}..{MAX_OPSET} (the legacy exporter's range), got {opset}")
+    if compile and int(opset) < COMPILE_MIN_OPSET:
+        raise CaffeCompatError(f"--compile needs opset {COMPILE_MIN_OPSET}..{MAX_OPSET} (the dynamo exporter builds "
+                               f"opset {COMPILE_MIN_OPSET} and cannot convert Caffe's pooling pads below it), got "
+                               f"{opset}; pass --opset {COMPILE_MIN_OPSET} or export without --compile")
     fixed = _batch_size(batch)
     test_net = TestPhaseNet(prototxt, checkpoint, weights)
     spec, origin, assumed = preprocessing, "given", []
@@ -167,18 +267,32 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
     if spec is None:
         origin, assumed = "assumed", assumed_preprocessing(embedder.input_shape)
     example = example_input(embedder.input_shape, fixed or 2)
-    dynamic_axes = None if fixed else {input_blob: {0: "batch"}, output_blob: {0: "batch"}}
-    try:
-        data = _trace(embedder, (example,), int(opset), [input_blob], [output_blob], dynamic_axes)
-    except CaffeCompatError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any exporter failure becomes a FormatError naming the layer
-        raise _unexportable_layer(embedder, example, int(opset), exc) from None
+    if compile:
+        blocker = whole_graph_blocker(embedder)
+        if blocker is not None:
+            raise FormatError(f"--compile: layer '{blocker.name}' (type {blocker.type}) runs the user's Python "
+                              f"(NumPy) code outside torch, so the cut at '{output_blob}' of net '{net.name}' is "
+                              f"not one graph torch.export can capture; export without --compile")
+        try:
+            data = _capture(embedder, example, int(opset), input_blob, output_blob, fixed)
+        except CaffeCompatError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - torch.export / the dynamo exporter raise many types
+            raise _uncapturable(embedder, int(opset), exc) from None
+    else:
+        dynamic_axes = None if fixed else {input_blob: {0: "batch"}, output_blob: {0: "batch"}}
+        try:
+            data = _trace(embedder, (example,), int(opset), [input_blob], [output_blob], dynamic_axes)
+        except CaffeCompatError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any exporter failure becomes a FormatError naming the layer
+            raise _unexportable_layer(embedder, example, int(opset), exc) from None
     model = fold_constants(onnx.load_model_from_string(data))
     model.producer_name = "caffe-compat"
     model.doc_string = (f"Caffe net '{net.name}' (TEST phase) cut at blob '{output_blob}'"
                         f"{', L2-normalised' if normalize else ''}{', float16' if fp16 else ''}"
-                        f"{', fused for inference' if fuse else ''}")
+                        f"{', fused for inference' if fuse else ''}"
+                        f"{'; captured by torch.export (dynamo exporter)' if compile else ''}")
     source = {"net": net.name, "prototxt": test_net.path,
               "weights": None if weights is None else str(weights),
               "checkpoint": None if checkpoint is None else str(checkpoint)}
