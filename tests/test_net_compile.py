@@ -149,6 +149,24 @@ def test_compiled_inference_keeps_caffe_in_place_values_and_leaves_inputs_alone(
         assert torch.equal(value, kept[name]), name
 
 
+def test_compiled_inference_with_a_dynamic_batch_is_one_graph_for_every_batch_size():
+    """Without autograd, eager CPU pooling and LRN run sample by sample (cache blocking); under compile they
+    run on the whole batch (the compiler plans its own loops), so a dynamic batch is one graph: eager's
+    values at batch 2 and 5 (pooling and LRN compute each sample alone either way), no recompilation."""
+    torch._dynamo.reset()
+    net = _fixture_net("vgg_cnn_m_1024_small").eval()
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(net, fullgraph=True, dynamic=True, backend=counter)
+    (name, shape), = ((n, net.blob_shapes[n]) for n in net.feedable_names)
+    with torch.no_grad():
+        for batch in (2, 5):
+            x = torch.randn((batch, *shape[1:]), generator=torch.Generator().manual_seed(batch))
+            eager = {n: v.clone() for n, v in net(**{name: x.clone()}).items()}
+            for blob, value in compiled(**{name: x.clone()}).items():
+                _close(value, eager[blob], f"batch {batch} blob {blob}")
+    assert counter.frame_count == 1
+
+
 @HEAVY
 def test_inductor_compiles_a_fixture_net_with_eager_outputs_and_gradients():
     """Inductor itself: every blob and the objective as eager; gradients of the layers after the last

@@ -17,9 +17,11 @@ import torch
 
 
 def blocking_applies(x: torch.Tensor) -> bool:
-    """True when ``x`` should be processed sample by sample: a CPU batch, no autograd, not exporting."""
+    """True when ``x`` should be processed sample by sample: a CPU batch, no autograd, not exporting and not
+    being compiled (a compiler plans its own loops; an unrolled batch loop would pin the batch size)."""
     return (x.dim() >= 1 and x.shape[0] > 1 and x.device.type == "cpu" and not torch.is_grad_enabled()
-            and not torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing())
+            and not torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling())
 
 
 def per_sample(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
