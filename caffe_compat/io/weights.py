@@ -159,17 +159,25 @@ def _int64(value: int) -> int:
 
 def _fields(buf, pos: int, end: int):
     """``(field number, wire type, value)`` of the message in ``buf[pos:end]``; the value of a
-    length-delimited field is its ``(start, stop)``, of a varint its integer, of fixed fields None."""
+    length-delimited field is its ``(start, stop)``, of a varint its integer, of fixed fields None.
+    (One-byte tags and values, nearly all of a caffemodel's, are decoded inline: the same numbers.)"""
     while pos < end:
-        key, pos = _varint(buf, pos)
-        if key > _MASK32:
-            raise Deferred  # protobuf reads a tag as 32 bits
+        key = buf[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(buf, pos)
+            if key > _MASK32:
+                raise Deferred  # protobuf reads a tag as 32 bits
         field, wire = key >> 3, key & 7
-        if wire == _VARINT:
-            value, pos = _varint(buf, pos)
-        elif wire == _BYTES:
-            length, pos = _varint(buf, pos)
-            value, pos = (pos, pos + length), pos + length
+        if wire == _VARINT or wire == _BYTES:
+            value = buf[pos]
+            if value < 0x80:
+                pos += 1
+            else:
+                value, pos = _varint(buf, pos)
+            if wire == _BYTES:
+                value, pos = (pos, pos + value), pos + value
         elif wire == _FIXED32:
             value, pos = None, pos + 4
         elif wire == _FIXED64:
