@@ -9,16 +9,18 @@ default collate's ``torch.stack`` ran on torch's thread pool in the main process
 machine cost more than the decode; the data sets now build each batch in one buffer through
 ``__getitems__``, :mod:`caffe_compat.data.dataset`, so the thread count should no longer matter; workers
 always run with one thread), and two peers measured in the same run: a bare ``cv2.imread`` loop
-(decode only) and decode + transform in a plain loop without a DataLoader.  Ratios are against
-``num_workers=0``.
+(decode only) and decode + transform in a plain loop without a DataLoader.  Every row is measured
+``--repeats`` times round-robin and its median reported (with the range); ratios are the plain loop's
+median over each row's.
 
-    python benchmarks/bench_input_pipeline.py [--batches 12] [--batch-size 32]
+    python benchmarks/bench_input_pipeline.py [--batches 12] [--batch-size 32] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--crop", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=5, help="round-robin repeats of every row (median reported)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
@@ -69,28 +72,40 @@ def main() -> None:
         transformer = DataTransformer(crop_size=args.crop, mirror=True, mean_value=(104, 117, 123), phase="TRAIN")
         dataset = Cub200(root, "train", transformer)
         n = args.batches * args.batch_size
-        rows = [
-            ("cv2.imread only (peer)", time_plain(dataset, n, transform=False)),
-            ("decode+transform, plain loop (peer)", time_plain(dataset, n, transform=True)),
-        ]
         threads = torch.get_num_threads()
-        for workers in (0, 1, 2):
-            rows.append((f"DataLoader num_workers={workers}", time_loader(dataset, args.batch_size, args.batches, workers)))
-        torch.set_num_threads(1)  # workers run with 1 intra-op thread; the main process's collate does not
-        rows.append(("DataLoader num_workers=0, 1 torch thread", time_loader(dataset, args.batch_size, args.batches, 0)))
-        torch.set_num_threads(threads)
+
+        def one_thread_loader():  # workers run with 1 intra-op thread; the main process's collate does not
+            torch.set_num_threads(1)
+            try:
+                return time_loader(dataset, args.batch_size, args.batches, 0)
+            finally:
+                torch.set_num_threads(threads)
+
+        measures = [
+            ("cv2.imread only (peer)", lambda: time_plain(dataset, n, transform=False)),
+            ("decode+transform, plain loop (peer)", lambda: time_plain(dataset, n, transform=True)),
+            *((f"DataLoader num_workers={w}", lambda w=w: time_loader(dataset, args.batch_size, args.batches, w))
+              for w in (0, 1, 2)),
+            ("DataLoader num_workers=0, 1 torch thread", one_thread_loader),
+        ]
+        samples = {name: [] for name, _ in measures}
+        for _ in range(args.repeats):  # round-robin: a neighbour's load falls on every row alike
+            for name, measure in measures:
+                samples[name].append(measure())
+        rows = [(name, statistics.median(values), min(values), max(values)) for name, values in samples.items()]
     peer = rows[1][1]  # decode+transform in a plain loop: the same work without a DataLoader
     print_header("decode+transform in a plain loop (same run); ours = each DataLoader setting")
     print(
         f"toy CUB: {len(dataset)} train images {args.size}x{args.size} JPEG (made in {made:.2f} s), crop {args.crop}, "
-        f"batch {args.batch_size} x {args.batches} batches; torch {torch.__version__}, OpenCV {cv2.__version__}, "
-        f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, cv2 threads {cv2.getNumThreads()}"
+        f"batch {args.batch_size} x {args.batches} batches; median of {args.repeats} round-robin repeats (range in "
+        f"brackets); torch {torch.__version__}, OpenCV {cv2.__version__}, {os.cpu_count()} CPUs, torch threads "
+        f"{torch.get_num_threads()}, cv2 threads {cv2.getNumThreads()}"
     )
-    print(f"| {'pipeline':<42} | {'images/s':>9} | {'peer ÷ ours':>16} |")
-    print(f"| {'-' * 42} | {'-' * 9} | {'-' * 16} |")
-    for name, rate in rows:  # time per image is 1 / rate: peer time ÷ our time = our rate ÷ peer rate
-        ratio = f"{'-':>16}" if name.endswith("(peer)") else f"{rate / peer:>15.2f}x"
-        print(f"| {name:<42} | {rate:>9.1f} | {ratio} |")
+    print(f"| {'pipeline':<42} | {'images/s':>9} | {'range':>15} | {'peer ÷ ours':>11} |")
+    print(f"| {'-' * 42} | {'-' * 9} | {'-' * 15} | {'-' * 11} |")
+    for name, rate, low, high in rows:  # time per image is 1 / rate: peer time ÷ our time = our rate ÷ peer rate
+        ratio = f"{'-':>11}" if name.endswith("(peer)") else f"{rate / peer:>10.2f}x"
+        print(f"| {name:<42} | {rate:>9.1f} | {f'{low:.0f}-{high:.0f}':>15} | {ratio} |")
 
 
 if __name__ == "__main__":
