@@ -74,9 +74,12 @@ def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> 
         if "\0" in name:
             raise DataError(f"{path}:{number}: the path {name!r} holds a NUL byte")
         try:
-            entries.append((number, name, int(label)))
+            value = int(label)
         except ValueError:
             raise DataError(f"{path}:{number}: label {label!r} is not an integer") from None
+        if not -2 ** 31 <= value < 2 ** 31:  # Caffe's int label (atoi; Datum.label is an int32)
+            raise DataError(f"{path}:{number}: label {label} is outside Caffe's 32-bit int range")
+        entries.append((number, name, value))
     return entries
 
 

@@ -273,6 +273,8 @@ def lmdb_length(path: str | os.PathLike) -> int:
 
 def make_datum(image: np.ndarray | bytes, label: int, encoded: bool = False) -> caffe_pb2.Datum:
     """A Datum from a C×H×W uint8 array (raw) or from encoded image bytes (``encoded=True``)."""
+    if not -2 ** 31 <= int(label) < 2 ** 31:
+        raise FormatError(f"a Datum's label is an int32, got {label}")
     datum = caffe_pb2.Datum(label=int(label))
     if encoded:
         datum.data = bytes(image)

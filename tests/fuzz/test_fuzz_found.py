@@ -1,5 +1,5 @@
 """Regressions for what the fuzz targets added for issue #19 (onnx, solverstate, cli_*) found: make-lmdb under
-an address-space limit (liblmdb's 1 TiB map), a NUL byte in a list entry, a solverstate whose learned_net
+an address-space limit (liblmdb's 1 TiB map), a NUL byte in a list entry, a label outside int32, a solverstate whose learned_net
 is not UTF-8, and ONNX metadata that ``evaluate`` used as is (a NaN scale, a bad channel order, a huge
 resize)."""
 
@@ -43,6 +43,18 @@ def test_nul_byte_in_a_list_entry_is_a_data_error_naming_the_line(tmp_path):
     with pytest.raises(DataError, match=r"list.txt:2: the path 'b\\x00.png' holds a NUL byte"):
         read_list_file(tmp_path / "list.txt")
     with pytest.raises(DataError, match="list.txt:2"):
+        convert_imageset(tmp_path / "list.txt", tmp_path, tmp_path / "db", progress=False)
+
+
+@pytest.mark.parametrize("label", ["2147483648", "-2147483649", "33333333333333333"])
+def test_a_label_outside_int32_is_a_data_error_naming_the_line(tmp_path, label):
+    """The 30-minute run's make-lmdb finding: protobuf's ValueError setting Datum.label (an int32)."""
+    from caffe_compat.data.imageset import convert_imageset, read_list_file
+
+    (tmp_path / "list.txt").write_text(f"a.png 2147483647\nb.png -2147483648\nc.png {label}\n")
+    with pytest.raises(DataError, match=f"list.txt:3: label {label} is outside Caffe's 32-bit int range"):
+        read_list_file(tmp_path / "list.txt")
+    with pytest.raises(DataError, match="list.txt:3"):
         convert_imageset(tmp_path / "list.txt", tmp_path, tmp_path / "db", progress=False)
 
 
@@ -113,3 +125,16 @@ def test_valid_metadata_still_preprocesses(exported, tmp_path):
     image = tmp_path / "i.png"
     cv2.imwrite(str(image), np.zeros((30, 32, 3), np.uint8))
     assert ImagePreprocessor(read_metadata(exported), str(exported))(image).shape == (3, 24, 24)
+
+
+@pytest.mark.parametrize("label", [2 ** 31, -2 ** 31 - 1])
+def test_a_datum_label_outside_int32_is_a_format_error(label):
+    from caffe_compat.io import make_datum
+    from caffe_compat.io.transformer import array_to_datum
+
+    image = np.zeros((1, 2, 2), np.uint8)
+    assert make_datum(image, 2 ** 31 - 1).label == 2 ** 31 - 1
+    with pytest.raises(FormatError, match="label is an int32"):
+        make_datum(image, label)
+    with pytest.raises(FormatError, match="label is an int32"):
+        array_to_datum(image, label)
