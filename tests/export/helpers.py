@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 TINY_PROTOTXT = """
@@ -62,3 +63,19 @@ def assert_caffe_pooling_form(path, prototxt) -> int:
             count += 1
             assert not any(attrs.get("pads", [0])), attrs
     return count
+
+
+def fixture_net_paths(name: str):
+    """A fixture net's deploy prototxt and caffemodel (as str) and its Caffe blobs (``blobs.npz``)."""
+    from tests.conftest import fixture_path
+
+    return (str(fixture_path(f"nets/{name}/deploy.prototxt")), str(fixture_path(f"nets/{name}/weights.caffemodel")),
+            np.load(fixture_path(f"nets/{name}/blobs.npz")))
+
+
+def run_onnx(path, x):
+    """The first output of the ONNX model at ``path`` on the CPU for the (float32) input ``x``."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(x, dtype=np.float32)})[0]

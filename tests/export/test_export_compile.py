@@ -13,7 +13,6 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -24,8 +23,7 @@ from caffe_compat.export import export_onnx, read_metadata, verify_onnx
 from caffe_compat.export.onnx_export import build_embedder, whole_graph_blocker
 from caffe_compat.export.verify import FP16_TOLERANCE, FP32_TOLERANCE
 from caffe_compat.layers.python_user import unregister_python_layer
-from tests.conftest import fixture_path
-from tests.export.helpers import TINY_PREPROCESSING, pool_nodes, write_tiny_net
+from tests.export.helpers import TINY_PREPROCESSING, fixture_net_paths, pool_nodes, run_onnx, write_tiny_net
 
 NETS = {"googlenet_small": "fc_embedding", "vgg_cnn_m_1024_small": "fc7"}
 #: the fixture nets have no preprocessing of their own: the assumed one is what the tests compare
@@ -35,16 +33,6 @@ NEEDS = "export --compile needs onnxscript (torch.onnx's dynamo exporter); pip i
 
 def _needs_onnxscript():
     pytest.importorskip("onnxscript", reason=NEEDS)
-
-
-def _paths(name):
-    return (str(fixture_path(f"nets/{name}/deploy.prototxt")), str(fixture_path(f"nets/{name}/weights.caffemodel")),
-            np.load(fixture_path(f"nets/{name}/blobs.npz")))
-
-
-def _ort(path, x):
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(x, dtype=np.float32)})[0]
 
 
 def _rel(a, b):
@@ -57,7 +45,7 @@ def exported(tmp_path_factory):
     _needs_onnxscript()
     out = {}
     for name, blob in NETS.items():
-        prototxt, weights, blobs = _paths(name)
+        prototxt, weights, blobs = fixture_net_paths(name)
         root = tmp_path_factory.mktemp(name)
         compiled = export_onnx(prototxt, weights=weights, output_blob=blob, path=root / "compiled.onnx", compile=True)
         traced = export_onnx(prototxt, weights=weights, output_blob=blob, path=root / "traced.onnx", opset=18)
@@ -81,7 +69,7 @@ def test_compiled_equals_traced_and_pytorch_within_the_verify_tolerance(exported
     reference = build_embedder(prototxt, weights, output_blob=NETS[name])
     with torch.no_grad():
         expected = reference(torch.from_numpy(x)).numpy()
-    got, before = _ort(compiled, x), _ort(traced, x)
+    got, before = run_onnx(compiled, x), run_onnx(traced, x)
     assert got.shape == before.shape == expected.shape
     assert _rel(got, expected) <= FP32_TOLERANCE and _rel(got, before) <= FP32_TOLERANCE
     report = verify_onnx(compiled, prototxt=prototxt, weights=weights, inputs={"caffe_fixture": x}, random=True)
@@ -120,7 +108,7 @@ def test_compiled_dynamic_batch_runs_batch_1_and_3(exported):
     with torch.no_grad():
         expected = reference(torch.from_numpy(x)).numpy()
     for batch in (1, 3):
-        got = _ort(compiled, x[:batch])
+        got = run_onnx(compiled, x[:batch])
         assert got.shape == (batch, 128)
         assert _rel(got, expected[:batch]) <= FP32_TOLERANCE
 
@@ -138,11 +126,11 @@ def test_compiled_options_normalize_fuse_fixed_batch_opset(tiny, tmp_path):
     meta = read_metadata(path)
     assert (meta["batch"], meta["opset"], meta["normalize"], meta["fuse"], meta["crop_size"]) == (3, 20, True, True, 24)
     x = (np.random.RandomState(1).randn(3, 3, 24, 24) * 50).astype(np.float32)
-    np.testing.assert_allclose(np.linalg.norm(_ort(path, x), axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(run_onnx(path, x), axis=1), 1.0, atol=1e-6)
     report = verify_onnx(path, prototxt=prototxt, weights=weights, inputs={"x": x})
     assert report["passed"], report
     with pytest.raises(Exception, match="(?i)dimension|shape"):
-        _ort(path, x[:1])
+        run_onnx(path, x[:1])
 
 
 def test_compiled_fp16_within_its_tolerance(tiny, tmp_path):

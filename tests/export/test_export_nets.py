@@ -9,34 +9,22 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 from caffe_compat.export import export_onnx, read_metadata, verify_onnx
 from caffe_compat.export.onnx_export import build_embedder
-from tests.conftest import fixture_path
-from tests.export.helpers import assert_caffe_pooling_form
+from tests.export.helpers import assert_caffe_pooling_form, fixture_net_paths, run_onnx
 
 NETS = {"googlenet_small": "fc_embedding", "vgg_cnn_m_1024_small": "fc7"}
-
-
-def _paths(name):
-    return (str(fixture_path(f"nets/{name}/deploy.prototxt")), str(fixture_path(f"nets/{name}/weights.caffemodel")),
-            np.load(fixture_path(f"nets/{name}/blobs.npz")))
-
-
-def _ort(path, x):
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(x, dtype=np.float32)})[0]
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     out = {}
     for name, blob in NETS.items():
-        prototxt, weights, blobs = _paths(name)
+        prototxt, weights, blobs = fixture_net_paths(name)
         path = export_onnx(prototxt, weights=weights, output_blob=blob,
                            path=tmp_path_factory.mktemp(name) / "embedder.onnx")
         out[name] = (path, prototxt, weights, blobs)
@@ -50,7 +38,7 @@ def test_verify_and_match_caffe(exported, name):
     assert report["checker"] == "passed" and report["provider"] == "CPUExecutionProvider"
     assert report["passed"] and report["max_rel"] < 1e-5, report
     caffe = blobs[NETS[name]].reshape(len(blobs["data"]), -1)
-    ours = _ort(path, blobs["data"])
+    ours = run_onnx(path, blobs["data"])
     scale = np.abs(caffe).max()
     # Caffe's README: whole-net outputs agree to 1e-5 x scale even between its own BLAS thread counts
     assert np.abs(ours - caffe).max() <= 1e-5 * scale, (np.abs(ours - caffe).max(), scale)
@@ -71,19 +59,19 @@ def test_dynamic_batch_runs_batch_1_and_3(exported):
     with torch.no_grad():
         expected = reference(torch.from_numpy(x)).numpy()
     for batch in (1, 3):
-        got = _ort(path, x[:batch])
+        got = run_onnx(path, x[:batch])
         assert got.shape == (batch, 128)
         np.testing.assert_allclose(got, expected[:batch], rtol=0, atol=1e-5 * np.abs(expected).max())
 
 
 def test_fixed_batch_refuses_another_size(tmp_path):
-    prototxt, weights, blobs = _paths("vgg_cnn_m_1024_small")
+    prototxt, weights, blobs = fixture_net_paths("vgg_cnn_m_1024_small")
     path = export_onnx(prototxt, weights=weights, output_blob="fc7", path=tmp_path / "fixed.onnx", batch=2)
     assert read_metadata(path)["batch"] == 2
     assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
-    assert _ort(path, blobs["data"]).shape == (2, 128)
+    assert run_onnx(path, blobs["data"]).shape == (2, 128)
     with pytest.raises(Exception, match="(?i)dimension|shape"):
-        _ort(path, blobs["data"][:1])
+        run_onnx(path, blobs["data"][:1])
     with pytest.raises(CaffeCompatError, match="batch"):
         verify_onnx(path, prototxt=prototxt, weights=weights, inputs={"one": blobs["data"][:1]})
 
@@ -92,7 +80,7 @@ def test_normalize_gives_unit_rows_in_the_direction_of_the_embedding(exported, t
     _, prototxt, weights, blobs = exported["googlenet_small"]
     path = export_onnx(prototxt, weights=weights, path=tmp_path / "unit.onnx", normalize=True)
     raw = blobs["fc_embedding"]
-    got = _ort(path, blobs["data"])
+    got = run_onnx(path, blobs["data"])
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
     np.testing.assert_allclose(got, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-6)
     assert read_metadata(path)["normalize"] is True
@@ -111,7 +99,7 @@ def test_fp16_within_its_stated_tolerance(exported, tmp_path):
     # float16 loses precision (measured max rel ~7e-4) but stays within the stated 1e-2 of the output scale
     assert report["passed"] and 1e-5 < report["max_rel"] < 1e-2, report
     caffe = blobs["fc_embedding"]
-    assert np.abs(_ort(path, blobs["data"]) - caffe).max() <= 1e-2 * np.abs(caffe).max()
+    assert np.abs(run_onnx(path, blobs["data"]) - caffe).max() <= 1e-2 * np.abs(caffe).max()
 
 
 def test_verify_flags_a_model_that_does_not_match(exported, tmp_path):
@@ -121,7 +109,7 @@ def test_verify_flags_a_model_that_does_not_match(exported, tmp_path):
 
 
 def test_unknown_output_blob_lists_the_blobs_and_writes_nothing(tmp_path):
-    prototxt, weights, _ = _paths("vgg_cnn_m_1024_small")
+    prototxt, weights, _ = fixture_net_paths("vgg_cnn_m_1024_small")
     target = tmp_path / "never.onnx"
     with pytest.raises(FormatError, match=r"no blob named 'fc_embeding'.*fc6.*fc7"):
         export_onnx(prototxt, weights=weights, output_blob="fc_embeding", path=target)
@@ -136,7 +124,7 @@ def test_checkpoint_gives_the_same_model_as_the_caffemodel(exported, tmp_path):
     save_checkpoint(load_net(prototxt, weights), tmp_path / "model.pt")
     from_checkpoint = export_onnx(prototxt, checkpoint=tmp_path / "model.pt", output_blob="fc7",
                                   path=tmp_path / "ckpt.onnx")
-    np.testing.assert_array_equal(_ort(from_checkpoint, blobs["data"]), _ort(path, blobs["data"]))
+    np.testing.assert_array_equal(run_onnx(from_checkpoint, blobs["data"]), run_onnx(path, blobs["data"]))
     assert read_metadata(from_checkpoint)["source"]["checkpoint"] == str(tmp_path / "model.pt")
     with pytest.raises(CaffeCompatError, match="either"):
         export_onnx(prototxt, weights=weights, checkpoint=tmp_path / "model.pt", path=tmp_path / "x.onnx")
