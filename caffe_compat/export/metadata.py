@@ -332,10 +332,13 @@ def read_metadata(model_or_path) -> dict:
             raise FormatError(f"{where}: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
     values = {}
     for prop in model.metadata_props:
+        key, value = prop.key, prop.value
+        if isinstance(key, bytes) or isinstance(value, bytes):  # protobuf hands invalid UTF-8 over as bytes
+            raise FormatError(f"{where}: metadata entry {key!r} is not valid UTF-8 text")
         try:
-            values[prop.key] = json.loads(prop.value)
+            values[key] = json.loads(value)
         except json.JSONDecodeError:
-            values[prop.key] = prop.value
+            values[key] = value
     if values.get("format") != FORMAT:
         raise FormatError(f"{where}: not a caffe-compat embedder (metadata 'format' is {values.get('format')!r}, "
                           f"expected {FORMAT!r}); export it with caffe-compat export")

@@ -1,5 +1,5 @@
 """Regressions for what the fuzz targets added for issue #19 (onnx, solverstate, cli_*) found: make-lmdb under
-an address-space limit (liblmdb's 1 TiB map), a NUL byte in a list entry, a label outside int32, a solverstate whose learned_net
+an address-space limit (liblmdb's 1 TiB map), a NUL byte in a list entry, a label outside int32, metadata that is not UTF-8, a solverstate whose learned_net
 is not UTF-8, and ONNX metadata that ``evaluate`` used as is (a NaN scale, a bad channel order, a huge
 resize)."""
 
@@ -114,6 +114,19 @@ def test_onnx_metadata_evaluate_would_use_is_checked_naming_the_model(exported, 
         ImagePreprocessor(read_metadata(path), str(path))
     with pytest.raises(CaffeCompatError, match=message):  # before the data set or ONNX Runtime is touched
         evaluate_onnx(path, "cub200", tmp_path / "no-such-root", progress=False, device="cpu")
+
+
+def test_onnx_metadata_not_utf8_is_a_format_error_naming_the_model(exported, tmp_path):
+    """The second 30-minute run's finding: protobuf hands an invalid-UTF-8 string over as bytes, which
+    ``json.loads`` then failed to decode (a UnicodeDecodeError escaped)."""
+    from caffe_compat.export.metadata import read_metadata
+
+    path = _with_metadata(exported, tmp_path, channel_order="QQQ")
+    raw = path.read_bytes()
+    assert raw.count(b'"QQQ"') == 1
+    path.write_bytes(raw.replace(b'"QQQ"', b'"\xff\xfeQ"'))  # same length: the framing stays valid
+    with pytest.raises(FormatError, match="edited.onnx: metadata entry 'channel_order' is not valid UTF-8 text"):
+        read_metadata(path)
 
 
 def test_valid_metadata_still_preprocesses(exported, tmp_path):
