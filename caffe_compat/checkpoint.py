@@ -161,7 +161,9 @@ def load_checkpoint(path: str | os.PathLike, device=None):
     elif recorded != content_digest(payload):
         raise FormatError(f"{path}: digest mismatch: the file was truncated or modified (the content's sha256 is "
                           f"not the {recorded[:16]}... it records)")
-    net = CaffeNet(payload["net_prototxt"], phase=payload["phase"])
+    # no fillers: the state_dict must supply every blob (checked below), so a large stored net whose
+    # state_dict does not fit is refused without first drawing all its initial values
+    net = CaffeNet(payload["net_prototxt"], phase=payload["phase"], fill=False)
     expected = net.state_dict()
     for name, tensor in payload["state_dict"].items():
         if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):

@@ -96,11 +96,12 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
     ``phase``: ``"train"`` or ``"test"``; ``level``/``stages``: the NetState (``stages`` are added to the
     net's own ``state.stage``, ``level`` replaces its level when given).  ``weights``: caffemodel path or
     NetParameter copied in by layer name (name mismatches warn, or raise with ``strict=True``: see
-    :meth:`load_caffemodel`).  ``seed``: seed of the generator used by the fillers.
+    :meth:`load_caffemodel`).  ``seed``: seed of the generator used by the fillers.  ``fill=False``: the blobs
+    are left uninitialised (no filler runs; for a caller that overwrites every one, as ``load_checkpoint``).
     """
 
     def __init__(self, net, phase: str = "test", level: int | None = None, stages=(), weights=None, seed: int = 0,
-                 strict: bool = False):
+                 strict: bool = False, fill: bool = True):
         super().__init__()
         source = _as_netparameter(net)
         state = make_state(source, phase, level, stages)
@@ -119,8 +120,11 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
         self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
         inferred = check_memory_budget(self.net_param, f"net '{self.name}'")
         stored = None if weights is None else read_weights(weights)
-        self._build(filtered, overwritten_layers(filtered.layer, stored), inferred)
-        self.reinitialize(seed, skip=self._supplied_by(stored))
+        if fill:
+            self._build(filtered, overwritten_layers(filtered.layer, stored), inferred)
+            self.reinitialize(seed, skip=self._supplied_by(stored))
+        else:  # the caller overwrites every blob (a checkpoint's state_dict): allocate, draw and write nothing
+            self._build(filtered, frozenset(layer.name for layer in filtered.layer), inferred)
         if stored is not None:
             self._load_stored([(weights, stored)], strict)
         self.train(self.phase == "train")

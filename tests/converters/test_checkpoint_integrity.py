@@ -137,6 +137,22 @@ def test_a_tensor_of_another_shape_with_a_valid_digest_is_a_shape_error(checkpoi
         load_checkpoint(tmp_path / "reshaped.pt")
 
 
+def test_loading_runs_no_filler_and_gives_the_stored_values(checkpoint, monkeypatch):
+    """The state_dict supplies every blob, so no filler runs (found by the fuzzer: a stored net with a
+    large blob spent seconds drawing initial values before its state_dict was found not to fit)."""
+    from caffe_compat.net import CaffeNet
+
+    payload = torch.load(checkpoint, weights_only=True)
+
+    def no_filler(self, *args, **kwargs):
+        raise AssertionError("a filler ran")
+
+    monkeypatch.setattr(CaffeNet, "reinitialize", no_filler)
+    net = load_checkpoint(checkpoint)
+    for name, value in net.state_dict().items():
+        assert torch.equal(value, payload["state_dict"][name]), name
+
+
 def test_digest_covers_dtype_shape_and_order():
     base = {"format": FORMAT, "net_prototxt": "x", "phase": "test",
             "state_dict": {"a": torch.zeros(4), "b": torch.ones(2)}}
