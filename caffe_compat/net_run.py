@@ -35,7 +35,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 
-__all__ = ["Blobs", "LayerStep", "NetExecution", "compile_net", "traces_whole"]
+__all__ = ["Blobs", "LayerStep", "NetExecution", "compile_net", "graph_breaking_step", "traces_whole"]
 
 
 @dataclass(frozen=True)
@@ -280,14 +280,20 @@ def traces_whole(net) -> bool:
     """Whether ``torch.compile(net, fullgraph=True)`` applies: every bottomless layer is an ``Input`` (a data
     layer reads its files in Python inside forward) and no user Python layer runs (an autograd adapter
     around the user's NumPy code)."""
-    for step in net.steps:
+    return graph_breaking_step(net.steps, net.layers) is None
+
+
+def graph_breaking_step(steps, layers):
+    """The first of ``steps`` (``layers``: the net's modules by key) that keeps them from being one graph
+    (see :func:`traces_whole`), or None."""
+    for step in steps:
         if step.module_key is None:
             continue
         if not step.bottoms and step.type != "Input":
-            return False
-        if step.type == "Python" and type(net.layers[step.module_key]).__module__.endswith("python_user"):
-            return False
-    return True
+            return step
+        if step.type == "Python" and type(layers[step.module_key]).__module__.endswith("python_user"):
+            return step
+    return None
 
 
 def compile_net(net, **options):

@@ -92,14 +92,9 @@ def whole_graph_blocker(embedder):
     """The first kept step of ``embedder`` that keeps its cut from being one graph (``traces_whole`` false
     for it: a user Python layer), or None when the cut traces whole.  Only the cut counts: a Python loss
     head outside it does not reach the graph."""
-    from types import SimpleNamespace
+    from caffe_compat.net import graph_breaking_step
 
-    from caffe_compat.net import traces_whole
-
-    layers = embedder.net.layers
-    if traces_whole(SimpleNamespace(steps=embedder.steps, layers=layers)):
-        return None
-    return next(step for step in embedder.steps if not traces_whole(SimpleNamespace(steps=[step], layers=layers)))
+    return graph_breaking_step(embedder.steps, embedder.net.layers)
 
 
 def example_input(shape, batch: int, seed: int = 0) -> torch.Tensor:
