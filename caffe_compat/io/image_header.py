@@ -49,6 +49,7 @@ __all__ = ["ImageHeader", "IMREAD_COLOR", "IMREAD_GRAYSCALE", "IMREAD_UNCHANGED"
 IMREAD_UNCHANGED, IMREAD_GRAYSCALE, IMREAD_COLOR = -1, 0, 1
 
 _MAX_CHUNKS = 4096  # PNG chunks / JPEG markers walked before giving up (left to OpenCV)
+_HEAD_BYTES = 1 << 16  # read from a file at once (a JPEG's EXIF/ICC segments before SOFn fit in it)
 
 
 @dataclass(frozen=True)
@@ -257,8 +258,9 @@ def _parse(at: Reader) -> ImageHeader | None:
 
 
 def read_image_header(source: bytes | bytearray | memoryview | str | os.PathLike) -> ImageHeader | None:
-    """The header of an encoded image (its bytes, or a path: only the header is read), or None when the
-    format is not one of the module docstring's or the header cannot be read (left to OpenCV)."""
+    """The header of an encoded image (its bytes, or a path: its first 64 KiB, and a marker past them where
+    it lies; never the pixel data), or None when the format is not one of the module docstring's or the
+    header cannot be read (left to OpenCV)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source) if not isinstance(source, bytes) else source
 
@@ -270,16 +272,24 @@ def read_image_header(source: bytes | bytearray | memoryview | str | os.PathLike
         except (struct.error, ValueError, IndexError):
             return None
     try:
-        with open(source, "rb") as fh:
-            def at(offset: int, n: int) -> bytes:
-                if offset < 0:
-                    return b""
-                fh.seek(offset)
-                return fh.read(n)
+        fd = os.open(source, os.O_RDONLY)
+    except (OSError, ValueError, TypeError):
+        return None
+    try:  # one read serves almost every header; a marker past it is read where it lies
+        head = os.read(fd, _HEAD_BYTES)
 
-            return _parse(at)
+        def at(offset: int, n: int) -> bytes:
+            if offset < 0:
+                return b""
+            if offset + n <= len(head) or len(head) < _HEAD_BYTES:
+                return head[offset:offset + n]
+            return os.pread(fd, n, offset)
+
+        return _parse(at)
     except (OSError, struct.error, ValueError, IndexError, OverflowError):
         return None
+    finally:
+        os.close(fd)
 
 
 def decoded_bytes(header: ImageHeader, flag: int = IMREAD_COLOR) -> int:

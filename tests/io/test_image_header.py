@@ -62,6 +62,30 @@ def test_header_from_a_file_reads_only_the_header(tmp_path):
     assert read_image_header(tmp_path / "missing.png") is None
 
 
+def _with_app_segments(jpeg: bytes, total: int) -> bytes:
+    """``jpeg`` with APP15 segments of ``total`` bytes in all inserted after SOI (before the SOFn)."""
+    segments = b""
+    while len(segments) < total:
+        body = b"\x00" * 60000
+        segments += b"\xff\xef" + struct.pack(">H", len(body) + 2) + body
+    return jpeg[:2] + segments + jpeg[2:]
+
+
+@pytest.mark.parametrize("padding", [0, 65000, 200000])
+def test_header_from_a_file_past_the_first_read(tmp_path, padding):
+    """A file's first 64 KiB are read at once; a SOFn behind large APP segments (EXIF, ICC) is read where
+    it lies, and the file agrees with its bytes and with OpenCV."""
+    data = _with_app_segments(_encode(".jpg", 3, np.uint8, height=40, width=30), padding)
+    path = tmp_path / "a.jpg"
+    path.write_bytes(data)
+    assert cv2.imread(str(path)).shape == (40, 30, 3)
+    assert read_image_header(path) == read_image_header(data)
+    assert read_image_header(path).shape == (40, 30, 3)
+    truncated = tmp_path / "b.jpg"
+    truncated.write_bytes(data[:len(data) - len(_encode(".jpg", 3, np.uint8, height=40, width=30)) + 4])
+    assert read_image_header(truncated) is None  # the SOFn is missing: left to OpenCV
+
+
 @pytest.mark.parametrize("data", [b"", b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"\xff\xd8\xff\xda\x00\x02", b"BM",
                                   b"GIF89a", b"RIFF\0\0\0\0WEBPVP8 ", b"P6 12", b"II*\x00\xff\xff\xff\xff",
                                   b"not an image", b"P7\nWIDTH 4\n"])
