@@ -19,7 +19,9 @@ buffer instead of stacking copies: ``torch.stack`` in the main process runs on t
 which on a small busy machine cost more than the decoding (0.12-0.8x a plain decode+transform loop,
 ``benchmarks/bench_input_pipeline.py``).  Same values and random draws, in the same order, as
 ``[dataset[i] for i in indices]``; images of different sizes (no crop) fall back to the plain samples.
-In DataLoader workers (one torch thread each, shared-memory collate) the plain path is kept.
+In DataLoader workers the buffer is a new one in shared memory, which is what the default collate makes
+there and what the worker hands to the main process without a copy: the per-image arrays and the
+``torch.stack`` copy of the plain path (each a fresh 19 MB of pages to fault in per batch) are saved.
 """
 
 from __future__ import annotations
@@ -75,6 +77,14 @@ def _batch_buffer(shape: tuple) -> tuple[np.ndarray, torch.Tensor]:
         return buffer, torch.from_numpy(buffer)
 
 
+def _shared_batch_buffer(shape: tuple) -> tuple[np.ndarray, torch.Tensor]:
+    """In a DataLoader worker: a new float32 buffer of ``shape`` in shared memory and its tensor (the main
+    process may hold a former batch for as long as it likes, so none is written again)."""
+    count = int(np.prod(shape))
+    whole = torch.empty(0, dtype=torch.float32).set_(torch.UntypedStorage._new_shared(4 * count), 0, shape)
+    return whole.numpy(), whole
+
+
 def transform_batch(indices, load, transform, output_shape) -> list:
     """``[(image tensor, label)]`` for ``indices``: ``load(i) -> (pixels, label)``, ``output_shape(pixels)``
     the transformed shape, ``transform(pixels, out)`` writes it; in one buffer when the shapes agree."""
@@ -83,7 +93,8 @@ def transform_batch(indices, load, transform, output_shape) -> list:
         pixels, label = load(index)
         shape = output_shape(pixels)
         if k == 0:
-            buffer, whole = _batch_buffer((len(indices), *shape))
+            new_buffer = _batch_buffer if get_worker_info() is None else _shared_batch_buffer
+            buffer, whole = new_buffer((len(indices), *shape))
         if buffer is not None and tuple(shape) == buffer.shape[1:]:
             samples.append((torch.from_numpy(transform(pixels, buffer[k])), label))
         else:
@@ -159,9 +170,9 @@ class ImageRecordDataset(Dataset):
         return torch.from_numpy(self.transformer.transform(image, rng=self._generator())), label
 
     def __getitems__(self, indices: Sequence[int]) -> list:
-        """The batch ``indices`` in one buffer (module docstring); plain samples in DataLoader workers."""
-        if get_worker_info() is not None or type(self).__getitem__ is not ImageRecordDataset.__getitem__:
-            return [self[i] for i in indices]  # workers; a subclass with its own items
+        """The batch ``indices`` in one buffer (module docstring)."""
+        if type(self).__getitem__ is not ImageRecordDataset.__getitem__:
+            return [self[i] for i in indices]  # a subclass with its own items
         rng = self._generator()
         return transform_batch(indices, self._load, lambda image, out: self.transformer.transform(image, rng, out=out),
                                lambda image: _hwc_output_shape(self.transformer, image))

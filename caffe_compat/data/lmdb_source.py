@@ -149,7 +149,7 @@ class DatumDataset(Dataset):
         """The batch in one buffer, as :meth:`caffe_compat.data.dataset.ImageRecordDataset.__getitems__`."""
         from caffe_compat.data.dataset import transform_batch
 
-        if get_worker_info() is not None or type(self).__getitem__ is not DatumDataset.__getitem__:
+        if type(self).__getitem__ is not DatumDataset.__getitem__:
             return [self[i] for i in indices]
         rng = self._generator()
         return transform_batch(indices, self.source.image,

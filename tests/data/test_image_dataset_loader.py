@@ -118,3 +118,40 @@ def test_a_batch_buffer_is_written_again_only_when_nothing_references_it():
     del again, row
     assert take().data_ptr() != address  # a view (or a numpy view of one) still holds it
     del array
+
+
+class _ItemByItem(Cub200):
+    """The same data set through the plain path (a subclass with its own ``__getitem__``: no batch buffer)."""
+
+    def __getitem__(self, index):
+        return super().__getitem__(index)
+
+
+def test_worker_batches_in_shared_memory_equal_the_plain_path(cub):
+    """In DataLoader workers the batch is transformed straight into one shared-memory buffer: the same
+    values and random draws as the items one by one stacked by the default collate."""
+    transformer = DataTransformer(crop_size=32, mirror=True, mean_value=(104, 117, 123), scale=0.5, phase="TRAIN")
+    fast = list(_loader(Cub200(cub, "train", transformer, seed=4), 2, 7))
+    plain = list(_loader(_ItemByItem(cub, "train", transformer, seed=4), 2, 7))
+    assert len(fast) == len(plain) == 6
+    for (images, labels), (expected, expected_labels) in zip(fast, plain):
+        assert images.shape == (8, 3, 32, 32) and torch.equal(images, expected) and torch.equal(labels, expected_labels)
+
+
+def test_a_worker_builds_its_batch_in_shared_memory(cub, monkeypatch):
+    from types import SimpleNamespace
+
+    from caffe_compat.data import dataset as dataset_module
+    from caffe_compat.data.dataset import BatchRow
+
+    dataset = Cub200(cub, "train", DataTransformer(crop_size=32, phase="TEST"))
+    expected = torch.stack([dataset[i][0] for i in (0, 3, 5)])
+    worker = SimpleNamespace(id=0, seed=123, num_workers=1, dataset=dataset)
+    monkeypatch.setattr(dataset_module, "get_worker_info", lambda: worker)
+    rows = dataset.__getitems__([0, 3, 5])
+    assert all(type(r) is BatchRow for r in rows)
+    whole = rows[0].whole
+    assert whole.is_shared() and torch.equal(whole, expected)
+    from torch.utils.data import default_collate
+
+    assert default_collate(rows)[0] is whole  # handed to the main process as is: no stack copy
