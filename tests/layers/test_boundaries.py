@@ -293,6 +293,37 @@ def test_max_pooling_ties_go_to_the_first_maximum_in_scan_order(pooling, shape):
     np.testing.assert_array_equal(torch.autograd.grad(top1, xt, torch.from_numpy(dy))[0].numpy(), dx.numpy())
 
 
+@pytest.mark.parametrize("pooling, shape", [
+    ("kernel_size: 3 stride: 1", (2, 3, 6, 5)),
+    ("kernel_size: 3 stride: 2 pad: 1", (2, 2, 7, 8)),
+    ("kernel_size: 2 stride: 3", (1, 2, 9, 9)),                 # ceil overhang: windows past the end
+    ("kernel_size: 3 stride: 2 pad: 2", (1, 2, 7, 8)),          # the explicit path
+    ("kernel_size: 17 stride: 1", (1, 2, 18, 19)),              # 289 offsets: the wide first-match code
+])
+def test_max_pooling_routes_nan_infinities_and_flt_max_like_caffe(pooling, shape):
+    """NaN is never selected (``NaN > top`` is false), -inf and -FLT_MAX never beat Caffe's start value
+    (a window of nothing else selects nothing: mask -1, no diff), +inf is selected like any maximum; the
+    mask and the diff are Caffe's written-out loop's on a bottom full of them and of ties."""
+    rng = np.random.RandomState(sum(shape) + len(pooling))
+    specials = np.array([np.nan, -np.inf, np.inf, -FLT_MAX, -1.0, 0.0, 1.0], dtype=np.float32)
+    x = specials[rng.choice(len(specials), size=shape, p=[0.15, 0.2, 0.05, 0.2, 0.1, 0.15, 0.15])]
+    x[0, 0, :4] = np.nan  # whole windows of NaN
+    x[0, 0, :, :2] = np.nan
+    x[-1, -1, -4:] = -FLT_MAX
+    x[-1, -1, :, -2:] = -np.inf
+    text = f'type: "Pooling" top: "p" top: "mask" pooling_param {{ pool: MAX {pooling} }}'
+    port = make_layer(text, [shape])
+    kernel, stride, pad, out = port.geometry_for(*shape[2:])
+    xt = torch.from_numpy(x).requires_grad_()
+    top, mask = port(xt)
+    dy = rng.randint(1, 5, size=top.shape).astype(np.float32)
+    (dx,) = torch.autograd.grad(top, xt, torch.from_numpy(dy))
+    _, ref_mask, ref_dx = _caffe_max_pool(x, kernel, stride, pad, out, dy)
+    assert (ref_mask >= 0).any() and ((ref_mask == -1).any() or kernel[0] > 3)
+    np.testing.assert_array_equal(mask.numpy(), ref_mask.astype(np.float32))
+    np.testing.assert_array_equal(dx.numpy(), ref_dx.astype(np.float32))
+
+
 def test_max_pooling_channels_last_and_float64_route_like_caffe():
     """The channels_last fast path and float64 bottoms take the same first-maximum routing."""
     rng = np.random.RandomState(3)
