@@ -272,7 +272,7 @@ def read_image_header(source: bytes | bytearray | memoryview | str | os.PathLike
         except (struct.error, ValueError, IndexError):
             return None
     try:
-        fd = os.open(source, os.O_RDONLY)
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO named here cannot block
     except (OSError, ValueError, TypeError):
         return None
     try:  # one read serves almost every header; a marker past it is read where it lies

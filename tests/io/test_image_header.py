@@ -197,3 +197,13 @@ def test_an_image_within_the_budget_still_decodes(tmp_path, monkeypatch):
     monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", str(13 * 21 * 3 - 1))
     with pytest.raises(MemoryBudgetError, match="ok.png: its PNG header declares 21 x 13 x 3"):
         load_image_bgr(path)
+
+
+def test_header_of_a_fifo_does_not_block(tmp_path):
+    """A path that is not a regular file (callers refuse those first) gives None at once, never a hang."""
+    import os
+
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    assert read_image_header(fifo) is None
+    assert read_image_header(tmp_path) is None  # a directory
