@@ -160,8 +160,8 @@ def _caffe(s: torch.Tensor, labels: torch.Tensor, levels: list[float]
 def _caffe_on_rows(s: torch.Tensor, rows: _Rows, levels: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """``_caffe`` once the rows are laid out: loss and H at the given widths (no host synchronisation)."""
     lv = _levels(rows, levels)
-    count = lv.active.sum((0, 1), dtype=torch.float64) * 0.5             # pairs used per level
-    weight = _suffix_products(torch.where(count > 0, 0.5 / count, 0.5))
+    # 1/(2 c_d) = 1/(slots used at d), each used pair having two slots; 1/2 where no pair is used
+    weight = _suffix_products(lv.active.sum((0, 1), dtype=torch.float64).clamp_min_(2.0).reciprocal_())
     loss = torch.dot(lv.level_sums(), weight)
 
     b, k = lv.lh.shape[:2]
@@ -171,7 +171,7 @@ def _caffe_on_rows(s: torch.Tensor, rows: _Rows, levels: list[float]) -> tuple[t
     # large fine-level ones where they meet (half the round-off of slot by slot)
     at = lv.lo.view(b, k, 3, len(levels)).permute(0, 3, 2, 1).reshape(b, -1)
     ramp = s.new_zeros(b, b + 1).scatter_add_(1, at, torch.stack([lh, rh - lh, -rh], 2).view(b, -1))
-    ent = ramp[:, :b].cumsum_(1).mul_(rows.inv_neg[:, None]).masked_fill_(~rows.entry, 0.0)
+    ent = ramp[:, :b].cumsum_(1).mul_(rows.inv_neg[:, None]).masked_fill_(rows.past, 0.0)
     pos = (torch.where(lv.active, lv.at_t, 0.0) * scale).sum(2).neg()           # (B,K), 0 on padding
     ent.scatter_add_(1, rows.slot, pos)
     h = s.new_zeros(b, b)                     # E (the sorted rows put back in place), then E + Eᵀ

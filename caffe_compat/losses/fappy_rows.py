@@ -86,7 +86,7 @@ class _Rows:
 
     s1: torch.Tensor        # (B,B) float64 sorted keys
     order: torch.Tensor     # (B,B) column (partner) of each sorted key
-    entry: torch.Tensor     # (B,B) bool: a real entry
+    past: torch.Tensor      # (B,B) bool: not an entry (s1 > 2: a positive partner or an unread cosine)
     cum: torch.Tensor       # (B,B+1) float64 prefix sums of s1 (valid up to the last entry)
     n_ent: torch.Tensor     # (B,) number of entries (= |N_r| wherever the layer reads row r)
     n_neg: torch.Tensor     # (B,) |N_r|
@@ -115,8 +115,8 @@ def _rows(s: torch.Tensor, labels: torch.Tensor, k: int | None = None) -> _Rows 
     neg = ~same
     pos = same.fill_diagonal_(False)
     sd = s.detach()
-    readable = neg & (sd >= -1.0) & (sd < 1.0)       # the others are never read (see _check_readable)
-    key = (s + 1.0).masked_fill_(~readable, math.inf).masked_fill_(pos, 4.0)
+    readable = (sd >= -1.0).logical_and_(sd < 1.0).logical_and_(neg)  # the others are never read (see _check_readable)
+    key = torch.where(readable, s + 1.0, math.inf).masked_fill_(pos, 4.0)
     order = _argsort_rows(key.detach())
     s1 = key.gather(1, order)
     n_ent, n_pos, n_neg = readable.sum(1), pos.sum(1), neg.sum(1)
@@ -125,19 +125,21 @@ def _rows(s: torch.Tensor, labels: torch.Tensor, k: int | None = None) -> _Rows 
         if k == 0:
             return None
     # prefix sums; only the thresholds of slots a level does not use (masked) reach past the entries
-    cum = torch.cat([s1.new_zeros(b, 1), s1], 1).cumsum_(1)
+    cum = torch.nn.functional.pad(s1, (1, 0)).cumsum_(1)
     ar = torch.arange(k, device=s.device)
     slot = (n_ent[:, None] + ar).clamp_max(b - 1)
     slot_ok = ar < n_pos[:, None]
     sp = s.gather(1, order.gather(1, slot))
-    return _Rows(s1, order, s1.detach() <= 2.0, cum, n_ent, n_neg, 1.0 / n_neg.to(torch.float64), slot,
+    return _Rows(s1, order, s1.detach() > 2.0, cum, n_ent, n_neg, n_neg.to(torch.float64).reciprocal_(), slot,
                  slot_ok, sp, torch.where(slot_ok, 1.0 - sp.detach(), -math.inf))
 
 
 def _unreadable(rows: _Rows, finest: float) -> torch.Tensor:
     """0-d bool on the device: some cosine the layer reads is out of Caffe's bounds (see below)."""
-    used = ~(rows.gap < finest)
-    return (used & ~(rows.sp.detach() >= -1.0)).any() | (used.any(1) & (rows.n_ent < rows.n_neg)).any()
+    # a used slot (not 1 − s < d, so NaN is used) must have s >= -1, and all of its row's negatives must
+    # be entries; on a short row ``s >= inf`` fails for every used slot (s = inf gives 1 − s = −inf)
+    lowest = torch.where(rows.n_ent < rows.n_neg, math.inf, -1.0)
+    return ~((rows.gap < finest) | (rows.sp.detach() >= lowest[:, None])).all()
 
 
 def _check_readable(s: torch.Tensor, labels: torch.Tensor, rows: _Rows, finest: float) -> None:
@@ -197,7 +199,7 @@ def _levels(rows: _Rows, levels: list[float]) -> _Levels:
     b = rows.sp.shape[0]
     x = (rows.sp + 1.0)[:, :, None] / d         # (B,K,L); powers of two: exactly Caffe's (s + 1.0) / d
     active = rows.gap[:, :, None] >= d
-    t = torch.floor(x.detach())
+    t = torch.floor(x.detach()).nan_to_num_(0.0)  # a NaN cosine (unused, or raised on later) must still index
     frac = x - t
     rh = torch.where(active, frac, 0.0)
     lh = torch.where(active, 1.0 - frac, 0.0)
@@ -236,10 +238,11 @@ def _counts_below_from_table(rows: _Rows, bins: torch.Tensor, scale: torch.Tenso
     u_fine < v·2^k`` exactly, so one exclusive prefix count per row of the entries' finest bins answers
     every level.  Queries beyond the last bin count every entry, below bin 0 none."""
     b = rows.s1.shape[0]
-    u_fine = torch.floor(rows.s1.detach() / finest).clamp_(max=finest_bins).long()  # non-entries -> overflow
-    u_fine.masked_fill_(~rows.entry, finest_bins)
+    # s1 >= 0, so the conversion truncates = floors; the non-entries (4 and inf, at least 2·(2/d_min)) clamp
+    # to the overflow column finest_bins, the entries (s1 <= 2) stay below it
+    u_fine = (rows.s1.detach() * (1.0 / finest)).clamp_(max=finest_bins).long()
     table = torch.zeros(b, finest_bins + 2, dtype=torch.long, device=u_fine.device)
     table[:, 1:].scatter_add_(1, u_fine, torch.ones_like(u_fine))
     below = table[:, :finest_bins + 1].cumsum_(1)                  # below[:, c] = #entries with u_fine < c
-    v_fine = torch.nan_to_num(bins * scale, nan=0.0).clamp_(0, finest_bins).long()
+    v_fine = (bins * scale).clamp_(0, finest_bins).long()          # (bins are never NaN, see _levels)
     return below.gather(1, v_fine.view(b, -1))
