@@ -166,21 +166,22 @@ def _check_readable(s: torch.Tensor, labels: torch.Tensor, rows: _Rows, finest: 
 
 @dataclass
 class _Levels:
-    """Per row, slot and level (last axis): the quantities of Eq. 7 for the slot's row r."""
+    """Per row, level and slot (last axis): the quantities of Eq. 7 for the slot's row r."""
 
     widths: torch.Tensor   # (L,) float64 bin widths d
-    active: torch.Tensor   # (B,K,L) bool: a real slot and not (1 - s < d)
-    lh: torch.Tensor       # (B,K,L) float64 (b_{t+1} - s)/d, 0 where inactive
-    rh: torch.Tensor       # (B,K,L) float64 (s - b_t)/d, 0 where inactive
-    tail_ge: torch.Tensor  # (B,K,L) Σ_{u>=t} h_r[u]
-    tail_gt: torch.Tensor  # (B,K,L) Σ_{u>t} h_r[u]
-    at_t: torch.Tensor     # (B,K,L) h_r[t] (the difference of the two, without the cancellation)
-    lo: torch.Tensor       # (B,K·3·L) number of the row's entries in bins < t-1, < t, < t+1
+    active: torch.Tensor   # (B,L,K) bool: a real slot and not (1 - s < d)
+    lh: torch.Tensor       # (B,L,K) float64 (b_{t+1} - s)/d, 0 where inactive
+    rh: torch.Tensor       # (B,L,K) float64 (s - b_t)/d, 0 where inactive
+    tail_ge: torch.Tensor  # (B,L,K) Σ_{u>=t} h_r[u]
+    tail_gt: torch.Tensor  # (B,L,K) Σ_{u>t} h_r[u]
+    at_t: torch.Tensor     # (B,L,K) h_r[t] (the difference of the two, without the cancellation)
+    lo: torch.Tensor       # (B,L·3·K) number of the row's entries in bins < t-1, < t, < t+1
 
     def level_sums(self) -> torch.Tensor:
-        """(L,) Σ over the pairs used at each level of P_ij(d): each slot adds its row's share."""
+        """(L,) Σ over the pairs used at each level of P_ij(d): each slot adds its row's share (summed
+        slot-major, (B,K,L): the layer's round-off is that of this order)."""
         p = self.lh * self.tail_ge + self.rh * self.tail_gt
-        return torch.where(self.active, p, 0.0).sum((0, 1))
+        return torch.where(self.active, p, 0.0).mT.contiguous().sum((0, 1))
 
 
 def _levels(rows: _Rows, levels: list[float]) -> _Levels:
@@ -193,31 +194,33 @@ def _levels(rows: _Rows, levels: list[float]) -> _Levels:
     v = t−1, t, t+1.  With ``X_v = Σ_{entries below bin v} (x − v) = cum[lo_v]/d − v·lo_v`` the tails
     are ``|N|·Σ_{u>=t} h[u] = n + X_t − X_{t−1}`` (the entries of bins >= t, plus the right weights of
     bin t−1) and ``|N|·Σ_{u>t} h[u] = n + X_{t+1} − X_t``.  Slots a level does not use get harmless
-    (masked) values, padding slots included.  The queries are laid out slot by slot: consecutive
-    binary searches then take similar paths, ~1.5x faster than level by level (branch prediction)."""
+    (masked) values, padding slots included.  Everything is laid out level by level, (B,L,K) and
+    (B,L,3,K), the order in which :func:`~caffe_compat.losses.fappy._caffe_on_rows` adds at the counts
+    (searching slot by slot is at most ~10% faster, less than the transposition it would then need)."""
     d, shifts = _widths(tuple(levels), rows.s1.device)
+    d_col = d[:, None]                          # d against (B,L,K)
     b = rows.sp.shape[0]
-    x = (rows.sp + 1.0)[:, :, None] / d         # (B,K,L); powers of two: exactly Caffe's (s + 1.0) / d
-    active = rows.gap[:, :, None] >= d
+    x = (rows.sp + 1.0)[:, None, :] / d_col     # (B,L,K); powers of two: exactly Caffe's (s + 1.0) / d
+    active = rows.gap[:, None, :] >= d_col
     t = torch.floor(x.detach()).nan_to_num_(0.0)  # a NaN cosine (unused, or raised on later) must still index
     frac = x - t
     rh = torch.where(active, frac, 0.0)
     lh = torch.where(active, 1.0 - frac, 0.0)
-    bins = t[:, :, None, :] + shifts                                # (B,K,3,L) bins v = t-1, t, t+1
+    bins = t[:, :, None, :] + shifts                                # (B,L,3,K) bins v = t-1, t, t+1
+    d_col = d_col[:, :, None]                                       # d against (B,L,3,K)
     # the coarse levels' counts from a table of the bins of width d_table (the finest level with fewer
     # than _TABLE_COLUMNS_PER_ROW·B bins), the finer levels' by binary search
     n_table = sum(1 for w in levels if int(round(2.0 / w)) + 1 < _TABLE_COLUMNS_PER_ROW * b)
     if n_table:
         table_bins = int(round(2.0 / levels[n_table - 1])) + 1      # u = 0 .. 2/d_table
-        lo = _counts_below_from_table(rows, bins[..., :n_table], d[:n_table] / levels[n_table - 1],
+        lo = _counts_below_from_table(rows, bins[:, :n_table], d_col[:n_table] / levels[n_table - 1],
                                       levels[n_table - 1], table_bins)
-    thr = bins.mul_(d)                                              # thresholds v·d
+    thr = bins.mul_(d_col)                                          # thresholds v·d
     if n_table < len(levels):
-        found = torch.searchsorted(rows.s1.detach(), thr[..., n_table:].reshape(b, -1).contiguous())
-        lo = found if not n_table else torch.cat([lo.view(b, -1, 3, n_table), found.view(b, -1, 3, len(levels) - n_table)],
-                                                 3).view(b, -1)
+        found = torch.searchsorted(rows.s1.detach(), thr[:, n_table:].reshape(b, -1).contiguous())
+        lo = found if not n_table else torch.cat([lo, found], 1)
     # X_v = (cum[lo_v] - v·d·lo_v)/d (v·d·lo_v is exact): X_{t-1}, X_t, X_{t+1}
-    xs = rows.cum.gather(1, lo).view(thr.shape).sub_(thr.mul_(lo.view(thr.shape))).div_(d)
+    xs = rows.cum.gather(1, lo).view(thr.shape).sub_(thr.mul_(lo.view(thr.shape))).div_(d_col)
     xs = xs.diff(dim=2)                                          # X_t - X_{t-1}, X_{t+1} - X_t
     inv = rows.inv_neg[:, None, None]
     at_t = (xs[:, :, 0] - xs[:, :, 1]).mul_(inv)
@@ -233,7 +236,7 @@ _TABLE_COLUMNS_PER_ROW = 8
 
 def _counts_below_from_table(rows: _Rows, bins: torch.Tensor, scale: torch.Tensor, finest: float,
                              finest_bins: int) -> torch.Tensor:
-    """``searchsorted(s1, v·d)`` for the (B,K,3,L) bins ``v`` through the finest width ``d_min``: with
+    """``searchsorted(s1, v·d)`` for the (B,…) bins ``v`` through the finest width ``d_min``: with
     ``u_fine = floor(s1/d_min)`` and ``d = d_min·2^k`` (``scale`` = 2^k), ``s1 < v·d  <=>
     u_fine < v·2^k`` exactly, so one exclusive prefix count per row of the entries' finest bins answers
     every level.  Queries beyond the last bin count every entry, below bin 0 none."""
