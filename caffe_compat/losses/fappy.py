@@ -174,9 +174,8 @@ def _caffe_on_rows(s: torch.Tensor, rows: _Rows, levels: list[float]) -> tuple[t
     # (B,K), 0 on padding; summed slot-major, (B,K,L): the layer's round-off is that of this order
     pos = (torch.where(lv.active, lv.at_t, 0.0) * scale).mT.contiguous().sum(2).neg()
     ent.scatter_add_(1, rows.slot, pos)
-    h = s.new_zeros(b, b)                     # E (the sorted rows put back in place), then E + Eᵀ
-    h.scatter_add_(1, rows.order, ent).mT.scatter_add_(1, rows.order, ent)
-    return loss, h.fill_diagonal_(0.0)
+    e = s.new_zeros(b, b).scatter_add_(1, rows.order, ent)  # E: the sorted rows put back in place (0 + E)
+    return loss, (e + e.mT).fill_diagonal_(0.0)
 
 
 def _caffe_static(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]

@@ -219,8 +219,8 @@ def _levels(rows: _Rows, levels: list[float]) -> _Levels:
     if n_table < len(levels):
         found = torch.searchsorted(rows.s1.detach(), thr[:, n_table:].reshape(b, -1).contiguous())
         lo = found if not n_table else torch.cat([lo, found], 1)
-    # X_v = (cum[lo_v] - v·d·lo_v)/d (v·d·lo_v is exact): X_{t-1}, X_t, X_{t+1}
-    xs = rows.cum.gather(1, lo).view(thr.shape).sub_(thr.mul_(lo.view(thr.shape))).div_(d_col)
+    # X_v = (cum[lo_v] - v·d·lo_v)/d (v·d·lo_v is exact, so one rounding): X_{t-1}, X_t, X_{t+1}
+    xs = rows.cum.gather(1, lo).view(thr.shape).addcmul_(thr, lo.view(thr.shape), value=-1.0).div_(d_col)
     xs = xs.diff(dim=2)                                          # X_t - X_{t-1}, X_{t+1} - X_t
     inv = rows.inv_neg[:, None, None]
     at_t = (xs[:, :, 0] - xs[:, :, 1]).mul_(inv)
