@@ -160,23 +160,22 @@ def _caffe(s: torch.Tensor, labels: torch.Tensor, levels: list[float]
 def _caffe_on_rows(s: torch.Tensor, rows: _Rows, levels: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """``_caffe`` once the rows are laid out: loss and H at the given widths (no host synchronisation)."""
     lv = _levels(rows, levels)
-    count = lv.active.sum((0, 1), dtype=torch.float64) * 0.5             # pairs used per level
-    weight = _suffix_products(torch.where(count > 0, 0.5 / count, 0.5))
+    # 1/(2 c_d) = 1/(slots used at d), each used pair having two slots; 1/2 where no pair is used
+    weight = _suffix_products(lv.active.sum((0, 2), dtype=torch.float64).clamp_min_(2.0).reciprocal_())
     loss = torch.dot(lv.level_sums(), weight)
 
-    b, k = lv.lh.shape[:2]
-    scale = weight / lv.widths
-    lh, rh = (lv.lh * scale).mT, (lv.rh * scale).mT                            # (B,L,K)
+    b = lv.lh.shape[0]
+    scale = (weight / lv.widths)[:, None]
+    lh, rh = lv.lh * scale, lv.rh * scale                                      # (B,L,K)
     # added level by level, coarsest first: the small coarse-level steps are not lost against the
     # large fine-level ones where they meet (half the round-off of slot by slot)
-    at = lv.lo.view(b, k, 3, len(levels)).permute(0, 3, 2, 1).reshape(b, -1)
-    ramp = s.new_zeros(b, b + 1).scatter_add_(1, at, torch.stack([lh, rh - lh, -rh], 2).view(b, -1))
-    ent = ramp[:, :b].cumsum_(1).mul_(rows.inv_neg[:, None]).masked_fill_(~rows.entry, 0.0)
-    pos = (torch.where(lv.active, lv.at_t, 0.0) * scale).sum(2).neg()           # (B,K), 0 on padding
+    ramp = s.new_zeros(b, b + 1).scatter_add_(1, lv.lo, torch.stack([lh, rh - lh, -rh], 2).view(b, -1))
+    ent = ramp[:, :b].cumsum_(1).mul_(rows.inv_neg[:, None]).masked_fill_(rows.past, 0.0)
+    # (B,K), 0 on padding; summed slot-major, (B,K,L): the layer's round-off is that of this order
+    pos = (torch.where(lv.active, lv.at_t, 0.0) * scale).mT.contiguous().sum(2).neg()
     ent.scatter_add_(1, rows.slot, pos)
-    h = s.new_zeros(b, b)                     # E (the sorted rows put back in place), then E + Eᵀ
-    h.scatter_add_(1, rows.order, ent).mT.scatter_add_(1, rows.order, ent)
-    return loss, h.fill_diagonal_(0.0)
+    e = s.new_zeros(b, b).scatter_add_(1, rows.order, ent)  # E: the sorted rows put back in place (0 + E)
+    return loss, (e + e.mT).fill_diagonal_(0.0)
 
 
 def _caffe_static(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]

@@ -86,7 +86,7 @@ class _Rows:
 
     s1: torch.Tensor        # (B,B) float64 sorted keys
     order: torch.Tensor     # (B,B) column (partner) of each sorted key
-    entry: torch.Tensor     # (B,B) bool: a real entry
+    past: torch.Tensor      # (B,B) bool: not an entry (s1 > 2: a positive partner or an unread cosine)
     cum: torch.Tensor       # (B,B+1) float64 prefix sums of s1 (valid up to the last entry)
     n_ent: torch.Tensor     # (B,) number of entries (= |N_r| wherever the layer reads row r)
     n_neg: torch.Tensor     # (B,) |N_r|
@@ -115,8 +115,8 @@ def _rows(s: torch.Tensor, labels: torch.Tensor, k: int | None = None) -> _Rows 
     neg = ~same
     pos = same.fill_diagonal_(False)
     sd = s.detach()
-    readable = neg & (sd >= -1.0) & (sd < 1.0)       # the others are never read (see _check_readable)
-    key = (s + 1.0).masked_fill_(~readable, math.inf).masked_fill_(pos, 4.0)
+    readable = (sd >= -1.0).logical_and_(sd < 1.0).logical_and_(neg)  # the others are never read (see _check_readable)
+    key = torch.where(readable, s + 1.0, math.inf).masked_fill_(pos, 4.0)
     order = _argsort_rows(key.detach())
     s1 = key.gather(1, order)
     n_ent, n_pos, n_neg = readable.sum(1), pos.sum(1), neg.sum(1)
@@ -125,19 +125,21 @@ def _rows(s: torch.Tensor, labels: torch.Tensor, k: int | None = None) -> _Rows 
         if k == 0:
             return None
     # prefix sums; only the thresholds of slots a level does not use (masked) reach past the entries
-    cum = torch.cat([s1.new_zeros(b, 1), s1], 1).cumsum_(1)
+    cum = torch.nn.functional.pad(s1, (1, 0)).cumsum_(1)
     ar = torch.arange(k, device=s.device)
     slot = (n_ent[:, None] + ar).clamp_max(b - 1)
     slot_ok = ar < n_pos[:, None]
     sp = s.gather(1, order.gather(1, slot))
-    return _Rows(s1, order, s1.detach() <= 2.0, cum, n_ent, n_neg, 1.0 / n_neg.to(torch.float64), slot,
+    return _Rows(s1, order, s1.detach() > 2.0, cum, n_ent, n_neg, n_neg.to(torch.float64).reciprocal_(), slot,
                  slot_ok, sp, torch.where(slot_ok, 1.0 - sp.detach(), -math.inf))
 
 
 def _unreadable(rows: _Rows, finest: float) -> torch.Tensor:
     """0-d bool on the device: some cosine the layer reads is out of Caffe's bounds (see below)."""
-    used = ~(rows.gap < finest)
-    return (used & ~(rows.sp.detach() >= -1.0)).any() | (used.any(1) & (rows.n_ent < rows.n_neg)).any()
+    # a used slot (not 1 − s < d, so NaN is used) must have s >= -1, and all of its row's negatives must
+    # be entries; on a short row ``s >= inf`` fails for every used slot (s = inf gives 1 − s = −inf)
+    lowest = torch.where(rows.n_ent < rows.n_neg, math.inf, -1.0)
+    return ~((rows.gap < finest) | (rows.sp.detach() >= lowest[:, None])).all()
 
 
 def _check_readable(s: torch.Tensor, labels: torch.Tensor, rows: _Rows, finest: float) -> None:
@@ -164,21 +166,22 @@ def _check_readable(s: torch.Tensor, labels: torch.Tensor, rows: _Rows, finest: 
 
 @dataclass
 class _Levels:
-    """Per row, slot and level (last axis): the quantities of Eq. 7 for the slot's row r."""
+    """Per row, level and slot (last axis): the quantities of Eq. 7 for the slot's row r."""
 
     widths: torch.Tensor   # (L,) float64 bin widths d
-    active: torch.Tensor   # (B,K,L) bool: a real slot and not (1 - s < d)
-    lh: torch.Tensor       # (B,K,L) float64 (b_{t+1} - s)/d, 0 where inactive
-    rh: torch.Tensor       # (B,K,L) float64 (s - b_t)/d, 0 where inactive
-    tail_ge: torch.Tensor  # (B,K,L) Σ_{u>=t} h_r[u]
-    tail_gt: torch.Tensor  # (B,K,L) Σ_{u>t} h_r[u]
-    at_t: torch.Tensor     # (B,K,L) h_r[t] (the difference of the two, without the cancellation)
-    lo: torch.Tensor       # (B,K·3·L) number of the row's entries in bins < t-1, < t, < t+1
+    active: torch.Tensor   # (B,L,K) bool: a real slot and not (1 - s < d)
+    lh: torch.Tensor       # (B,L,K) float64 (b_{t+1} - s)/d, 0 where inactive
+    rh: torch.Tensor       # (B,L,K) float64 (s - b_t)/d, 0 where inactive
+    tail_ge: torch.Tensor  # (B,L,K) Σ_{u>=t} h_r[u]
+    tail_gt: torch.Tensor  # (B,L,K) Σ_{u>t} h_r[u]
+    at_t: torch.Tensor     # (B,L,K) h_r[t] (the difference of the two, without the cancellation)
+    lo: torch.Tensor       # (B,L·3·K) number of the row's entries in bins < t-1, < t, < t+1
 
     def level_sums(self) -> torch.Tensor:
-        """(L,) Σ over the pairs used at each level of P_ij(d): each slot adds its row's share."""
+        """(L,) Σ over the pairs used at each level of P_ij(d): each slot adds its row's share (summed
+        slot-major, (B,K,L): the layer's round-off is that of this order)."""
         p = self.lh * self.tail_ge + self.rh * self.tail_gt
-        return torch.where(self.active, p, 0.0).sum((0, 1))
+        return torch.where(self.active, p, 0.0).mT.contiguous().sum((0, 1))
 
 
 def _levels(rows: _Rows, levels: list[float]) -> _Levels:
@@ -191,31 +194,33 @@ def _levels(rows: _Rows, levels: list[float]) -> _Levels:
     v = t−1, t, t+1.  With ``X_v = Σ_{entries below bin v} (x − v) = cum[lo_v]/d − v·lo_v`` the tails
     are ``|N|·Σ_{u>=t} h[u] = n + X_t − X_{t−1}`` (the entries of bins >= t, plus the right weights of
     bin t−1) and ``|N|·Σ_{u>t} h[u] = n + X_{t+1} − X_t``.  Slots a level does not use get harmless
-    (masked) values, padding slots included.  The queries are laid out slot by slot: consecutive
-    binary searches then take similar paths, ~1.5x faster than level by level (branch prediction)."""
+    (masked) values, padding slots included.  Everything is laid out level by level, (B,L,K) and
+    (B,L,3,K), the order in which :func:`~caffe_compat.losses.fappy._caffe_on_rows` adds at the counts
+    (searching slot by slot is at most ~10% faster, less than the transposition it would then need)."""
     d, shifts = _widths(tuple(levels), rows.s1.device)
+    d_col = d[:, None]                          # d against (B,L,K)
     b = rows.sp.shape[0]
-    x = (rows.sp + 1.0)[:, :, None] / d         # (B,K,L); powers of two: exactly Caffe's (s + 1.0) / d
-    active = rows.gap[:, :, None] >= d
-    t = torch.floor(x.detach())
+    x = (rows.sp + 1.0)[:, None, :] / d_col     # (B,L,K); powers of two: exactly Caffe's (s + 1.0) / d
+    active = rows.gap[:, None, :] >= d_col
+    t = torch.floor(x.detach()).nan_to_num_(0.0)  # a NaN cosine (unused, or raised on later) must still index
     frac = x - t
     rh = torch.where(active, frac, 0.0)
     lh = torch.where(active, 1.0 - frac, 0.0)
-    bins = t[:, :, None, :] + shifts                                # (B,K,3,L) bins v = t-1, t, t+1
+    bins = t[:, :, None, :] + shifts                                # (B,L,3,K) bins v = t-1, t, t+1
+    d_col = d_col[:, :, None]                                       # d against (B,L,3,K)
     # the coarse levels' counts from a table of the bins of width d_table (the finest level with fewer
     # than _TABLE_COLUMNS_PER_ROW·B bins), the finer levels' by binary search
     n_table = sum(1 for w in levels if int(round(2.0 / w)) + 1 < _TABLE_COLUMNS_PER_ROW * b)
     if n_table:
         table_bins = int(round(2.0 / levels[n_table - 1])) + 1      # u = 0 .. 2/d_table
-        lo = _counts_below_from_table(rows, bins[..., :n_table], d[:n_table] / levels[n_table - 1],
+        lo = _counts_below_from_table(rows, bins[:, :n_table], d_col[:n_table] / levels[n_table - 1],
                                       levels[n_table - 1], table_bins)
-    thr = bins.mul_(d)                                              # thresholds v·d
+    thr = bins.mul_(d_col)                                          # thresholds v·d
     if n_table < len(levels):
-        found = torch.searchsorted(rows.s1.detach(), thr[..., n_table:].reshape(b, -1).contiguous())
-        lo = found if not n_table else torch.cat([lo.view(b, -1, 3, n_table), found.view(b, -1, 3, len(levels) - n_table)],
-                                                 3).view(b, -1)
-    # X_v = (cum[lo_v] - v·d·lo_v)/d (v·d·lo_v is exact): X_{t-1}, X_t, X_{t+1}
-    xs = rows.cum.gather(1, lo).view(thr.shape).sub_(thr.mul_(lo.view(thr.shape))).div_(d)
+        found = torch.searchsorted(rows.s1.detach(), thr[:, n_table:].reshape(b, -1).contiguous())
+        lo = found if not n_table else torch.cat([lo, found], 1)
+    # X_v = (cum[lo_v] - v·d·lo_v)/d (v·d·lo_v is exact, so one rounding): X_{t-1}, X_t, X_{t+1}
+    xs = rows.cum.gather(1, lo).view(thr.shape).addcmul_(thr, lo.view(thr.shape), value=-1.0).div_(d_col)
     xs = xs.diff(dim=2)                                          # X_t - X_{t-1}, X_{t+1} - X_t
     inv = rows.inv_neg[:, None, None]
     at_t = (xs[:, :, 0] - xs[:, :, 1]).mul_(inv)
@@ -231,15 +236,16 @@ _TABLE_COLUMNS_PER_ROW = 8
 
 def _counts_below_from_table(rows: _Rows, bins: torch.Tensor, scale: torch.Tensor, finest: float,
                              finest_bins: int) -> torch.Tensor:
-    """``searchsorted(s1, v·d)`` for the (B,K,3,L) bins ``v`` through the finest width ``d_min``: with
+    """``searchsorted(s1, v·d)`` for the (B,…) bins ``v`` through the finest width ``d_min``: with
     ``u_fine = floor(s1/d_min)`` and ``d = d_min·2^k`` (``scale`` = 2^k), ``s1 < v·d  <=>
     u_fine < v·2^k`` exactly, so one exclusive prefix count per row of the entries' finest bins answers
     every level.  Queries beyond the last bin count every entry, below bin 0 none."""
     b = rows.s1.shape[0]
-    u_fine = torch.floor(rows.s1.detach() / finest).clamp_(max=finest_bins).long()  # non-entries -> overflow
-    u_fine.masked_fill_(~rows.entry, finest_bins)
+    # s1 >= 0, so the conversion truncates = floors; the non-entries (4 and inf, at least 2·(2/d_min)) clamp
+    # to the overflow column finest_bins, the entries (s1 <= 2) stay below it
+    u_fine = (rows.s1.detach() * (1.0 / finest)).clamp_(max=finest_bins).long()
     table = torch.zeros(b, finest_bins + 2, dtype=torch.long, device=u_fine.device)
     table[:, 1:].scatter_add_(1, u_fine, torch.ones_like(u_fine))
     below = table[:, :finest_bins + 1].cumsum_(1)                  # below[:, c] = #entries with u_fine < c
-    v_fine = torch.nan_to_num(bins * scale, nan=0.0).clamp_(0, finest_bins).long()
+    v_fine = (bins * scale).clamp_(0, finest_bins).long()          # (bins are never NaN, see _levels)
     return below.gather(1, v_fine.view(b, -1))
