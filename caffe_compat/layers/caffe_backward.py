@@ -67,7 +67,7 @@ def caffe_relu(x: Tensor, negative_slope: float = 0.0) -> Tensor:
 
     def bottom_diff(dy, t):
         if slope == 0.0:
-            return dy * (t > 0).to(dy.dtype)
+            return dy * (t > 0)  # the mask promoted to dy's dtype inside the product (no float copy of it)
         return dy * ((t > 0).to(dy.dtype) + slope * (t <= 0).to(dy.dtype))
 
     return with_caffe_backward(x, value, bottom_diff, keep_top=slope >= 0.0)
