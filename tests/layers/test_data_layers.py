@@ -211,6 +211,27 @@ def test_convert_imageset_lmdb_read_back_through_data_layer(tmp_path, encoded):
     assert np.array_equal(image.numpy(), expected[4][0]) and label == expected[4][1] and len(dataset) == 5
 
 
+def test_datum_dataset_batches_from_dataloader_workers_equal_the_records(tmp_path):
+    """DatumDataset (an LMDB of PNG-encoded Datums) through a DataLoader with 2 workers: each
+    worker opens the LMDB itself and builds its batch in one shared-memory buffer; the batches equal
+    the records transformed one by one."""
+    from torch.utils.data import DataLoader
+
+    entries = _toy_images(tmp_path)
+    db = tmp_path / "toy_lmdb"
+    assert convert_imageset(tmp_path / "list.txt", tmp_path, db, encoded=True, progress=False) == 5
+    transformer = DataTransformer(mean_value=[10, 20, 30], scale=0.25, phase="TEST")
+    dataset = DatumDataset(DatumSource(db), transformer)
+    mean = np.array([10, 20, 30], np.float32)[:, None, None]
+    expected = [(image.transpose(2, 0, 1).astype(np.float32) - mean) * np.float32(0.25) for _, _, image in entries]
+    batches = [[0, 1], [2, 3], [4, 0]]
+    got = list(DataLoader(dataset, batch_sampler=batches, num_workers=2))
+    for (images, labels), indices in zip(got, batches):
+        assert images.shape == (2, 3, 10, 14) and images.is_shared()
+        assert np.array_equal(images.numpy(), np.stack([expected[i] for i in indices]))
+        assert labels.tolist() == [entries[i][1] for i in indices]
+
+
 def test_image_data_layer_reads_resizes_and_wraps(tmp_path, monkeypatch):
     entries = _toy_images(tmp_path)
     monkeypatch.chdir(tmp_path)
