@@ -57,6 +57,8 @@ from caffe_compat.io.safe_open import memory_budget, read_list_text, read_regula
 def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> list[tuple[int, str, int]]:
     """``(line number, path, label)`` of every non-blank line of a Caffe list file (numbers from 1); a list
     that is not a regular file raises NotRegularFileError naming ``what`` named it."""
+    from caffe_compat.io.datum_lmdb import fits_datum_label
+
     entries = []
     path = Path(list_file)
     try:
@@ -77,7 +79,7 @@ def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> 
             value = int(label)
         except ValueError:
             raise DataError(f"{path}:{number}: label {label!r} is not an integer") from None
-        if not -2 ** 31 <= value < 2 ** 31:  # Caffe's int label (atoi; Datum.label is an int32)
+        if not fits_datum_label(value):  # Caffe's int label (atoi; Datum.label is an int32)
             raise DataError(f"{path}:{number}: label {label} is outside Caffe's 32-bit int range")
         entries.append((number, name, value))
     return entries

@@ -271,11 +271,22 @@ def lmdb_length(path: str | os.PathLike) -> int:
         return env.stat()["entries"]
 
 
+def fits_datum_label(value: int) -> bool:
+    """Whether ``value`` fits a Datum's label, Caffe's ``int`` (int32)."""
+    return -2 ** 31 <= value < 2 ** 31
+
+
+def datum_label(label) -> int:
+    """``label`` as a Datum's label; a FormatError outside int32 (protobuf would raise its own ValueError)."""
+    value = int(label)
+    if not fits_datum_label(value):
+        raise FormatError(f"a Datum's label is an int32, got {label}")
+    return value
+
+
 def make_datum(image: np.ndarray | bytes, label: int, encoded: bool = False) -> caffe_pb2.Datum:
     """A Datum from a C×H×W uint8 array (raw) or from encoded image bytes (``encoded=True``)."""
-    if not -2 ** 31 <= int(label) < 2 ** 31:
-        raise FormatError(f"a Datum's label is an int32, got {label}")
-    datum = caffe_pb2.Datum(label=int(label))
+    datum = caffe_pb2.Datum(label=datum_label(label))
     if encoded:
         datum.data = bytes(image)
         datum.encoded = True

@@ -220,9 +220,9 @@ def array_to_datum(arr, label=None) -> caffe_pb2.Datum:
     else:
         datum.float_data.extend(arr.astype(np.float64).ravel().tolist())
     if label is not None:
-        if not -2 ** 31 <= int(label) < 2 ** 31:
-            raise FormatError(f"a Datum's label is an int32, got {label}")
-        datum.label = int(label)
+        from caffe_compat.io.datum_lmdb import datum_label
+
+        datum.label = datum_label(label)
     return datum
 
 
