@@ -37,6 +37,8 @@ def test_the_scheme_follows_the_size():
     assert stored.stored_plan(700, 699, 10**12) is None                         # k too large for a bound
     assert stored.stored_plan(700, 40, 10**12) == 4                             # fewer items: smaller groups
     assert stored.stored_plan(5924, 59, 64 * 2**20) is None                     # the budget is honoured
+    assert stored.stored_plan(stored.MAX_ITEMS, 5, 2**40) == 16                 # indices fit the sort keys
+    assert stored.stored_plan(stored.MAX_ITEMS + 1, 5, 2**40) is None
 
 
 @pytest.mark.parametrize("kind,n", [("random", 700), ("random", 300), ("prototypes-4", 600),
@@ -86,3 +88,37 @@ def test_tie_heavy_items_dropped_early_still_rank_exactly(monkeypatch):
     monkeypatch.setattr(stored, "stored_plan", lambda n, k, budget: None)
     _, ref_sims, ref_idx = _topk(x, 2, 1)
     assert torch.equal(idx, ref_idx) and torch.equal(sims, ref_sims)
+
+
+def test_candidates_ranked_by_one_key_sort_keep_order_ties_and_signed_zeros():
+    # per item: (similarity desc, column asc) over its candidates, -0.0 tied with +0.0 and read back with
+    # its sign; items with count 0 (ranked on whole rows elsewhere) get zero rows
+    rng = np.random.default_rng(7)
+    n, k = 40, 5
+    counts = rng.integers(k, 3 * k, n)
+    counts[[3, 17]] = 0
+    pool = np.array([0.5, -0.0, 0.0, -0.25, 1.0, -1.0, np.finfo(np.float32).min, 2e-45, -2e-45], np.float32)
+    items = np.repeat(np.arange(n), counts).astype(np.int32)
+    neighbours = np.concatenate([rng.choice(stored.MAX_ITEMS, c, replace=False) for c in counts]).astype(np.int32)
+    values = rng.choice(pool, len(items)).astype(np.float32)
+    shuffle = rng.permutation(len(items))
+    sims, columns = stored._ranked(items[shuffle], neighbours[shuffle], values[shuffle], counts, k)
+    for item in range(n):
+        mine = np.flatnonzero(items == item)
+        if counts[item] == 0:
+            assert not sims[item].any() and not columns[item].any()
+            continue
+        by_rank = sorted(mine, key=lambda e: (-float(values[e]), neighbours[e]))[:k]  # -0.0 == 0.0: a tie
+        assert columns[item].tolist() == neighbours[by_rank].tolist()
+        assert sims[item].numpy().view(np.int32).tolist() == values[by_rank].view(np.int32).tolist()
+
+
+def test_the_triangle_buffer_outlives_its_mapping_handle_and_small_ones_are_plain():
+    big = stored._huge_page_floats(3 * 2**20)  # 12 MB: mapped, huge pages advised
+    big[:] = torch.arange(len(big), dtype=torch.float32)
+    import gc
+
+    gc.collect()
+    assert big[-1] == len(big) - 1 and big.dtype == torch.float32 and big.numpy().flags.writeable
+    small = stored._huge_page_floats(1000)
+    assert small.shape == (1000,) and small.dtype == torch.float32
