@@ -10,8 +10,8 @@ in-place chain; ``Blobs.diff_targets`` holds those tensors and ``backward`` retu
 Without autograd (``torch.no_grad()`` / ``torch.inference_mode()``, the way to run inference) a layer
 that is in-place in the prototxt and offers ``forward_inplace`` (ReLU, BatchNorm with global
 statistics, Scale) overwrites its bottom as Caffe does, when that tensor was made in this run and no
-other blob, view, fed input or weight shares its storage; memory-bound Pooling/LRN then run sample by
-sample (:mod:`caffe_compat.layers.cache_blocking`).  The blobs hold the same values either way.
+other blob, view, fed input or weight shares its storage; memory-bound Pooling/LRN then run in blocks of
+a few samples (:mod:`caffe_compat.layers.cache_blocking`).  The blobs hold the same values either way.
 
 Under ``torch.compile`` (``torch.compiler.is_compiling()``) the storage bookkeeping that decides those
 eager in-place writes (``Blobs`` counting storages by ``data_ptr``, :meth:`NetExecution._may_overwrite`)

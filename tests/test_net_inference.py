@@ -1,5 +1,5 @@
 """CaffeNet's inference path (no autograd): in-place prototxt layers overwrite their bottom as Caffe does,
-memory-bound layers run sample by sample, and none of it changes a value, an input or a weight."""
+memory-bound layers run in blocks of samples, and none of it changes a value, an input or a weight."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_inference_forward_equals_autograd_forward(directory, mode):
         without = net(**inputs)
     assert set(without) == set(with_grad)
     for name, value in with_grad.items():
-        # equal, up to pow's last bit where a per-sample chunk ends inside a SIMD vector (lrn_within)
+        # equal, up to pow's last bit where a block of samples ends inside a SIMD vector (lrn_within)
         if value.numel():
             assert float((without[name] - value).abs().max()) <= 2.5e-7 * float(value.abs().max()), name
     for name, value in inputs.items():  # fed inputs are never written, even under an in-place first layer

@@ -1,11 +1,14 @@
-"""Sample-by-sample evaluation of memory-bound layers during inference.
+"""Block-by-block evaluation of memory-bound layers without autograd (inference, and the forward of
+the Caffe-backward autograd Functions during training).
 
 Pooling through a ``channels_last`` copy and LRN make several full passes over their input.  For a large
 batch those passes stream the whole blob through memory each time (GoogLeNet's ``conv2/norm2`` at
-batch 32 is 77 MB); one sample at a time they stay in the CPU cache and reuse the same scratch memory,
-which is 2-3× faster on CPU.  Every op is per sample, so the values are those of the whole-batch
-call, except that an elementwise ``pow`` may round its last bit differently where a sample ends inside
-a SIMD vector (≤ 1 ulp; seen on LRN WITHIN_CHANNEL).  Only used without autograd and outside ONNX
+batch 32 is 77 MB); a few samples at a time (blocks of about :data:`BLOCK_BYTES`) they stay in the CPU
+cache and reuse the same scratch memory, which is 2-3× faster on CPU.  Small samples go in blocks of
+several: one call per sample costs more than it saves below ~100 KB a sample (the toy digits net's
+16 KB pool3 bottoms at batch 64: 4-6× the whole-batch time).  Every op is per sample, so the values are
+those of the whole-batch call, except that an elementwise ``pow`` may round its last bit differently
+where a block ends inside a SIMD vector (≤ 1 ulp; seen on LRN WITHIN_CHANNEL).  Only used outside ONNX
 export / tracing, where a loop would be recorded.
 """
 
@@ -17,18 +20,28 @@ import torch
 
 
 def blocking_applies(x: torch.Tensor) -> bool:
-    """True when ``x`` should be processed sample by sample: a CPU batch, no autograd, not exporting and not
+    """True when ``x`` should be processed in blocks of samples: a CPU batch, no autograd, not exporting and not
     being compiled (a compiler plans its own loops; an unrolled batch loop would pin the batch size)."""
     return (x.dim() >= 1 and x.shape[0] > 1 and x.device.type == "cpu" and not torch.is_grad_enabled()
             and not torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing()
             and not torch.compiler.is_compiling())
 
 
-def per_sample(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """``fn(x)`` computed one sample (``x[i:i+1]``) at a time into one output tensor."""
-    first = fn(x[0:1])
+#: Bytes of input per block: about what stays in a core's L2 cache with the block's copies (1-2 MB on the
+#: CPUs measured); a sample larger than this is a block of its own.
+BLOCK_BYTES = 2**20
+
+
+def in_blocks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` computed on blocks of whole samples (``x[i:i+b]``, ``b = max(1, BLOCK_BYTES // sample
+    bytes)``) into one output tensor; one call on the whole batch when it fits one block."""
+    sample_bytes = max(1, x[0].numel() * x.element_size())
+    block = max(1, BLOCK_BYTES // sample_bytes)
+    if block >= x.shape[0]:
+        return fn(x)
+    first = fn(x[0:block])
     out = torch.empty((x.shape[0], *first.shape[1:]), dtype=first.dtype, device=first.device)
-    out[0:1] = first
-    for i in range(1, x.shape[0]):
-        out[i:i + 1] = fn(x[i:i + 1])
+    out[0:block] = first
+    for i in range(block, x.shape[0], block):
+        out[i:i + block] = fn(x[i:i + block])
     return out

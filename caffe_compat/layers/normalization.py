@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError
-from caffe_compat.layers.cache_blocking import blocking_applies, per_sample
+from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes, broadcast_view, canonical_axis, same_as_bottom
 from caffe_compat.layers.geometry import need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
@@ -341,7 +341,7 @@ class LRN(CaffeLayer):
         if x.dim() != 4:
             raise FormatError(f"layer '{self.layer_name}': LRN needs a 4-axis bottom, got shape {tuple(x.shape)}")
         if blocking_applies(x):
-            return (per_sample(self._normalise, x),)
+            return (in_blocks(self._normalise, x),)
         return (self._normalise(x),)
 
     def _normalise(self, x):

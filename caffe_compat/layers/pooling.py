@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError, ShapeMismatchError
-from caffe_compat.layers.cache_blocking import blocking_applies, per_sample
+from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks
 from caffe_compat.layers.caffe_backward import with_caffe_backward
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes
 from caffe_compat.layers.geometry import need_axes, pool_geometry, pooled_hw
@@ -238,7 +238,7 @@ class Pooling(CaffeLayer):
             def through_nhwc(chunk):
                 nhwc = chunk.contiguous(memory_format=torch.channels_last)
                 return F.max_pool2d(nhwc, kernel, stride, pad, ceil_mode=self.ceil_mode).contiguous()
-            return (per_sample(through_nhwc, x) if blocking_applies(x) else through_nhwc(x),)
+            return (in_blocks(through_nhwc, x) if blocking_applies(x) else through_nhwc(x),)
         return (F.max_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode),)
 
     def _explicit_pool(self, x, kernel, stride, pad, out):
