@@ -1,5 +1,5 @@
-"""Block-by-block evaluation of memory-bound layers without autograd (inference, and the forward of
-the Caffe-backward autograd Functions during training).
+"""Block-by-block evaluation of memory-bound layers without autograd (inference; during training the
+forward of the Caffe-backward autograd Functions and MAX pooling's backward routing).
 
 Pooling through a ``channels_last`` copy and LRN make several full passes over their input.  For a large
 batch those passes stream the whole blob through memory each time (GoogLeNet's ``conv2/norm2`` at
@@ -32,16 +32,17 @@ def blocking_applies(x: torch.Tensor) -> bool:
 BLOCK_BYTES = 2**20
 
 
-def in_blocks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """``fn(x)`` computed on blocks of whole samples (``x[i:i+b]``, ``b = max(1, BLOCK_BYTES // sample
-    bytes)``) into one output tensor; one call on the whole batch when it fits one block."""
+def in_blocks(fn: Callable[..., torch.Tensor], x: torch.Tensor, *more: torch.Tensor) -> torch.Tensor:
+    """``fn(x, *more)`` computed on blocks of whole samples (``x[i:i+b]`` and the same samples of each of
+    ``more``; ``b = max(1, BLOCK_BYTES // x's sample bytes)``) into one output tensor; one call on the whole
+    batch when it fits one block."""
     sample_bytes = max(1, x[0].numel() * x.element_size())
     block = max(1, BLOCK_BYTES // sample_bytes)
     if block >= x.shape[0]:
-        return fn(x)
-    first = fn(x[0:block])
+        return fn(x, *more)
+    first = fn(x[0:block], *(m[0:block] for m in more))
     out = torch.empty((x.shape[0], *first.shape[1:]), dtype=first.dtype, device=first.device)
     out[0:block] = first
     for i in range(block, x.shape[0], block):
-        out[i:i + block] = fn(x[i:i + block])
+        out[i:i + block] = fn(x[i:i + block], *(m[i:i + block] for m in more))
     return out

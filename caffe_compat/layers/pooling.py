@@ -210,8 +210,11 @@ class Pooling(CaffeLayer):
         if self.method == self.AVE:
             return (pool(x),)
 
-        def bottom_diff(top_diff, bottom):
+        def diff(bottom, top_diff):
             return max_pool_bottom_diff(top_diff, max_pool_winners(bottom, kernel, stride, pad, out), (height, width))
+
+        def bottom_diff(top_diff, bottom):  # the routing's ~30 passes stay in cache a block of samples at a time
+            return in_blocks(diff, bottom, top_diff) if blocking_applies(bottom) else diff(bottom, top_diff)
 
         top = with_caffe_backward(x, pool, bottom_diff)
         if self.num_tops == 1:

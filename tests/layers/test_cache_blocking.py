@@ -65,3 +65,23 @@ def test_small_samples_share_a_block_and_large_ones_do_not():
     mid = torch.ones(10, 16, 32, 32)            # 64 KiB: blocks of 16 cover the batch in one call
     cache_blocking.in_blocks(fn, mid)
     assert seen == [10]
+
+
+@pytest.mark.parametrize("samples_per_block", [1, 3])
+def test_max_pooling_backward_in_blocks_routes_every_diff_as_the_whole_batch(samples_per_block, monkeypatch):
+    # ties (a constant plane, repeated values) and NaN: the routing is Caffe's first-in-scan-order rule either way
+    x = torch.randn(7, 5, 11, 9, generator=torch.Generator().manual_seed(4)).round()
+    x[1, 2] = 1.0
+    x[4, 0, 2, 2] = float("nan")
+    dy = torch.randn(7, 5, 5, 4, generator=torch.Generator().manual_seed(5))
+    grads = []
+    for block_bytes in (2**30, samples_per_block * 5 * 11 * 9 * 4):
+        monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", block_bytes)
+        net = CaffeNet(text_format.Parse(NET, caffe_pb2.NetParameter()))
+        bottom = x.clone().requires_grad_()
+        net(data=bottom)["max"].backward(dy)
+        grads.append(bottom.grad)
+    assert torch.equal(grads[0], grads[1])
+    # every top diff lands on exactly one bottom element (overlapping windows may add theirs on one)
+    assert float(grads[0].double().sum()) == pytest.approx(float(dy.double().sum()), rel=1e-6)
+    assert int((grads[0] != 0).sum()) <= dy.numel()
