@@ -32,12 +32,16 @@ def blocking_applies(x: torch.Tensor) -> bool:
 BLOCK_BYTES = 2**20
 
 
+def samples_per_block(x: torch.Tensor) -> int:
+    """How many whole samples of ``x`` make one block: ``max(1, BLOCK_BYTES // bytes of a sample)``."""
+    return max(1, BLOCK_BYTES // max(1, x[0].numel() * x.element_size()))
+
+
 def in_blocks(fn: Callable[..., torch.Tensor], x: torch.Tensor, *more: torch.Tensor) -> torch.Tensor:
     """``fn(x, *more)`` computed on blocks of whole samples (``x[i:i+b]`` and the same samples of each of
     ``more``; ``b = max(1, BLOCK_BYTES // x's sample bytes)``) into one output tensor; one call on the whole
     batch when it fits one block."""
-    sample_bytes = max(1, x[0].numel() * x.element_size())
-    block = max(1, BLOCK_BYTES // sample_bytes)
+    block = samples_per_block(x)
     if block >= x.shape[0]:
         return fn(x, *more)
     first = fn(x[0:block], *(m[0:block] for m in more))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError
-from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks
+from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks, samples_per_block
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes, broadcast_view, canonical_axis, same_as_bottom
 from caffe_compat.layers.geometry import need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
@@ -314,12 +314,20 @@ class LRN(CaffeLayer):
       zero-padded window never leaves [-pad, H+pad)).  **k is ignored** (Caffe's Power layer uses
       shift 1).
 
-    Backward is the exact gradient.  Caffe's ACROSS_CHANNELS Backward instead reads its *top data*: when a
-    later layer rewrites that top in place (e.g. an in-place PReLU after the LRN), Caffe differentiates
-    with the rewritten values (a stale top).  That Caffe quirk is not reproduced; the layer-zoo fixture
-    shows it (``tests/test_net.py::test_layer_zoo_lrn_backward_quirk`` rebuilds Caffe's numbers from ours).
-    Nets that keep the LRN top intact (GoogLeNet, VGG_CNN_M_1024: a pooling or convolution reads it) are
-    not affected."""
+    Backward is the exact gradient.  ACROSS_CHANNELS takes it from Caffe's own formula
+    (``LRNLayer::CrossChannelBackward``), with ``s`` the scale and ``y = x · s^-β`` the top:
+
+        dx = dy · s^-β − (2αβ/n) · x · Σ_window (dy · y / s)
+
+    (the window sum zero-padded as the forward's), from the saved ``s`` and ``s^-β`` (Caffe raises ``s`` to
+    ``-β`` a second time; autograd's ``pow`` backward would too, and keep a padded copy per shifted
+    channel: the formula is ~3x cheaper), computed in blocks of samples (:mod:`caffe_compat.layers.
+    cache_blocking`).  Caffe reads ``y`` from its *top data*: when a later layer rewrites that top in place
+    (e.g. an in-place PReLU after the LRN), Caffe differentiates with the rewritten values (a stale top).
+    That Caffe quirk is not reproduced (``y`` is recomputed from the saved bottom); the layer-zoo fixture
+    shows it (``tests/layers/test_normalization.py::test_lrn_across_then_in_place_prelu_matches_caffe``
+    rebuilds Caffe's numbers from ours).  Nets that keep the LRN top intact (GoogLeNet, VGG_CNN_M_1024: a
+    pooling or convolution reads it) are not affected."""
 
     bottoms = tops = ONE
     in_caffe_1_0 = True
@@ -340,27 +348,74 @@ class LRN(CaffeLayer):
     def forward(self, x):
         if x.dim() != 4:
             raise FormatError(f"layer '{self.layer_name}': LRN needs a 4-axis bottom, got shape {tuple(x.shape)}")
+        if (not self.within_channel and x.requires_grad and torch.is_grad_enabled()
+                and not torch.onnx.is_in_onnx_export()):
+            return (_CrossChannelLRN.apply(x, self.size, self.alpha, self.beta, self.k),)
         if blocking_applies(x):
             return (in_blocks(self._normalise, x),)
         return (self._normalise(x),)
 
     def _normalise(self, x):
-        pad = (self.size - 1) // 2
-        square = x * x
         if self.within_channel:
-            window_mean = F.avg_pool2d(square, self.size, stride=1, padding=pad, count_include_pad=True)
+            pad = (self.size - 1) // 2
+            window_mean = F.avg_pool2d(x * x, self.size, stride=1, padding=pad, count_include_pad=True)
             scale = 1.0 + self.alpha * window_mean
         else:
-            # Sum of n channel-shifted copies of the zero-padded squares (3x faster than avg_pool3d
-            # on CPU, same values); the loop runs over the window size only.
-            # Accumulated in place into one fresh tensor (add/mul/add do not save their operands for
-            # backward, so this stays differentiable).
-            padded = F.pad(square, (0, 0, 0, 0, pad, pad))
-            channels = x.shape[1]
-            window_sum = padded[:, 0:channels].clone()
-            for shift in range(1, self.size):
-                window_sum.add_(padded[:, shift:shift + channels])
-            scale = window_sum.mul_(self.alpha / self.size).add_(self.k)
+            scale = _across_scale(x, self.size, self.alpha, self.k)
         if not torch.is_grad_enabled():
             return scale.pow_(-self.beta).mul_(x)
         return x * torch.pow(scale, -self.beta)
+
+
+def _channel_window_sum(t: torch.Tensor, size: int) -> torch.Tensor:
+    """Per channel, the sum of ``t`` over the ``size`` channels centred on it (zero-padded): ``size``
+    channel-shifted slices of the padded tensor added in order into one fresh tensor (3x faster than
+    ``avg_pool3d`` on CPU)."""
+    pad = (size - 1) // 2
+    padded = F.pad(t, (0, 0, 0, 0, pad, pad))
+    channels = t.shape[1]
+    total = padded[:, 0:channels].clone()
+    for shift in range(1, size):
+        total.add_(padded[:, shift:shift + channels])
+    return total
+
+
+def _across_scale(x: torch.Tensor, size: int, alpha: float, k: float) -> torch.Tensor:
+    """ACROSS_CHANNELS scale ``k + α/n · Σ_window x²`` (in place on the window sum: add/mul/add save no
+    operand for autograd, so this stays differentiable)."""
+    return _channel_window_sum(x * x, size).mul_(alpha / size).add_(k)
+
+
+class _CrossChannelLRN(torch.autograd.Function):
+    """ACROSS_CHANNELS LRN whose backward is Caffe's formula (see :class:`LRN`)."""
+
+    @staticmethod
+    def forward(ctx, x, size, alpha, beta, k):
+        ctx.size, ctx.coefficient = size, 2.0 * alpha * beta / size
+        if not blocking_applies(x):
+            scale = _across_scale(x, size, alpha, k)
+            power = torch.pow(scale, -beta)
+            ctx.save_for_backward(x, scale, power)
+            return x * power
+        top, scale, power = (torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(3))
+        block = samples_per_block(x)
+        for i in range(0, x.shape[0], block):  # the same ops per block of samples, in cache
+            part = slice(i, i + block)
+            scale[part] = _across_scale(x[part], size, alpha, k)
+            torch.pow(scale[part], -beta, out=power[part])
+            torch.mul(x[part], power[part], out=top[part])
+        ctx.save_for_backward(x, scale, power)
+        return top
+
+    @staticmethod
+    def backward(ctx, top_diff):
+        x, scale, power = ctx.saved_tensors
+
+        def bottom_diff(x, top_diff, scale, power):
+            ratio = top_diff * (x * power) / scale  # Caffe: top_diff · top_data / scale
+            accum = _channel_window_sum(ratio, ctx.size)
+            return (top_diff * power).add_(x * accum, alpha=-ctx.coefficient)
+
+        if blocking_applies(x):
+            return in_blocks(bottom_diff, x, top_diff, scale, power), None, None, None, None
+        return bottom_diff(x, top_diff, scale, power), None, None, None, None

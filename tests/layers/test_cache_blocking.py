@@ -85,3 +85,16 @@ def test_max_pooling_backward_in_blocks_routes_every_diff_as_the_whole_batch(sam
     # every top diff lands on exactly one bottom element (overlapping windows may add theirs on one)
     assert float(grads[0].double().sum()) == pytest.approx(float(dy.double().sum()), rel=1e-6)
     assert int((grads[0] != 0).sum()) <= dy.numel()
+
+
+def test_lrn_backward_in_blocks_equals_the_whole_batch(monkeypatch):
+    x = torch.randn(7, 5, 11, 9, generator=torch.Generator().manual_seed(6)) * 3
+    dy = torch.randn(7, 5, 11, 9, generator=torch.Generator().manual_seed(8))
+    grads = []
+    for block_bytes in (2**30, 2 * 5 * 11 * 9 * 4):
+        monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", block_bytes)
+        net = CaffeNet(text_format.Parse(NET, caffe_pb2.NetParameter()))
+        bottom = x.clone().requires_grad_()
+        net(data=bottom)["lrn"].backward(dy)
+        grads.append(bottom.grad)
+    assert torch.equal(grads[0], grads[1])

@@ -232,6 +232,7 @@ def test_mvn_backward_is_caffes_formula_not_the_exact_derivative():
 
 @pytest.mark.parametrize("text", [
     'type: "LRN" lrn_param { local_size: 3 alpha: 0.5 beta: 0.6 k: 1.5 }',
+    'type: "LRN" lrn_param { local_size: 5 alpha: 2 beta: 0.75 k: 0.5 }',  # Caffe's backward formula
     'type: "LRN" lrn_param { norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.3 beta: 0.7 k: 3 }',
     'type: "MVN"',
     'type: "MVN" mvn_param { across_channels: true }',
