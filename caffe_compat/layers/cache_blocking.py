@@ -27,6 +27,13 @@ def blocking_applies(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling())
 
 
+def writes_into_views(t: torch.Tensor) -> bool:
+    """True when a result computed from ``t`` may be written straight into a slice of a preallocated
+    buffer (``out=``): eager mode, no autograd recording ``t``, not exporting, tracing or compiling."""
+    return not ((torch.is_grad_enabled() and t.requires_grad) or torch.onnx.is_in_onnx_export()
+                or torch.jit.is_tracing() or torch.compiler.is_compiling())
+
+
 #: Bytes of input per block: about what stays in a core's L2 cache with the block's copies (1-2 MB on the
 #: CPUs measured); a sample larger than this is a block of its own.
 BLOCK_BYTES = 2**20

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError
-from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks, samples_per_block
+from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks, samples_per_block, writes_into_views
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes, broadcast_view, canonical_axis, same_as_bottom
 from caffe_compat.layers.geometry import need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
@@ -378,7 +378,7 @@ def _channel_window_sum(terms, size: int, out: torch.Tensor | None = None) -> to
         padded = F.pad(terms, (0, 0, 0, 0, pad, pad))
     else:
         like, write = terms
-        if _writes_into_views(like):
+        if writes_into_views(like):
             n, channels, height, width = like.shape
             padded = like.new_empty((n, channels + 2 * pad, height, width))
             padded[:, :pad] = 0
@@ -393,12 +393,6 @@ def _channel_window_sum(terms, size: int, out: torch.Tensor | None = None) -> to
     for shift in range(2, size):
         total.add_(padded[:, shift:shift + channels])
     return total
-
-
-def _writes_into_views(like: torch.Tensor) -> bool:
-    """Eager, no autograd on ``like``, not exporting or tracing: results may be written into slices."""
-    return not ((torch.is_grad_enabled() and like.requires_grad) or torch.onnx.is_in_onnx_export()
-                or torch.jit.is_tracing() or torch.compiler.is_compiling())
 
 
 def _across_scale(x: torch.Tensor, size: int, alpha: float, k: float, out: torch.Tensor | None = None
