@@ -59,6 +59,7 @@ import torch
 from torch import nn
 
 from caffe_compat.errors import CaffeCompatError
+from caffe_compat.layers.layout import to_channels_last, to_contiguous
 from caffe_compat.fuse_ops import (UNIT_ROUNDOFF, AffineFold, FusedConvolution, FusedInnerProduct, FusedLRN,
                                    FusedPooling)
 
@@ -306,7 +307,9 @@ class FusedNet(nn.Module):
             for name, value in inputs.items():
                 if not torch.is_tensor(value):
                     value = torch.as_tensor(value, dtype=torch.float32, device=self._device())
-                if value.dim() == 4 and fmt is not torch.contiguous_format:
+                if value.dim() == 4 and fmt is torch.channels_last:
+                    value = to_channels_last(value)
+                elif value.dim() == 4 and fmt is not torch.contiguous_format:
                     value = value.contiguous(memory_format=fmt)
                 values[name] = value
             for module, ins, outs, contiguous, source in self._program:
@@ -318,7 +321,7 @@ class FusedNet(nn.Module):
                     continue
                 bottoms = [values[b] for b in ins]
                 if contiguous:
-                    bottoms = [b.contiguous() for b in bottoms]
+                    bottoms = [to_contiguous(b) if b.dim() == 4 else b.contiguous() for b in bottoms]
                 result = module(*bottoms)
                 if torch.is_tensor(result):
                     values[outs[0]] = result

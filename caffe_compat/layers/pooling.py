@@ -40,6 +40,7 @@ from torch import nn
 
 from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks
+from caffe_compat.layers.layout import to_channels_last, to_contiguous
 from caffe_compat.layers.caffe_backward import with_caffe_backward
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes
 from caffe_compat.layers.geometry import need_axes, pool_geometry, pooled_hw
@@ -96,7 +97,7 @@ def max_pool_winners(x: torch.Tensor, kernel, stride, pad, out) -> torch.Tensor:
     layout = torch.contiguous_format
     if clean.device.type == "cpu":  # NHWC max pooling is ~5x faster on CPU; every pass below runs in it
         layout = torch.channels_last
-        clean = clean.contiguous(memory_format=layout)
+        clean = to_channels_last(clean)
     padded = F.pad(clean, pads, value=-math.inf) if any(pads) else clean
     best = F.max_pool2d(padded, kernel, stride)[:, :, :out[0], :out[1]].contiguous(memory_format=layout)
     n = kernel[0] * kernel[1]
@@ -108,7 +109,7 @@ def max_pool_winners(x: torch.Tensor, kernel, stride, pad, out) -> torch.Tensor:
         code = torch.maximum(code, (match.view(torch.uint8) if n <= 255 else match.to(code_dtype)).mul(n - k))
     code.mul_((best > _max_start(best.dtype)).to(code_dtype))  # nothing above -FLT_MAX: nothing selected
     # the flat index h·W + w: the window's corner plus the first match's offset (dh·W + dw, dh = first // k_w)
-    code = code.contiguous().long()
+    code = to_contiguous(code).long()
     first = n - code
     corner = ((torch.arange(out[0], device=x.device)[:, None] * stride[0] - pad[0]) * width
               + torch.arange(out[1], device=x.device) * stride[1] - pad[1])
@@ -239,8 +240,8 @@ class Pooling(CaffeLayer):
             return (F.avg_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode, count_include_pad=True),)
         if x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last):
             def through_nhwc(chunk):
-                nhwc = chunk.contiguous(memory_format=torch.channels_last)
-                return F.max_pool2d(nhwc, kernel, stride, pad, ceil_mode=self.ceil_mode).contiguous()
+                nhwc = to_channels_last(chunk)
+                return to_contiguous(F.max_pool2d(nhwc, kernel, stride, pad, ceil_mode=self.ceil_mode))
             return (in_blocks(through_nhwc, x) if blocking_applies(x) else through_nhwc(x),)
         return (F.max_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode),)
 
