@@ -67,6 +67,18 @@ def test_small_samples_share_a_block_and_large_ones_do_not():
     assert seen == [10]
 
 
+def _bottom_grads(x, dy, top, samples_per_block, monkeypatch):
+    """The bottom diff of ``top`` computed as one block, then in blocks of ``samples_per_block`` samples."""
+    grads = []
+    for block_bytes in (2**30, samples_per_block * x[0].numel() * 4):
+        monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", block_bytes)
+        net = CaffeNet(text_format.Parse(NET, caffe_pb2.NetParameter()))
+        bottom = x.clone().requires_grad_()
+        net(data=bottom)[top].backward(dy)
+        grads.append(bottom.grad)
+    return grads
+
+
 @pytest.mark.parametrize("samples_per_block", [1, 3])
 def test_max_pooling_backward_in_blocks_routes_every_diff_as_the_whole_batch(samples_per_block, monkeypatch):
     # ties (a constant plane, repeated values) and NaN: the routing is Caffe's first-in-scan-order rule either way
@@ -74,13 +86,7 @@ def test_max_pooling_backward_in_blocks_routes_every_diff_as_the_whole_batch(sam
     x[1, 2] = 1.0
     x[4, 0, 2, 2] = float("nan")
     dy = torch.randn(7, 5, 5, 4, generator=torch.Generator().manual_seed(5))
-    grads = []
-    for block_bytes in (2**30, samples_per_block * 5 * 11 * 9 * 4):
-        monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", block_bytes)
-        net = CaffeNet(text_format.Parse(NET, caffe_pb2.NetParameter()))
-        bottom = x.clone().requires_grad_()
-        net(data=bottom)["max"].backward(dy)
-        grads.append(bottom.grad)
+    grads = _bottom_grads(x, dy, "max", samples_per_block, monkeypatch)
     assert torch.equal(grads[0], grads[1])
     # every top diff lands on exactly one bottom element (overlapping windows may add theirs on one)
     assert float(grads[0].double().sum()) == pytest.approx(float(dy.double().sum()), rel=1e-6)
@@ -90,11 +96,5 @@ def test_max_pooling_backward_in_blocks_routes_every_diff_as_the_whole_batch(sam
 def test_lrn_backward_in_blocks_equals_the_whole_batch(monkeypatch):
     x = torch.randn(7, 5, 11, 9, generator=torch.Generator().manual_seed(6)) * 3
     dy = torch.randn(7, 5, 11, 9, generator=torch.Generator().manual_seed(8))
-    grads = []
-    for block_bytes in (2**30, 2 * 5 * 11 * 9 * 4):
-        monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", block_bytes)
-        net = CaffeNet(text_format.Parse(NET, caffe_pb2.NetParameter()))
-        bottom = x.clone().requires_grad_()
-        net(data=bottom)["lrn"].backward(dy)
-        grads.append(bottom.grad)
+    grads = _bottom_grads(x, dy, "lrn", 2, monkeypatch)
     assert torch.equal(grads[0], grads[1])
