@@ -35,11 +35,17 @@ class _CaffeBackward(torch.autograd.Function):
         return ctx.bottom_diff(top_diff, saved), None, None, None
 
 
+def caffe_backward_applies(x: Tensor) -> bool:
+    """Whether autograd will differentiate through ``x`` here (not exporting): when a port's Caffe backward
+    (an autograd Function) must replace autograd's own derivative."""
+    return x.requires_grad and torch.is_grad_enabled() and not torch.onnx.is_in_onnx_export()
+
+
 def with_caffe_backward(x: Tensor, value: Callable[[Tensor], Tensor],
                         bottom_diff: Callable[[Tensor, Tensor], Tensor], keep_top: bool = False) -> Tensor:
     """``value(x)``, whose gradient is ``bottom_diff(top_diff, x)`` (``(top_diff, top)`` with ``keep_top``)
     instead of autograd's derivative of ``value``."""
-    if not (x.requires_grad and torch.is_grad_enabled()) or torch.onnx.is_in_onnx_export():
+    if not caffe_backward_applies(x):
         return value(x)
     return _CaffeBackward.apply(x, value, bottom_diff, keep_top)
 

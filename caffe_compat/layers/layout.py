@@ -32,10 +32,7 @@ def to_channels_last(x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last)
     n, c, h, w = x.shape
     out = torch.empty_like(x, memory_format=torch.channels_last)
-    source = x.detach().numpy().reshape(n, c, h * w)
-    target = out.permute(0, 2, 3, 1).numpy().reshape(n, h * w, c)
-    for i in range(n):
-        cv2.transpose(source[i], dst=target[i])
+    _transpose_samples(x.detach().numpy().reshape(n, c, h * w), out.permute(0, 2, 3, 1).numpy().reshape(n, h * w, c))
     return out
 
 
@@ -45,8 +42,11 @@ def to_contiguous(x: torch.Tensor) -> torch.Tensor:
         return x.contiguous()
     n, c, h, w = x.shape
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    source = x.detach().permute(0, 2, 3, 1).numpy().reshape(n, h * w, c)
-    target = out.numpy().reshape(n, c, h * w)
-    for i in range(n):
-        cv2.transpose(source[i], dst=target[i])
+    _transpose_samples(x.detach().permute(0, 2, 3, 1).numpy().reshape(n, h * w, c), out.numpy().reshape(n, c, h * w))
     return out
+
+
+def _transpose_samples(source, target) -> None:
+    """``target[i] = source[i].T`` for every sample, written in place by OpenCV."""
+    for i in range(len(source)):
+        cv2.transpose(source[i], dst=target[i])

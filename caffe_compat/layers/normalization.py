@@ -13,6 +13,7 @@ from torch import nn
 
 from caffe_compat.errors import FormatError
 from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks, samples_per_block, writes_into_views
+from caffe_compat.layers.caffe_backward import caffe_backward_applies
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes, broadcast_view, canonical_axis, same_as_bottom
 from caffe_compat.layers.geometry import need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
@@ -348,8 +349,7 @@ class LRN(CaffeLayer):
     def forward(self, x):
         if x.dim() != 4:
             raise FormatError(f"layer '{self.layer_name}': LRN needs a 4-axis bottom, got shape {tuple(x.shape)}")
-        if (not self.within_channel and x.requires_grad and torch.is_grad_enabled()
-                and not torch.onnx.is_in_onnx_export()):
+        if not self.within_channel and caffe_backward_applies(x):
             return (_CrossChannelLRN.apply(x, self.size, self.alpha, self.beta, self.k),)
         if blocking_applies(x):
             return (in_blocks(self._normalise, x),)
@@ -367,26 +367,22 @@ class LRN(CaffeLayer):
         return x * torch.pow(scale, -self.beta)
 
 
-def _channel_window_sum(terms, size: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Per channel, the sum of the ``terms`` over the ``size`` channels centred on it (zero-padded): the
-    ``size`` channel-shifted slices of the padded terms added in order, the first two into a fresh tensor
-    (or ``out``) (3x faster than ``avg_pool3d`` on CPU).  ``terms`` is a tensor, or ``(shape_like,
-    write)`` where ``write(dest)`` writes the terms into ``dest``: then, in eager mode without autograd,
-    they are written straight into the padded buffer (no separate tensor, no padding copy)."""
+def _channel_window_sum(like: torch.Tensor, write, size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per channel, the sum of some terms (shaped as ``like``) over the ``size`` channels centred on it
+    (zero-padded): the ``size`` channel-shifted slices of the padded terms added in order, the first two
+    into a fresh tensor (or ``out``) (3x faster than ``avg_pool3d`` on CPU).  ``write(dest)`` writes the
+    terms into ``dest``, or returns them for ``dest=None``: in eager mode without autograd they go straight
+    into the padded buffer (no separate tensor, no padding copy), else through ``F.pad``."""
     pad = (size - 1) // 2
-    if isinstance(terms, torch.Tensor):
-        padded = F.pad(terms, (0, 0, 0, 0, pad, pad))
+    channels = like.shape[1]
+    if writes_into_views(like):
+        n, _, height, width = like.shape
+        padded = like.new_empty((n, channels + 2 * pad, height, width))
+        padded[:, :pad] = 0
+        padded[:, channels + pad:] = 0
+        write(padded[:, pad:pad + channels])
     else:
-        like, write = terms
-        if writes_into_views(like):
-            n, channels, height, width = like.shape
-            padded = like.new_empty((n, channels + 2 * pad, height, width))
-            padded[:, :pad] = 0
-            padded[:, channels + pad:] = 0
-            write(padded[:, pad:pad + channels])
-        else:
-            padded = F.pad(write(None), (0, 0, 0, 0, pad, pad))
-    channels = padded.shape[1] - 2 * pad
+        padded = F.pad(write(None), (0, 0, 0, 0, pad, pad))
     if size == 1:
         return padded.clone() if out is None else out.copy_(padded)
     total = torch.add(padded[:, 0:channels], padded[:, 1:1 + channels], out=out)
@@ -399,8 +395,10 @@ def _across_scale(x: torch.Tensor, size: int, alpha: float, k: float, out: torch
                   ) -> torch.Tensor:
     """ACROSS_CHANNELS scale ``k + α/n · Σ_window x²`` (in place on the window sum: add/mul/add save no
     operand for autograd, so this stays differentiable), into ``out`` when given."""
-    squares = (x, lambda dest: x * x if dest is None else torch.mul(x, x, out=dest))
-    return _channel_window_sum(squares, size, out).mul_(alpha / size).add_(k)
+    def squares(dest):
+        return x * x if dest is None else torch.mul(x, x, out=dest)
+
+    return _channel_window_sum(x, squares, size, out).mul_(alpha / size).add_(k)
 
 
 class _CrossChannelLRN(torch.autograd.Function):
@@ -433,7 +431,7 @@ class _CrossChannelLRN(torch.autograd.Function):
                 numerator = top_diff * (x * power)
                 return numerator / scale if dest is None else torch.div(numerator, scale, out=dest)
 
-            accum = _channel_window_sum((x, ratio), ctx.size)
+            accum = _channel_window_sum(x, ratio, ctx.size)
             return (top_diff * power).add_(x * accum, alpha=-ctx.coefficient)
 
         if blocking_applies(x):
