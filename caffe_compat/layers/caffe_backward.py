@@ -50,9 +50,17 @@ def with_caffe_backward(x: Tensor, value: Callable[[Tensor], Tensor],
     return _CaffeBackward.apply(x, value, bottom_diff, keep_top)
 
 
+def as_float_mask(compare, x: Tensor, bound: float, like: Tensor) -> Tensor:
+    """``compare(x, bound)`` as a new tensor of ``like``'s dtype and shape, 1 where true, 0 where false (Caffe's
+    ``Dtype(x > bound)``).  Written straight in that dtype: on the CPU PyTorch's comparisons vectorise only
+    when the result has the operands' floating type (a ``bool`` result, then promoted in a product, costs a
+    non-vectorised pass and a cast copy, ~1.6x the time of ReLU's whole backward)."""
+    return compare(x, bound, out=torch.empty_like(like))
+
+
 def caffe_sign(x: Tensor) -> Tensor:
     """Caffe's ``caffe_sign``: ``(0 < x) - (x < 0)``, so ``sign(0) = 0`` (and 0 for NaN)."""
-    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+    return as_float_mask(torch.gt, x, 0.0, x).sub_(as_float_mask(torch.lt, x, 0.0, x))
 
 
 def caffe_abs(x: Tensor) -> Tensor:
@@ -71,9 +79,10 @@ def caffe_relu(x: Tensor, negative_slope: float = 0.0) -> Tensor:
     def value(t):
         return torch.relu(t) if slope == 0.0 else F.leaky_relu(t, slope)
 
-    def bottom_diff(dy, t):
-        if slope == 0.0:
-            return dy * (t > 0)  # the mask promoted to dy's dtype inside the product (no float copy of it)
-        return dy * ((t > 0).to(dy.dtype) + slope * (t <= 0).to(dy.dtype))
+    def bottom_diff(dy, t):  # the factor built in dy's dtype, then times dy (a product commutes bit for bit)
+        factor = as_float_mask(torch.gt, t, 0.0, dy)
+        if slope != 0.0:
+            factor.add_(as_float_mask(torch.le, t, 0.0, dy).mul_(slope))
+        return factor.mul_(dy)
 
     return with_caffe_backward(x, value, bottom_diff, keep_top=slope >= 0.0)

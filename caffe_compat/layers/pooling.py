@@ -41,6 +41,7 @@ from torch import nn
 from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks
 from caffe_compat.layers.layout import to_channels_last, to_contiguous
+from caffe_compat.layers import pooling_numpy
 from caffe_compat.layers.caffe_backward import with_caffe_backward
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes
 from caffe_compat.layers.geometry import need_axes, pool_geometry, pooled_hw
@@ -92,6 +93,8 @@ def max_pool_winners(x: torch.Tensor, kernel, stride, pad, out) -> torch.Tensor:
     if (height, width) == tuple(kernel) and tuple(out) == (1, 1) and not any(pad):
         return _plane_winner(x)
     ends = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
+    if pooling_numpy.applies(x):  # the same scan, ~2x faster on the CPU (see that module)
+        return pooling_numpy.winners(x, kernel, stride, pad, out, ends, _max_start(x.dtype))
     pads = (pad[1], ends[1], pad[0], ends[0])
     clean = torch.nan_to_num(x, nan=-math.inf, posinf=math.inf, neginf=-math.inf)  # NaN is never selected
     layout = torch.contiguous_format

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.layers.zoo_single_layer import Zoo, assert_matches, make_layer
+from caffe_compat.layers import pooling_numpy
 
 FLT_MAX = float(np.finfo(np.float32).max)
 DTYPES = [torch.float32, torch.float64]
@@ -262,6 +263,14 @@ def _caffe_max_pool(x, kernel, stride, pad, out, top_diff):
     return top, mask, bottom_diff
 
 
+@pytest.fixture(params=["numpy", "torch"])
+def scan_form(request, monkeypatch):
+    """MAX pooling's routing in its NumPy CPU form and in its PyTorch form (CUDA, compile, other dtypes)."""
+    if request.param == "torch":
+        monkeypatch.setattr(pooling_numpy, "applies", lambda x: False)
+    return request.param
+
+
 @pytest.mark.parametrize("pooling, shape", [
     ("kernel_size: 3 stride: 1", (2, 2, 5, 6)),                 # overlapping windows, every tie shared
     ("kernel_size: 3 stride: 2 pad: 1", (2, 2, 7, 6)),          # padding never selected
@@ -270,7 +279,7 @@ def _caffe_max_pool(x, kernel, stride, pad, out, top_diff):
     ("kernel_size: 3 stride: 2 pad: 2", (1, 2, 7, 8)),          # pad > kernel / 2: the explicit path
     ("global_pooling: true", (2, 3, 4, 5)),
 ])
-def test_max_pooling_ties_go_to_the_first_maximum_in_scan_order(pooling, shape):
+def test_max_pooling_ties_go_to_the_first_maximum_in_scan_order(pooling, shape, scan_form):
     """PoolingLayer MAX: among equal maxima the first in the window's row-major scan wins (strict ``>``
     from -FLT_MAX), in every overlapping window; the gradient goes to that element only and adds up over
     the windows that chose it; the mask top is its ``h·W + w``.  Values from {-1, 0, 1} force ties."""
@@ -300,7 +309,7 @@ def test_max_pooling_ties_go_to_the_first_maximum_in_scan_order(pooling, shape):
     ("kernel_size: 3 stride: 2 pad: 2", (1, 2, 7, 8)),          # the explicit path
     ("kernel_size: 17 stride: 1", (1, 2, 18, 19)),              # 289 offsets: the wide first-match code
 ])
-def test_max_pooling_routes_nan_infinities_and_flt_max_like_caffe(pooling, shape):
+def test_max_pooling_routes_nan_infinities_and_flt_max_like_caffe(pooling, shape, scan_form):
     """NaN is never selected (``NaN > top`` is false), -inf and -FLT_MAX never beat Caffe's start value
     (a window of nothing else selects nothing: mask -1, no diff), +inf is selected like any maximum; the
     mask and the diff are Caffe's written-out loop's on a bottom full of them and of ties."""
@@ -324,7 +333,7 @@ def test_max_pooling_routes_nan_infinities_and_flt_max_like_caffe(pooling, shape
     np.testing.assert_array_equal(dx.numpy(), ref_dx.astype(np.float32))
 
 
-def test_max_pooling_channels_last_and_float64_route_like_caffe():
+def test_max_pooling_channels_last_and_float64_route_like_caffe(scan_form):
     """The channels_last fast path and float64 bottoms take the same first-maximum routing."""
     rng = np.random.RandomState(3)
     x = rng.randint(0, 2, size=(2, 3, 6, 6)).astype(np.float64)

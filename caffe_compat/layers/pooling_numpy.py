@@ -1,0 +1,93 @@
+"""MAX pooling's Caffe choice (the mask, the backward's routing) on the CPU, in NumPy.
+
+The same scan as :func:`caffe_compat.layers.pooling.max_pool_winners` (module docstring there: the first
+element in scan order equal to the window's maximum ``m`` over its non-NaN elements, none where
+``m <= -FLT_MAX``), written for the CPU's strengths, with the same int64 result bit for bit:
+
+* one NHWC copy of the bottom, padded with -inf, through ``cv2.transpose`` of each row (the channels then
+  lie contiguous under every window offset);
+* NaN becomes -inf only when the block holds a NaN (one ``isnan`` pass instead of a rewrite);
+* the scan's comparisons through NumPy: PyTorch's CPU comparison into ``bool`` does not vectorise
+  (~1.2 ns an element here, NumPy's ~0.4 ns on the strided window views); the first match is the running
+  uint8 maximum of ``(k_h·k_w − offset)·match``, as in the PyTorch form;
+* the code goes back to NCHW as uint8 (a quarter of an int64 transpose), then one table lookup gives
+  ``dh·W + dw`` of the first matching offset, plus the window's corner; a code of 0 (nothing selected)
+  looks up a large negative value, clipped to -1.
+
+GoogLeNet's pooling bottoms at batch 8: 1.8-2.2x faster than the PyTorch form (e.g. ``pool2``, one
+192 x 56 x 56 sample: 4.3 → 2.2 ms).  Used for float32 and float64 CPU tensors in eager mode
+(:func:`applies`); the PyTorch form serves the rest (CUDA, other dtypes, compile, tracing, export).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from caffe_compat.layers.cache_blocking import writes_into_views
+
+#: Below any flat index plus any window corner: a code of 0 (nothing selected) lands below -1, then clips to -1.
+_NONE_SELECTED = -(1 << 40)
+
+
+def applies(x: torch.Tensor) -> bool:
+    """True for a float32/float64 4-axis CPU tensor in eager mode (see the module docstring)."""
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.dim() == 4
+            and x.numel() > 0 and writes_into_views(x))
+
+
+def _padded_nhwc(x: np.ndarray, pad, ends) -> np.ndarray:
+    """``(N, H + pads, W + pads, C)`` copy of the NCHW ``x``, -inf around it and where ``x`` is NaN."""
+    n, c, height, width = x.shape
+    out = np.empty((n, pad[0] + height + ends[0], pad[1] + width + ends[1], c), dtype=x.dtype)
+    out[:, :pad[0]] = -np.inf
+    out[:, pad[0] + height:] = -np.inf
+    out[:, :, :pad[1]] = -np.inf
+    out[:, :, pad[1] + width:] = -np.inf
+    inner = out[:, pad[0]:pad[0] + height, pad[1]:pad[1] + width]
+    if x.flags.c_contiguous:
+        for i in range(n):
+            for h in range(height):
+                cv2.transpose(x[i, :, h, :], dst=inner[i, h])
+    else:  # already NHWC (channels_last), or any other strides: NumPy's copy
+        np.copyto(inner, x.transpose(0, 2, 3, 1))
+    if np.isnan(inner).any():
+        np.fmax(inner, -np.inf, out=inner)  # fmax ignores the NaN operand: NaN -> -inf, the rest unchanged
+    return out
+
+
+def winners(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float) -> torch.Tensor:
+    """``max_pool_winners(x, kernel, stride, pad, out)`` (int64, ``(N, C, out_h, out_w)``); ``ends``: the
+    padding after each axis that puts every window inside, ``max_start``: Caffe's -FLT_MAX."""
+    n, c, _, width = x.shape
+    padded = _padded_nhwc(x.detach().numpy(), pad, ends)
+    best = F.max_pool2d(torch.from_numpy(padded).permute(0, 3, 1, 2), kernel, stride)[:, :, :out[0], :out[1]]
+    best = np.ascontiguousarray(best.permute(0, 2, 3, 1).numpy())          # (N, out_h, out_w, C)
+    count = kernel[0] * kernel[1]
+    code = np.zeros(best.shape, np.uint8 if count <= 255 else np.int32)  # count − first matching offset
+    match = np.empty(best.shape, bool)
+    match_as_code = match.view(np.uint8) if code.dtype == np.uint8 else None
+    term = np.empty_like(code)
+    for k in range(count):
+        dh, dw = divmod(k, kernel[1])
+        window = padded[:, dh:dh + (out[0] - 1) * stride[0] + 1:stride[0], dw:dw + (out[1] - 1) * stride[1] + 1:stride[1]]
+        np.equal(window, best, out=match)
+        if match_as_code is not None:
+            np.multiply(match_as_code, np.uint8(count - k), out=term)
+        else:
+            np.multiply(match, np.int32(count - k), out=term)
+        np.maximum(code, term, out=code)
+    np.greater(best, max_start, out=match)
+    np.multiply(code, match, out=code, casting="unsafe")                  # nothing above -FLT_MAX: 0
+    code_nchw = np.empty((n, c, out[0] * out[1]), code.dtype)
+    for i in range(n):
+        cv2.transpose(code[i].reshape(out[0] * out[1], c), dst=code_nchw[i])
+    first = count - np.arange(count + 1)                                   # the offset each code stands for
+    table = (first // kernel[1]) * width + first % kernel[1]
+    table[0] = _NONE_SELECTED
+    corner = (np.arange(out[0])[:, None] * stride[0] - pad[0]) * width + np.arange(out[1]) * stride[1] - pad[1]
+    flat = np.take(table, code_nchw.reshape(n, c, out[0], out[1]))
+    flat += corner
+    return torch.from_numpy(np.maximum(flat, -1, out=flat))
