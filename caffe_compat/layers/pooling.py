@@ -42,7 +42,7 @@ from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks
 from caffe_compat.layers.layout import to_channels_last, to_contiguous
 from caffe_compat.layers import pooling_numpy
-from caffe_compat.layers.caffe_backward import with_caffe_backward
+from caffe_compat.layers.caffe_backward import caffe_backward_applies, with_caffe_backward
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes
 from caffe_compat.layers.geometry import need_axes, pool_geometry, pooled_hw
 from caffe_compat.layers.registry import CaffeLayer, register_layer
@@ -205,7 +205,8 @@ class Pooling(CaffeLayer):
             raise ShapeMismatchError(f"layer '{self.layer_name}': pooling needs a 4-D input, got {tuple(x.shape)}")
         height, width = int(x.shape[2]), int(x.shape[3])
         kernel, stride, pad, out = self.geometry_for(height, width)
-        if not torch.onnx.is_in_onnx_export() and self._torch_matches(height, width, kernel, stride, pad, out):
+        torch_form = not torch.onnx.is_in_onnx_export() and self._torch_matches(height, width, kernel, stride, pad, out)
+        if torch_form:
             def pool(t):
                 return self._torch_pool(t, kernel, stride, pad)[0]
         else:
@@ -213,6 +214,12 @@ class Pooling(CaffeLayer):
                 return self._explicit_pool(t, kernel, stride, pad, out)[0]
         if self.method == self.AVE:
             return (pool(x),)
+        if torch_form and caffe_backward_applies(x) and pooling_numpy.applies(x.detach()) and not self.global_pooling:
+            # training on the CPU: Caffe's choice made in the forward, from the copy the pooling makes anyway
+            ends = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
+            geometry = (kernel, stride, pad, out, ends, _max_start(x.dtype))
+            top = pooling_numpy.MaxPoolRouted.apply(x, pool, geometry, max_pool_bottom_diff)
+            return (top,) if self.num_tops == 1 else (top, max_pool_winners(x.detach(), kernel, stride, pad, out).to(x.dtype))
 
         def diff(bottom, top_diff):
             return max_pool_bottom_diff(top_diff, max_pool_winners(bottom, kernel, stride, pad, out), (height, width))

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from caffe_compat.layers.cache_blocking import writes_into_views
+from caffe_compat.layers.cache_blocking import samples_per_block, writes_into_views
 
 #: Below any flat index plus any window corner: a code of 0 (nothing selected) lands below -1, then clips to -1.
 _NONE_SELECTED = -(1 << 40)
@@ -38,8 +38,9 @@ def applies(x: torch.Tensor) -> bool:
             and x.numel() > 0 and writes_into_views(x))
 
 
-def _padded_nhwc(x: np.ndarray, pad, ends) -> np.ndarray:
-    """``(N, H + pads, W + pads, C)`` copy of the NCHW ``x``, -inf around it and where ``x`` is NaN."""
+def _padded_nhwc(x: np.ndarray, pad, ends) -> tuple[np.ndarray, bool]:
+    """``(N, H + pads, W + pads, C)`` copy of the NCHW ``x``, -inf around it and where ``x`` is NaN; and
+    whether ``x`` held a NaN."""
     n, c, height, width = x.shape
     out = np.empty((n, pad[0] + height + ends[0], pad[1] + width + ends[1], c), dtype=x.dtype)
     out[:, :pad[0]] = -np.inf
@@ -53,20 +54,22 @@ def _padded_nhwc(x: np.ndarray, pad, ends) -> np.ndarray:
                 cv2.transpose(x[i, :, h, :], dst=inner[i, h])
     else:  # already NHWC (channels_last), or any other strides: NumPy's copy
         np.copyto(inner, x.transpose(0, 2, 3, 1))
-    if np.isnan(inner).any():
+    has_nan = bool(np.isnan(inner).any())
+    if has_nan:
         np.fmax(inner, -np.inf, out=inner)  # fmax ignores the NaN operand: NaN -> -inf, the rest unchanged
-    return out
+    return out, has_nan
 
 
-def winners(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float) -> torch.Tensor:
-    """``max_pool_winners(x, kernel, stride, pad, out)`` (int64, ``(N, C, out_h, out_w)``); ``ends``: the
-    padding after each axis that puts every window inside, ``max_start``: Caffe's -FLT_MAX."""
-    n, c, _, width = x.shape
-    padded = _padded_nhwc(x.detach().numpy(), pad, ends)
+def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
+    """``(best, code, has_nan)``: the windows' maxima over their non-NaN elements, NHWC ``(N, out_h, out_w, C)``;
+    per output ``k_h·k_w`` − the first offset in scan order holding that maximum, 0 where the maximum is not
+    above ``max_start``, NCHW ``(N, C, out_h·out_w)`` uint8 (int32 above 255 offsets); whether ``x`` held NaN."""
+    n, c = x.shape[:2]
+    padded, has_nan = _padded_nhwc(x.detach().numpy(), pad, ends)
     best = F.max_pool2d(torch.from_numpy(padded).permute(0, 3, 1, 2), kernel, stride)[:, :, :out[0], :out[1]]
-    best = np.ascontiguousarray(best.permute(0, 2, 3, 1).numpy())          # (N, out_h, out_w, C)
+    best = np.ascontiguousarray(best.permute(0, 2, 3, 1).numpy())
     count = kernel[0] * kernel[1]
-    code = np.zeros(best.shape, np.uint8 if count <= 255 else np.int32)  # count − first matching offset
+    code = np.zeros(best.shape, np.uint8 if count <= 255 else np.int32)
     match = np.empty(best.shape, bool)
     match_as_code = match.view(np.uint8) if code.dtype == np.uint8 else None
     term = np.empty_like(code)
@@ -84,10 +87,57 @@ def winners(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float) -
     code_nchw = np.empty((n, c, out[0] * out[1]), code.dtype)
     for i in range(n):
         cv2.transpose(code[i].reshape(out[0] * out[1], c), dst=code_nchw[i])
+    return best, code_nchw, has_nan
+
+
+def _flat_index(code: np.ndarray, kernel, stride, pad, out, width: int) -> torch.Tensor:
+    """The int64 ``h·W + w`` of each code's element (-1 for code 0), ``(N, C, out_h, out_w)``."""
+    count = kernel[0] * kernel[1]
     first = count - np.arange(count + 1)                                   # the offset each code stands for
     table = (first // kernel[1]) * width + first % kernel[1]
     table[0] = _NONE_SELECTED
     corner = (np.arange(out[0])[:, None] * stride[0] - pad[0]) * width + np.arange(out[1]) * stride[1] - pad[1]
-    flat = np.take(table, code_nchw.reshape(n, c, out[0], out[1]))
+    flat = np.take(table, code.reshape(*code.shape[:2], out[0], out[1]))
     flat += corner
     return torch.from_numpy(np.maximum(flat, -1, out=flat))
+
+
+def winners(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float) -> torch.Tensor:
+    """``max_pool_winners(x, kernel, stride, pad, out)`` (int64, ``(N, C, out_h, out_w)``); ``ends``: the
+    padding after each axis that puts every window inside, ``max_start``: Caffe's -FLT_MAX."""
+    return _flat_index(_scan(x, kernel, stride, pad, out, ends, max_start)[1], kernel, stride, pad, out, x.shape[3])
+
+
+class MaxPoolRouted(torch.autograd.Function):
+    """Training-time MAX pooling on the CPU that keeps Caffe's choice from the forward, as Caffe keeps its mask:
+    the scan runs on the NHWC copy and maxima the forward makes anyway, and the backward only looks the codes
+    up and adds each top diff to its element (``max_pool_bottom_diff``); the bottom itself is not kept.
+    ``pool(x)`` is the layer's own forward: the top is its value bit for bit (the maxima of the -inf padded
+    copy; a block holding NaN takes ``pool``'s top, which passes NaN on).  Blocks of samples as
+    :mod:`~caffe_compat.layers.cache_blocking`."""
+
+    @staticmethod
+    def forward(ctx, x, pool, geometry, bottom_diff):
+        kernel, stride, pad, out, ends, max_start = geometry
+        block = samples_per_block(x)
+        top = x.new_empty((x.shape[0], x.shape[1], out[0], out[1]))
+        codes = []
+        for i in range(0, x.shape[0], block):
+            chunk = x[i:i + block]
+            best, code, has_nan = _scan(chunk, kernel, stride, pad, out, ends, max_start)
+            if has_nan:
+                top[i:i + block] = pool(chunk)
+            else:
+                rows = top[i:i + block].view(len(best), x.shape[1], -1).numpy()
+                for j in range(len(best)):
+                    cv2.transpose(best[j].reshape(out[0] * out[1], -1), dst=rows[j])
+            codes.append(code)
+        ctx.code = codes[0] if len(codes) == 1 else np.concatenate(codes)
+        ctx.geometry, ctx.size, ctx.bottom_diff = geometry, tuple(x.shape[2:]), bottom_diff
+        return top
+
+    @staticmethod
+    def backward(ctx, top_diff):
+        kernel, stride, pad, out = ctx.geometry[:4]
+        winner = _flat_index(ctx.code, kernel, stride, pad, out, ctx.size[1])
+        return ctx.bottom_diff(top_diff, winner, ctx.size), None, None, None
