@@ -218,7 +218,7 @@ class Pooling(CaffeLayer):
             # training on the CPU: Caffe's choice made in the forward, from the copy the pooling makes anyway
             ends = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
             geometry = (kernel, stride, pad, out, ends, _max_start(x.dtype))
-            top = pooling_numpy.MaxPoolRouted.apply(x, pool, geometry, max_pool_bottom_diff)
+            top = pooling_numpy.MaxPoolRouted.apply(x, pool, geometry)
             return (top,) if self.num_tops == 1 else (top, max_pool_winners(x.detach(), kernel, stride, pad, out).to(x.dtype))
 
         def diff(bottom, top_diff):
