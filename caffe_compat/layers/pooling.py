@@ -25,7 +25,10 @@
     every window it lies in (overlapping windows included).  The mask top and the gradient (which goes to
     that element only, accumulated over the windows that chose it) come from that explicit scan
     (:func:`max_pool_winners`), never from ``max_pool2d``'s indices, so they do not rest on torch's
-    tie-breaking; the top values are ``max_pool2d``'s (a maximum is a maximum).
+    tie-breaking; the top values are ``max_pool2d``'s (a maximum is a maximum).  On the CPU in eager mode
+    the scan runs in NumPy (:mod:`caffe_compat.layers.pooling_numpy`), and in training the forward makes the
+    choice and keeps it, as Caffe keeps its mask (``MaxPoolRouted``); both give the same bits as the PyTorch
+    form, which serves CUDA, compile, tracing and export.
 * **SPP** (spatial pyramid pooling): Caffe's own Pooling at ``2^i`` bins per axis for each pyramid level,
   flattened and concatenated (see :class:`SPP`).
 """
