@@ -222,7 +222,9 @@ class Pooling(CaffeLayer):
             ends = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
             geometry = (kernel, stride, pad, out, ends, _max_start(x.dtype))
             top = pooling_numpy.MaxPoolRouted.apply(x, pool, geometry)
-            return (top,) if self.num_tops == 1 else (top, max_pool_winners(x.detach(), kernel, stride, pad, out).to(x.dtype))
+            if self.num_tops == 1:
+                return (top,)
+            return top, max_pool_winners(x.detach(), kernel, stride, pad, out).to(x.dtype)
 
         def diff(bottom, top_diff):
             return max_pool_bottom_diff(top_diff, max_pool_winners(bottom, kernel, stride, pad, out), (height, width))

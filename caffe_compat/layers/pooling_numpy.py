@@ -75,7 +75,8 @@ def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
     term = np.empty_like(code)
     for k in range(count):
         dh, dw = divmod(k, kernel[1])
-        window = padded[:, dh:dh + (out[0] - 1) * stride[0] + 1:stride[0], dw:dw + (out[1] - 1) * stride[1] + 1:stride[1]]
+        window = padded[:, dh:dh + (out[0] - 1) * stride[0] + 1:stride[0],
+                        dw:dw + (out[1] - 1) * stride[1] + 1:stride[1]]
         np.equal(window, best, out=match)
         if match_as_code is not None:
             np.multiply(match_as_code, np.uint8(count - k), out=term)
