@@ -151,8 +151,13 @@ class MaxPoolRouted(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, top_diff):
-        diff = top_diff.detach().contiguous().numpy()
         code, block, (height, width) = ctx.code, ctx.block, ctx.size
+        if torch.is_grad_enabled():  # create_graph: the diff must stay differentiable in top_diff (PyTorch's form)
+            from caffe_compat.layers.pooling import max_pool_bottom_diff  # (pooling imports this module)
+
+            winner = torch.from_numpy(_flat_index(code, *ctx.geometry, width)).view(*code.shape[:2], *ctx.geometry[3])
+            return max_pool_bottom_diff(top_diff, winner, ctx.size), None, None
+        diff = top_diff.detach().contiguous().numpy()
         grad = top_diff.new_empty((code.shape[0], code.shape[1], height * width))
         for i in range(0, len(code), block):
             _bottom_diff(diff[i:i + block], code[i:i + block], *ctx.geometry, width, grad[i:i + block])

@@ -63,3 +63,22 @@ def test_the_pytorch_form_gives_the_same_diff(monkeypatch):
         assert type(top.grad_fn).__name__ == ("MaxPoolRoutedBackward" if form == "numpy" else "_CaffeBackwardBackward")
         diffs.append(torch.autograd.grad(top, xt, dy)[0])
     assert torch.equal(diffs[0], diffs[1])
+
+
+def test_a_differentiable_backward_keeps_the_diff_linear_in_the_top_diff():
+    """``create_graph=True`` (a gradient penalty): the routed diff is differentiated again, w.r.t. the top diff,
+    as through the PyTorch form; the second derivative routes back the same way."""
+    shape = (2, 2, 7, 7)
+    port = make_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 }', [shape])
+    x = torch.from_numpy(_bottom(shape, seed=9)).nan_to_num(nan=0.5)
+    xt = x.clone().requires_grad_()
+    (top,) = port(xt)
+    assert type(top.grad_fn).__name__ == "MaxPoolRoutedBackward"
+    dy = torch.rand(top.shape, dtype=torch.float64).float().requires_grad_()
+    (dx,) = torch.autograd.grad(top, xt, dy, create_graph=True)
+    (ddy,) = torch.autograd.grad((dx * dx).sum(), dy)
+    _, mask, _ = _caffe_max_pool(x.numpy(), *port.geometry_for(7, 7), np.zeros(top.shape, np.float32))
+    flat_dx = dx.detach().reshape(2, 2, -1)
+    expected = torch.where(torch.from_numpy(mask) >= 0,
+                           2 * flat_dx.gather(2, torch.from_numpy(mask).clamp_min(0).view(2, 2, -1)).view(top.shape), 0.0)
+    assert torch.equal(ddy, expected)
