@@ -25,7 +25,9 @@
     every window it lies in (overlapping windows included).  The mask top and the gradient (which goes to
     that element only, accumulated over the windows that chose it) come from that explicit scan
     (:func:`max_pool_winners`), never from ``max_pool2d``'s indices, so they do not rest on torch's
-    tie-breaking; the top values are ``max_pool2d``'s (a maximum is a maximum).  On the CPU in eager mode
+    tie-breaking.  The top values are Caffe's too (:func:`caffe_maxima`): NaN is never taken, and a window
+    with nothing above -FLT_MAX gives -FLT_MAX (PyTorch's ``max_pool2d`` passes NaN on and gives -inf there;
+    an ONNX export keeps that).  On the CPU in eager mode
     the scan runs in NumPy (:mod:`caffe_compat.layers.pooling_numpy`), and in training the forward makes the
     choice and keeps it, as Caffe keeps its mask (``MaxPoolRouted``); both give the same bits as the PyTorch
     form, which serves CUDA, compile, tracing and export.
@@ -36,6 +38,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +124,30 @@ def max_pool_winners(x: torch.Tensor, kernel, stride, pad, out) -> torch.Tensor:
               + torch.arange(out[1], device=x.device) * stride[1] - pad[1])
     flat = torch.div(first, kernel[1], rounding_mode="floor").mul_(width - kernel[1]).add_(first).add_(corner)
     return flat.masked_fill_(code == 0, -1)  # dh·W + (first − dh·k_w) + the corner; -1: nothing selected
+
+
+def caffe_maxima(pool: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Caffe's MAX pooling values from ``pool``, a max pooling that passes NaN on (PyTorch's, an ONNX MaxPool).
+
+    Caffe's top starts at -FLT_MAX and takes an element only when it is strictly greater, so NaN is never
+    taken and a window of nothing above -FLT_MAX (NaN, -inf, -FLT_MAX, padding) gives -FLT_MAX:
+    ``top = max(-FLT_MAX, maximum of the window's non-NaN elements)``.  In eager mode on the CPU ``pool``'s
+    top is kept when its sum is finite (then it holds no NaN and no -inf: the usual case costs one sum of
+    the top), else pooled again; on other devices, under compile and under tracing the bottom is pooled once
+    with NaN read as -inf (no host synchronisation), and the top raised to -FLT_MAX.  An ONNX export keeps
+    ``pool``'s values (an exported MaxPool passes NaN on)."""
+
+    def caffe_pool(t: torch.Tensor) -> torch.Tensor:
+        if torch.onnx.is_in_onnx_export() or not t.is_floating_point():
+            return pool(t)
+        if t.device.type == "cpu" and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
+            top = pool(t)
+            if bool(torch.isfinite(top.sum())):
+                return top
+        clean = torch.nan_to_num(t, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+        return pool(clean).clamp_min(_max_start(t.dtype))
+
+    return caffe_pool
 
 
 def _plane_winner(x: torch.Tensor) -> torch.Tensor:
@@ -217,11 +244,12 @@ class Pooling(CaffeLayer):
                 return self._explicit_pool(t, kernel, stride, pad, out)[0]
         if self.method == self.AVE:
             return (pool(x),)
+        pool = caffe_maxima(pool)
         if torch_form and caffe_backward_applies(x) and pooling_numpy.applies(x.detach()) and not self.global_pooling:
             # training on the CPU: Caffe's choice made in the forward, from the copy the pooling makes anyway
             ends = [_padded_extent(*a) for a in zip((height, width), out, kernel, stride, pad)]
             geometry = (kernel, stride, pad, out, ends, _max_start(x.dtype))
-            top = pooling_numpy.MaxPoolRouted.apply(x, pool, geometry)
+            top = pooling_numpy.MaxPoolRouted.apply(x, geometry)
             if self.num_tops == 1:
                 return (top,)
             return top, max_pool_winners(x.detach(), kernel, stride, pad, out).to(x.dtype)

@@ -38,9 +38,8 @@ def applies(x: torch.Tensor) -> bool:
             and x.numel() > 0 and writes_into_views(x))
 
 
-def _padded_nhwc(x: np.ndarray, pad, ends) -> tuple[np.ndarray, bool]:
-    """``(N, H + pads, W + pads, C)`` copy of the NCHW ``x``, -inf around it and where ``x`` is NaN; and
-    whether ``x`` held a NaN."""
+def _padded_nhwc(x: np.ndarray, pad, ends) -> np.ndarray:
+    """``(N, H + pads, W + pads, C)`` copy of the NCHW ``x``, -inf around it and where ``x`` is NaN."""
     n, c, height, width = x.shape
     out = np.empty((n, pad[0] + height + ends[0], pad[1] + width + ends[1], c), dtype=x.dtype)
     out[:, :pad[0]] = -np.inf
@@ -54,18 +53,17 @@ def _padded_nhwc(x: np.ndarray, pad, ends) -> tuple[np.ndarray, bool]:
                 cv2.transpose(x[i, :, h, :], dst=inner[i, h])
     else:  # already NHWC (channels_last), or any other strides: NumPy's copy
         np.copyto(inner, x.transpose(0, 2, 3, 1))
-    has_nan = bool(np.isnan(inner).any())
-    if has_nan:
+    if np.isnan(inner).any():
         np.fmax(inner, -np.inf, out=inner)  # fmax ignores the NaN operand: NaN -> -inf, the rest unchanged
-    return out, has_nan
+    return out
 
 
 def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
-    """``(best, code, has_nan)``: the windows' maxima over their non-NaN elements, NHWC ``(N, out_h, out_w, C)``;
-    per output ``k_h·k_w`` − the first offset in scan order holding that maximum, 0 where the maximum is not
-    above ``max_start``, NCHW ``(N, C, out_h·out_w)`` uint8 (int32 above 255 offsets); whether ``x`` held NaN."""
+    """``(best, code)``: the windows' maxima over their non-NaN elements, NHWC ``(N, out_h, out_w, C)``; per
+    output ``k_h·k_w`` − the first offset in scan order holding that maximum, 0 where the maximum is not
+    above ``max_start``, NCHW ``(N, C, out_h·out_w)`` uint8 (int32 above 255 offsets)."""
     n, c = x.shape[:2]
-    padded, has_nan = _padded_nhwc(x.detach().numpy(), pad, ends)
+    padded = _padded_nhwc(x.detach().numpy(), pad, ends)
     best = F.max_pool2d(torch.from_numpy(padded).permute(0, 3, 1, 2), kernel, stride)[:, :, :out[0], :out[1]]
     best = np.ascontiguousarray(best.permute(0, 2, 3, 1).numpy())
     count = kernel[0] * kernel[1]
@@ -88,7 +86,7 @@ def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
     code_nchw = np.empty((n, c, out[0] * out[1]), code.dtype)
     for i in range(n):
         cv2.transpose(code[i].reshape(out[0] * out[1], c), dst=code_nchw[i])
-    return best, code_nchw, has_nan
+    return best, code_nchw
 
 
 def _flat_index(code: np.ndarray, kernel, stride, pad, out, width: int, none: int = -1) -> np.ndarray:
@@ -125,25 +123,21 @@ class MaxPoolRouted(torch.autograd.Function):
     """Training-time MAX pooling on the CPU that keeps Caffe's choice from the forward, as Caffe keeps its mask:
     the scan runs on the NHWC copy and maxima the forward makes anyway, and the backward only looks the codes
     up and adds each top diff to its element (:func:`_bottom_diff`); the bottom itself is not kept.
-    ``pool(x)`` is the layer's own forward: the top is its value bit for bit (the maxima of the -inf padded
-    copy; a block holding NaN takes ``pool``'s top, which passes NaN on).  Both passes run in blocks of
-    samples (:mod:`~caffe_compat.layers.cache_blocking`)."""
+    The top is Caffe's (``pooling.caffe_maxima``): the maxima of the -inf padded NaN-free copy, raised to
+    -FLT_MAX.  Both passes run in blocks of samples (:mod:`~caffe_compat.layers.cache_blocking`)."""
 
     @staticmethod
-    def forward(ctx, x, pool, geometry):
+    def forward(ctx, x, geometry):
         kernel, stride, pad, out, ends, max_start = geometry
         block = samples_per_block(x)
         top = x.new_empty((x.shape[0], x.shape[1], out[0], out[1]))
         codes = []
         for i in range(0, x.shape[0], block):
-            chunk = x[i:i + block]
-            best, code, has_nan = _scan(chunk, kernel, stride, pad, out, ends, max_start)
-            if has_nan:
-                top[i:i + block] = pool(chunk)
-            else:
-                rows = top[i:i + block].view(len(best), x.shape[1], -1).numpy()
-                for j in range(len(best)):
-                    cv2.transpose(best[j].reshape(out[0] * out[1], -1), dst=rows[j])
+            best, code = _scan(x[i:i + block], kernel, stride, pad, out, ends, max_start)
+            np.maximum(best, best.dtype.type(max_start), out=best)  # Caffe's start value: -inf -> -FLT_MAX
+            rows = top[i:i + block].view(len(best), x.shape[1], -1).numpy()
+            for j in range(len(best)):
+                cv2.transpose(best[j].reshape(out[0] * out[1], -1), dst=rows[j])
             codes.append(code)
         ctx.code = codes[0] if len(codes) == 1 else np.concatenate(codes)
         ctx.geometry, ctx.size, ctx.block = geometry[:4], tuple(x.shape[2:]), block
@@ -156,9 +150,9 @@ class MaxPoolRouted(torch.autograd.Function):
             from caffe_compat.layers.pooling import max_pool_bottom_diff  # (pooling imports this module)
 
             winner = torch.from_numpy(_flat_index(code, *ctx.geometry, width)).view(*code.shape[:2], *ctx.geometry[3])
-            return max_pool_bottom_diff(top_diff, winner, ctx.size), None, None
+            return max_pool_bottom_diff(top_diff, winner, ctx.size), None
         diff = top_diff.detach().contiguous().numpy()
         grad = top_diff.new_empty((code.shape[0], code.shape[1], height * width))
         for i in range(0, len(code), block):
             _bottom_diff(diff[i:i + block], code[i:i + block], *ctx.geometry, width, grad[i:i + block])
-        return grad.view(len(code), code.shape[1], height, width), None, None
+        return grad.view(len(code), code.shape[1], height, width), None

@@ -327,10 +327,14 @@ def test_max_pooling_routes_nan_infinities_and_flt_max_like_caffe(pooling, shape
     top, mask = port(xt)
     dy = rng.randint(1, 5, size=top.shape).astype(np.float32)
     (dx,) = torch.autograd.grad(top, xt, torch.from_numpy(dy))
-    _, ref_mask, ref_dx = _caffe_max_pool(x, kernel, stride, pad, out, dy)
+    ref_top, ref_mask, ref_dx = _caffe_max_pool(x, kernel, stride, pad, out, dy)
     assert (ref_mask >= 0).any() and ((ref_mask == -1).any() or kernel[0] > 3)
     np.testing.assert_array_equal(mask.numpy(), ref_mask.astype(np.float32))
     np.testing.assert_array_equal(dx.numpy(), ref_dx.astype(np.float32))
+    assert ((ref_top == -FLT_MAX).any() or kernel[0] > 3) and not np.isnan(ref_top).any()
+    with torch.no_grad():  # the values: NaN never taken, -FLT_MAX where nothing is above it (training and inference)
+        for values in (top.detach(), port(torch.from_numpy(x))[0]):
+            np.testing.assert_array_equal(values.numpy(), ref_top.astype(np.float32))
 
 
 def test_max_pooling_channels_last_and_float64_route_like_caffe(scan_form):
