@@ -28,8 +28,10 @@ keeps no blob past its iteration (its ``observers`` are told about each forward 
 pycaffe's solvers (``caffe_compat.pycaffe.SGDSolver`` etc., whose nets also answer ``blobs``,
 ``copy_from``, ...) are built on this class: :mod:`caffe_compat.pycaffe.solver`.
 
-Added to Caffe: a NaN/inf loss raises :class:`~caffe_compat.errors.TrainingDiverged` naming the
-iteration, before that iteration's update (weights and snapshots on disk stay the last good ones);
+Added to Caffe: a NaN/inf loss, or a NaN/inf diff of a learnable blob (a NaN input that MAX pooling drops, as
+Caffe's does, still reaches conv1's weight diff), raises :class:`~caffe_compat.errors.TrainingDiverged` naming
+the iteration, before that iteration's update (weights and snapshots on disk stay the last good ones; with a
+GradScaler, whose skipped steps handle inf diffs, only the loss is checked);
 ``snapshot_format: HDF5`` raises a FormatError (only BINARYPROTO is written).
 """
 
@@ -68,6 +70,15 @@ def learnable_blobs(net: CaffeNet) -> list[torch.Tensor]:
                 seen.add(id(blob))
                 out.append(blob)
     return out
+
+
+def learnable_blob_names(net: CaffeNet) -> dict[int, str]:
+    """``id`` of each blob :func:`learnable_blobs` lists -> ``layer 'name' blob i`` (a shared blob: its owner's)."""
+    names: dict[int, str] = {}
+    for layer, blobs in net.params.items():
+        for i, blob in enumerate(blobs):
+            names.setdefault(id(blob), f"layer '{layer}' blob {i}")
+    return names
 
 
 def zero_inputs(net: CaffeNet) -> dict[str, np.ndarray]:
@@ -124,6 +135,7 @@ class Solver(SolverSetup, SolverSnapshots):
         self.inputs: dict = zero_inputs(self.net)  # Input top -> the array the TRAIN forwards read
         self.test_inputs: list[dict] = [zero_inputs(net) for net in self.test_nets]  # one per TEST net
         self.optimizer = make_optimizer(self.param, learnable_blobs(self.net))
+        self._blob_names = learnable_blob_names(self.net)  # id -> layer 'name' blob i, for messages
         self.iter = 0
         self.current_step = 0
         self.smoothed_loss = 0.0
@@ -209,6 +221,19 @@ class Solver(SolverSetup, SolverSnapshots):
         self.outputs = {name: blobs[name].detach() for name in self.net.output_names}
         return float(objective.detach())
 
+    def _nonfinite_diff(self) -> str | None:
+        """``layer 'name' blob i`` of the first learnable blob whose diff holds NaN or ±inf, else None: one
+        max-|diff| per blob and a single read on the host."""
+        blobs = [p for group in self.optimizer.param_groups for p in group["params"]
+                 if p.grad is not None and p.grad.numel()]
+        if not blobs:
+            return None
+        peaks = torch.stack([torch.linalg.vector_norm(p.grad, ord=math.inf).float() for p in blobs])
+        if bool(torch.isfinite(peaks).all()):
+            return None
+        bad = next(p for p, peak in zip(blobs, peaks.tolist()) if not math.isfinite(peak))
+        return self._blob_names.get(id(bad), "a learnable blob")
+
     def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
         average = max(int(self.param.average_loss), 1)
         if len(self._losses) < average:
@@ -269,6 +294,11 @@ class Solver(SolverSetup, SolverSnapshots):
                 raise TrainingDiverged(f"the loss is {loss} at iteration {self.iter}: training diverged; this "
                                        f"iteration's update was not applied (the weights are those after "
                                        f"{self.iter} updates, snapshots on disk are untouched)")
+            bad = None if self.grad_scaler is not None else self._nonfinite_diff()
+            if bad is not None:
+                raise TrainingDiverged(f"the diff of {bad} holds NaN or inf at iteration {self.iter} (loss {loss}): "
+                                       f"training diverged; this iteration's update was not applied (the weights "
+                                       f"are those after {self.iter} updates, snapshots on disk are untouched)")
             self._update_smoothed_loss(loss, start_iter)
             if self._displaying():
                 self._log_outputs()

@@ -43,12 +43,18 @@ def test_divergence_stops_with_the_iteration_and_keeps_the_last_good_state(tmp_p
 
 
 def test_nan_input_diverges_at_that_iteration():
+    """MAX pooling drops the NaN as Caffe's does (the loss stays finite), but conv1's weight diff takes
+    0 · NaN from it: the diff check stops the iteration before its update."""
     solver = make_solver(CASE)
     feed(solver, CASE, 0)
     solver.step(1)
     solver.inputs["data"][0, 0, 0, 0] = np.nan
-    with pytest.raises(TrainingDiverged, match="at iteration 1"):
+    before = param_arrays(solver)
+    with pytest.raises(TrainingDiverged, match="diff of layer 'conv1' blob 0 holds NaN or inf at iteration 1"):
         solver.step(1)
+    assert np.isfinite(solver.last_loss)
+    for key, value in param_arrays(solver).items():
+        np.testing.assert_array_equal(value, before[key])
 
 
 def _fail_fsync(fd):
