@@ -83,7 +83,7 @@ from caffe_compat.losses.batch_input import check_batch, reject_pml_arguments
 from caffe_compat.losses.cuda_graph import GraphCache, can_replay
 from caffe_compat.losses.fappy_rows import (_flat_inputs, _pair_geometry, _from_vector, _from_matrix, _Rows, _rows, _unreadable, _check_readable, _levels)
 from caffe_compat.losses.loss_errors import LossInputError
-from caffe_compat.losses.pairwise import cosine_matrix
+from caffe_compat.losses.pairwise import cosine_matrix, matmul_lifting_subnormals
 
 #: The finest bin width supported: below it Caffe's ``int`` bin index and histogram size overflow.
 MIN_BIN_WIDTH = 2.0 ** -29
@@ -228,11 +228,12 @@ def _cosine_backward(x: torch.Tensor, sim: torch.Tensor, h: torch.Tensor) -> tor
     (zero diagonal), ``S`` the cosines, ``xy = X·Xᵀ``: from ``S_ij = xy_ij / sqrt(xy_ii xy_jj)``,
     ``dx_i = Σ_j H_ij (x_j / sqrt(xy_ii xy_jj) − S_ij x_i / xy_ii)``, i.e. ``dX = A·X`` with
     ``A_ij = H_ij / (|x_i| |x_j|)`` off the diagonal and ``A_ii = −Σ_j H_ij S_ij / |x_i|²``: one matmul
-    (autograd through ``X·Xᵀ`` takes two)."""
+    (autograd through ``X·Xᵀ`` takes two); the coarse levels' shares in ``H`` are float32 subnormals at
+    small Δ, whose x86 stall :func:`~caffe_compat.losses.pairwise.matmul_lifting_subnormals` avoids."""
     r = torch.linalg.vector_norm(x, dim=1).reciprocal()                     # 1/|x_i|
     a = h * (r[:, None] * r[None, :])
     a.diagonal().sub_((h * sim).sum(1) * (r * r))
-    return a @ x
+    return matmul_lifting_subnormals(a, x)
 
 
 def _embeddings_static(x: torch.Tensor, labels: torch.Tensor, levels: list[float]

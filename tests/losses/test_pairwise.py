@@ -1,0 +1,55 @@
+"""``matmul_lifting_subnormals``: the plain product's bits where its sums stay normal, the exact
+product rounded once where a row of ``a`` is subnormal throughout, and the plain path where lifting
+could overflow."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from caffe_compat.losses.pairwise import matmul_lifting_subnormals
+
+TINY = float(np.finfo(np.float32).tiny)   # 2^-126, the smallest normal float32
+
+
+def _mixed(seed: int, rows: int = 64, inner: int = 64, cols: int = 96) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` whose entries are a mix of normal values and subnormals down to 2^-149, ``b`` normal."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(rows, inner, generator=gen)
+    tiny = torch.rand(rows, inner, generator=gen) < 0.3
+    a = torch.where(tiny, a * 2.0 ** -130, a)              # subnormal: |a| < 2^-126
+    assert bool(((a.abs() < TINY) & (a != 0)).any())
+    return a, torch.randn(inner, cols, generator=gen)
+
+
+def test_equals_the_plain_product_bitwise_when_the_sums_stay_normal():
+    for seed in range(5):
+        a, b = _mixed(seed)
+        assert torch.equal(matmul_lifting_subnormals(a, b), a @ b)
+
+
+def test_a_subnormal_row_gives_the_exact_product_rounded_once():
+    a, b = _mixed(0)
+    a[3] = torch.randn(a.shape[1], generator=torch.Generator().manual_seed(9)) * 2.0 ** -140
+    ours = matmul_lifting_subnormals(a, b)
+    exact = a.double() @ b.double()                        # the float32 inputs, multiplied exactly enough
+    # the lifted sums are normal: K float32 roundings of at most eps/2 relative to Σ|a||b|, then one
+    # rounding into the subnormal range (half of 2^-149)
+    bound = a.shape[1] * 2.0 ** -24 * (a.double().abs() @ b.double().abs()) + 2.0 ** -150
+    assert bool(((ours.double() - exact).abs() <= bound).all())
+    assert bool(ours[3].ne(0).any())                       # nothing flushed to zero
+
+
+def test_scaling_that_could_overflow_takes_the_plain_product():
+    a, b = _mixed(1)
+    a[0, 0] = 3e30                                         # max|a|·2^24·K·max|b| is past FLT_MAX
+    assert torch.equal(matmul_lifting_subnormals(a, b), a @ b)
+    a[0, 0] = float("nan")
+    assert torch.equal(matmul_lifting_subnormals(a, b).isnan(), (a @ b).isnan())
+
+
+def test_other_dtypes_and_normal_inputs_are_the_plain_product():
+    a, b = _mixed(2)
+    assert torch.equal(matmul_lifting_subnormals(a.double(), b.double()), a.double() @ b.double())
+    normal = torch.randn(8, 5)
+    assert torch.equal(matmul_lifting_subnormals(normal, b[:5]), normal @ b[:5])
