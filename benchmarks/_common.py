@@ -39,6 +39,26 @@ CAFFE_REFERENCE = {
 }
 
 
+def add_malloc_option(parser) -> None:
+    """``--system-malloc``: leave glibc's malloc as it is instead of retaining freed memory as the
+    ``caffe-compat`` command does (:mod:`caffe_compat.allocator`); a net's forward allocates its activations
+    anew at each call, and fresh pages fault on their first write."""
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="keep glibc's default malloc (the caffe-compat command retains freed memory "
+                             "for reuse, caffe_compat.allocator; this measures without it)")
+
+
+def apply_malloc_option(args) -> str:
+    """Apply ``--system-malloc`` (see :func:`add_malloc_option`); the header line saying which is in force."""
+    from caffe_compat.allocator import retain_freed_memory
+
+    if getattr(args, "system_malloc", False):
+        return "malloc: glibc's defaults (--system-malloc)"
+    if retain_freed_memory():
+        return "malloc: freed memory retained for reuse, as the caffe-compat command (caffe_compat.allocator)"
+    return "malloc: this C library's own (not glibc: nothing to retain)"
+
+
 def cpu_line() -> str:
     """``CPU: <model name> (torch CPU capability X, N logical CPUs)``."""
     capability = cpu_capability() or "unknown"

@@ -43,7 +43,7 @@ from typing import Callable
 import cv2
 import numpy as np
 import torch
-from _common import fmt_ratio, print_header
+from _common import add_malloc_option, apply_malloc_option, fmt_ratio, print_header
 
 from caffe_compat.net import CaffeNet
 
@@ -295,11 +295,14 @@ def main() -> None:
                              "(default: .cache/nsfw, where `caffe-compat models fetch open_nsfw` puts them)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time (default) or the thread's CPU time (meaningful with --threads 1)")
+    add_malloc_option(parser)
     args = parser.parse_args()
+    malloc = apply_malloc_option(args)
     global clock
     clock = CLOCKS[args.clock]
     nets = net_specs(args.nsfw_dir)
     print_header("OpenCV dnn on the same Caffe files (same run); ours = CaffeNet variants")
+    print(malloc)
     repeats = 2 if args.quick else args.repeats
     torch.set_num_threads(args.threads)
     cv2.setNumThreads(args.threads)

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 import torch
-from _common import caffe_reference, fmt_ratio, print_header
+from _common import add_malloc_option, apply_malloc_option, caffe_reference, fmt_ratio, print_header
 
 from caffe_compat.net import CaffeNet
 
@@ -57,7 +57,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--reference", type=Path, default=REFERENCE,
                         help="folder with the full GoogLeNet's deploy.prototxt and weights.caffemodel (default: %(default)s)")
+    add_malloc_option(parser)
     args = parser.parse_args()
+    malloc = apply_malloc_option(args)
     torch.set_num_threads(1)
     if not (args.reference / "weights.caffemodel").is_file():
         raise SystemExit(f"bench_net: {args.reference / 'weights.caffemodel'} not found (the team's shared folder: "
@@ -88,6 +90,7 @@ def main() -> None:
     reference, note = caffe_reference()
     caffe = (reference or {}).get("googlenet_full", {}).get(args.batch)
     print_header("the bare loop over the same layer ports (same run); real Caffe (recorded); ours = CaffeNet")
+    print(malloc)
     print(note)
     print(f"googlenet_full, N={args.batch}, 1 thread, median of {args.repeats}")
     print(f"{'pass':<18}{'CaffeNet s':>12}{'bare loop s':>13}{'bare÷ours':>11}{'Caffe s (README)':>18}"

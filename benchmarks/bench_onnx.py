@@ -32,7 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _common import fmt_ratio, print_header  # noqa: E402
+from _common import add_malloc_option, apply_malloc_option, fmt_ratio, print_header  # noqa: E402
 from caffe_compat.export import export_onnx  # noqa: E402
 from caffe_compat.export.onnx_export import build_embedder  # noqa: E402
 from caffe_compat.export.runtime import EmbedderSession  # noqa: E402
@@ -62,7 +62,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--net", choices=["googlenet", "open_nsfw"], default="googlenet")
     parser.add_argument("--nsfw-dir", type=Path, default=REPO / ".cache" / "nsfw")
+    add_malloc_option(parser)
     args = parser.parse_args()
+    malloc = apply_malloc_option(args)
     output = "fc_embedding"
     if args.net == "open_nsfw":
         net_dir, output = args.nsfw_dir, "fc_nsfw"
@@ -117,6 +119,7 @@ def main() -> None:
     import onnxruntime
 
     print_header("PyTorch eager on CPU (same run); ours = the exported model in ONNX Runtime")
+    print(malloc)
     print(f"net: {net_dir.name} ({prototxt}), batch {args.batch}, 224x224, {args.repeats} timed runs (median), "
           f"{args.threads} intra-op threads each (os.cpu_count() = {os.cpu_count()})")
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; export took {export_seconds:.1f} s; "

@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import caffe_reference, fmt_ratio, print_header  # noqa: E402
+from _common import add_malloc_option, apply_malloc_option, caffe_reference, fmt_ratio, print_header  # noqa: E402
 from caffe_compat.io import read_net  # noqa: E402
 from caffe_compat.proto import caffe_pb2  # noqa: E402
 from caffe_compat.solver import Solver  # noqa: E402
@@ -166,13 +166,16 @@ def main() -> None:
                         help="which synthetic-input variant rows to time (none: the data-layer rows only)")
     parser.add_argument("--clock", default="wall", choices=["wall", "thread"],
                         help="wall clock (default) or the main thread's CPU time (see CLOCK)")
+    add_malloc_option(parser)
     args = parser.parse_args()
+    malloc = apply_malloc_option(args)
     CLOCK["clock"] = time.thread_time if args.clock == "thread" else time.perf_counter
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if "cuda" in devices and not torch.cuda.is_available():
         print("CUDA not available: CPU rows only")
         devices = [d for d in devices if d != "cuda"]
     print_header("fp32 NCHW eager (same run) for the variants; real Caffe (recorded) for its row")
+    print(malloc)
     reference, note = caffe_reference()
     caffe_seconds = {n: t[1] for n, t in (reference or {}).get("googlenet_full", {}).items()}  # fwd+bwd only
     print(note)

@@ -78,5 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     return int(status or 0)
 
 
+def console_main() -> int:
+    """The ``caffe-compat`` executable: :func:`main` in a process that keeps freed memory for reuse
+    (:func:`caffe_compat.allocator.retain_unless_switched_off`; a caller of :func:`main` in its own
+    process keeps its malloc as it is)."""
+    from caffe_compat.allocator import retain_unless_switched_off
+
+    retain_unless_switched_off()
+    return main()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console_main())

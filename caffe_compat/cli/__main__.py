@@ -1,3 +1,3 @@
-from caffe_compat.cli import main
+from caffe_compat.cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())
