@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import caffe_reference, fmt_ratio, print_header  # noqa: E402
+from _common import add_malloc_option, apply_malloc_option, caffe_reference, fmt_ratio, print_header  # noqa: E402
 from caffe_compat.losses.fappy import FAPPYLoss, caffe_levels  # noqa: E402
 from caffe_compat.losses.pairwise import cosine_matrix, upper_pairs  # noqa: E402
 
@@ -170,7 +170,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell, median reported")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     parser.add_argument("--wall", action="store_true", help="CPU: wall-clock instead of thread CPU time")
+    add_malloc_option(parser)
     args = parser.parse_args(argv)
+    malloc = apply_malloc_option(args)
     global WALL
     WALL = args.wall
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
@@ -180,6 +182,7 @@ def main(argv=None):
         devices.remove("cuda")
     print_header("C++ = the authors' Caffe layers (recorded), dense = the dense vectorisation (same run); "
                  "ours = FAPPYLoss(mode='caffe')")
+    print(malloc)
     reference, note = caffe_reference()
     print(note)
     for device in devices:
