@@ -173,9 +173,12 @@ class ImageRecordDataset(Dataset):
         """The batch ``indices`` in one buffer (module docstring)."""
         if type(self).__getitem__ is not ImageRecordDataset.__getitem__:
             return [self[i] for i in indices]  # a subclass with its own items
-        rng = self._generator()
-        return transform_batch(indices, self._load, lambda image, out: self.transformer.transform(image, rng, out=out),
-                               lambda image: _hwc_output_shape(self.transformer, image))
+        rng, transformer = self._generator(), self.transformer
+
+        def transform(image: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+            return transformer.transform(image, rng, out=out, streaming=out is not None)  # a row: past the cache
+
+        return transform_batch(indices, self._load, transform, lambda image: _hwc_output_shape(transformer, image))
 
 
 class NativeLayoutDataset(ImageRecordDataset):
