@@ -235,8 +235,12 @@ class Pooling(CaffeLayer):
             raise ShapeMismatchError(f"layer '{self.layer_name}': pooling needs a 4-D input, got {tuple(x.shape)}")
         height, width = int(x.shape[2]), int(x.shape[3])
         kernel, stride, pad, out = self.geometry_for(height, width)
-        torch_form = not torch.onnx.is_in_onnx_export() and self._torch_matches(height, width, kernel, stride, pad, out)
-        if torch_form:
+        exporting = torch.onnx.is_in_onnx_export()
+        torch_form = not exporting and self._torch_matches(height, width, kernel, stride, pad, out)
+        if exporting and self.method == self.MAX and self._onnx_max_pool_matches(height, width, kernel, stride, pad, out):
+            def pool(t):  # an ONNX MaxPool with pads and ceil_mode: no Pad/Slice around it (see the method)
+                return F.max_pool2d(t, kernel, stride, pad, ceil_mode=self.ceil_mode)
+        elif torch_form:
             def pool(t):
                 return self._torch_pool(t, kernel, stride, pad)[0]
         else:
@@ -278,6 +282,23 @@ class Pooling(CaffeLayer):
                 return False
         return True
 
+    def _onnx_max_pool_matches(self, height, width, kernel, stride, pad, out) -> bool:
+        """True when an exported ONNX ``MaxPool`` with symmetric ``pads`` and ``ceil_mode`` pools Caffe's windows,
+        whichever reading of ONNX's ceil-mode size rule the runtime follows (dropping, or not, a last window
+        that would start in the right padding): PyTorch's size is Caffe's and no such window arises.  Then
+        the export records one MaxPool instead of a ``-FLT_MAX`` Pad, a MaxPool and a Slice (which kept ONNX
+        Runtime's convolutions from staying in its blocked layout: a reorder around every pooling).  The
+        values are the same for finite inputs; a window whose real elements are all -inf gives -inf there
+        (padding is skipped, not read as -FLT_MAX), where Caffe gives -FLT_MAX."""
+        if self.global_pooling or not self._torch_matches(height, width, kernel, stride, pad, out):
+            return False
+        for size, k, s, p, o in zip((height, width), kernel, stride, pad, out):
+            span = size + 2 * p - k
+            unadjusted = (-(-span // s) if self.ceil_mode else span // s) + 1
+            if unadjusted != o:
+                return False
+        return True
+
     def _torch_pool(self, x, kernel, stride, pad):
         if self.method == self.AVE:
             return (F.avg_pool2d(x, kernel, stride, pad, ceil_mode=self.ceil_mode, count_include_pad=True),)
@@ -298,10 +319,9 @@ class Pooling(CaffeLayer):
             # padding when the last window starts at or past the end) yields it, as in Caffe, with mask -1.
             lowest = torch.finfo(x.dtype).min if x.is_floating_point() else -math.inf
             padded = F.pad(x, pads, value=lowest) if any(pads) else x
-            top = F.max_pool2d(padded, kernel, stride)
-            return (top[:, :, :out[0], :out[1]],)
+            return (_first_windows(F.max_pool2d(padded, kernel, stride), out),)
         padded = F.pad(x, pads) if any(pads) else x
-        mean = F.avg_pool2d(padded, kernel, stride, count_include_pad=True)[:, :, :out[0], :out[1]]
+        mean = _first_windows(F.avg_pool2d(padded, kernel, stride, count_include_pad=True), out)
         rows = ave_pool_divisor(height, out[0], kernel[0], stride[0], pad[0])
         cols = ave_pool_divisor(width, out[1], kernel[1], stride[1], pad[1])
         full = kernel[0] * kernel[1]
@@ -318,6 +338,13 @@ class Pooling(CaffeLayer):
             return f"{super().extra_repr()}, pool={method}, global_pooling=True"
         return (f"{super().extra_repr()}, pool={method}, kernel={self.kernel}, stride={self.stride}, pad={self.pad}, "
                 f"round_mode={'CEIL' if self.ceil_mode else 'FLOOR'}")
+
+
+def _first_windows(top: torch.Tensor, out) -> torch.Tensor:
+    """The first ``out`` windows of each spatial axis of ``top`` (no Slice recorded in an export when they are all)."""
+    if tuple(int(d) for d in top.shape[2:]) == tuple(out):
+        return top
+    return top[:, :, :out[0], :out[1]]
 
 
 # ---------------------------------------------------------------------------- spatial pyramid pooling

@@ -50,17 +50,49 @@ def pool_nodes(path) -> list[dict]:
     return found
 
 
-def assert_caffe_pooling_form(path, prototxt) -> int:
-    """Every pool node of ``path`` avoids ONNX Runtime's ceil_mode; those of Caffe Pooling layers also have
-    no implicit pads (their padding is an explicit Pad node).  Returns the number of Pooling-layer nodes."""
-    from caffe_compat.net import load_net
+def _ceil_mode_is_unambiguous(attrs: dict, spatial: list[int]) -> bool:
+    """ONNX's ceil-mode size rule is read two ways (dropping, or not, a last window that would start in
+    the right padding, as Caffe and PyTorch drop it); True when no such window arises, so both agree."""
+    pads = attrs.get("pads", [0] * 2 * len(spatial))
+    for axis, size in enumerate(spatial):
+        k, s = attrs["kernel_shape"][axis], attrs.get("strides", [1] * len(spatial))[axis]
+        begin, end = pads[axis], pads[axis + len(spatial)]
+        count = -(-(size + begin + end - k) // s) + 1
+        if (count - 1) * s >= size + begin:
+            return False
+    return True
 
-    pooling = {s.module_key for s in load_net(str(prototxt)).steps if s.type == "Pooling"}
+
+def pool_input_shapes(path) -> dict:
+    """Pool node name -> the shape of its input (ONNX shape inference)."""
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in [*model.graph.value_info, *model.graph.input]}
+    return {n.name: shapes.get(n.input[0]) for n in model.graph.node if n.op_type in ("MaxPool", "AveragePool")}
+
+
+def assert_caffe_pooling_form(path, prototxt=None) -> int:
+    """Every pool node of ``path`` has windows no ONNX runtime can read otherwise: an AveragePool never has
+    ceil_mode, nor implicit pads when it is a Caffe Pooling layer's (its padding is an explicit Pad node:
+    ONNX's count_include_pad is not Caffe's divisor); a MaxPool has ceil_mode and pads only where both
+    readings of ONNX's ceil-mode size rule agree.  Returns the number of Pooling-layer nodes (with
+    ``prototxt``; every AveragePool counts as a Caffe layer's without it)."""
+    pooling = None
+    if prototxt is not None:
+        from caffe_compat.net import load_net
+
+        pooling = {s.module_key for s in load_net(str(prototxt)).steps if s.type == "Pooling"}
+    inputs = pool_input_shapes(path)
     count = 0
     for attrs in pool_nodes(path):
+        caffe_layer = pooling is None or attrs["node"].split("/")[1] in pooling
+        count += caffe_layer
+        if attrs["op_type"] == "MaxPool" and (attrs.get("ceil_mode", 0) or any(attrs.get("pads", [0]))):
+            spatial = (inputs[attrs["node"]] or [])[2:]
+            assert spatial and all(spatial) and _ceil_mode_is_unambiguous(attrs, spatial), (attrs, spatial)
+            continue
         assert attrs.get("ceil_mode", 0) == 0, attrs
-        if attrs["node"].split("/")[1] in pooling:
-            count += 1
+        if caffe_layer:
             assert not any(attrs.get("pads", [0])), attrs
     return count
 

@@ -23,7 +23,7 @@ from caffe_compat.export import export_onnx, read_metadata, verify_onnx
 from caffe_compat.export.onnx_export import build_embedder, whole_graph_blocker
 from caffe_compat.export.verify import FP16_TOLERANCE, FP32_TOLERANCE
 from caffe_compat.layers.python_user import unregister_python_layer
-from tests.export.helpers import TINY_PREPROCESSING, fixture_net_paths, pool_nodes, run_onnx, write_tiny_net
+from tests.export.helpers import TINY_PREPROCESSING, assert_caffe_pooling_form, fixture_net_paths, pool_nodes, run_onnx, write_tiny_net
 
 NETS = {"googlenet_small": "fc_embedding", "vgg_cnn_m_1024_small": "fc7"}
 #: the fixture nets have no preprocessing of their own: the assumed one is what the tests compare
@@ -91,11 +91,15 @@ def test_compiled_metadata_is_the_traced_export_s(exported, name):
 
 
 @pytest.mark.parametrize("name", sorted(NETS))
-def test_compiled_pooling_has_no_ceil_mode_or_implicit_pads(exported, name):
+def test_compiled_pooling_has_the_traced_export_s_windows(exported, name):
     compiled, traced, *_ = exported[name]
-    nodes = pool_nodes(compiled)
-    assert len(nodes) == len(pool_nodes(traced)) == {"googlenet_small": 14, "vgg_cnn_m_1024_small": 3}[name]
-    assert all(a.get("ceil_mode", 0) == 0 and not any(a.get("pads", [0])) for a in nodes), nodes
+    assert assert_caffe_pooling_form(compiled) == {"googlenet_small": 14, "vgg_cnn_m_1024_small": 3}[name]
+
+    def windows(path):
+        keys = ("op_type", "kernel_shape", "strides", "pads", "ceil_mode")
+        return [tuple(str(a.get(k)) for k in keys) for a in pool_nodes(path)]
+
+    assert windows(compiled) == windows(traced)
 
 
 def test_compiled_dynamic_batch_runs_batch_1_and_3(exported):

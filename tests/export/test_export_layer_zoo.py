@@ -49,7 +49,7 @@ def test_layer_zoo_blob_through_onnx_runtime_matches_caffe(blob, caffe_blobs, tm
     got = _run(path, data)
     assert got.shape == caffe.shape
     assert np.abs(got - caffe).max() <= 2e-6 * max(1.0, np.abs(caffe).max()), np.abs(got - caffe).max()
-    pooled = assert_caffe_pooling_form(path, prototxt)  # explicit Pad nodes, never ORT's ceil_mode or pads
+    pooled = assert_caffe_pooling_form(path, prototxt)  # no window an ONNX runtime could read otherwise
     assert pooled >= (1 if blob in POOLING else 0)
 
 

@@ -128,3 +128,15 @@ def test_checkpoint_gives_the_same_model_as_the_caffemodel(exported, tmp_path):
     assert read_metadata(from_checkpoint)["source"]["checkpoint"] == str(tmp_path / "model.pt")
     with pytest.raises(CaffeCompatError, match="either"):
         export_onnx(prototxt, weights=weights, checkpoint=tmp_path / "model.pt", path=tmp_path / "x.onnx")
+
+
+def test_lrn_and_max_pooling_export_without_pads_slices_or_pow(exported):
+    """GoogLeNet's LRN layers as band convolutions with square roots, its MAX pooling as plain MaxPool nodes
+    (their ceil-mode windows unambiguous): nothing that keeps ONNX Runtime out of its blocked layout."""
+    from collections import Counter
+
+    path, prototxt, *_ = exported["googlenet_small"]
+    ops = Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+    assert ops["Pad"] == ops["Slice"] == ops["Pow"] == 0, ops
+    assert ops["Sqrt"] == 2 * 2 and ops["MaxPool"] == 13 and ops["AveragePool"] == 1, ops
+    assert ops["Conv"] == 57 + 2, ops   # the net's 57 convolutions and one band per LRN

@@ -252,3 +252,38 @@ def test_gradcheck_two_bottom_scale_and_bias_float64():
     bias = make_layer('type: "Bias" bottom: "x" bottom: "s"', [x.shape, s.shape])
     assert torch.autograd.gradcheck(lambda a, b: scale(a, b)[0], (x, s))
     assert torch.autograd.gradcheck(lambda a, b: bias(a, b)[0], (x, s))
+
+
+def _lrn_closed_form(x: np.ndarray, size: int, alpha: float, beta: float, k: float) -> np.ndarray:
+    channels, half, out = x.shape[1], (size - 1) // 2, np.empty_like(x)
+    for c in range(channels):
+        lo, hi = max(0, c - half), min(channels, c + half + 1)
+        out[:, c] = x[:, c] / (k + alpha / size * (x[:, lo:hi] ** 2).sum(axis=1)) ** beta
+    return out
+
+
+@pytest.mark.parametrize("size, beta", [(5, 0.75), (3, 0.5), (1, 1.0), (5, 0.6)])
+def test_lrn_onnx_form_is_the_closed_form(size, beta):
+    from caffe_compat.layers.normalization import _across_channels_for_onnx
+
+    x = torch.randn(2, 7, 3, 4, generator=torch.Generator().manual_seed(size)) * 10
+    alpha, k = 0.01, 1.5
+    exact = _lrn_closed_form(x.double().numpy(), size, alpha, beta, k)
+    np.testing.assert_allclose(_across_channels_for_onnx(x.double(), size, alpha, beta, k).numpy(), exact,
+                               rtol=1e-13)
+    # float32: the window's size + 1 roundings and α/n's (scale ≤ (size + 2)·u relative), at most β of it
+    # in s^-β, plus the square roots, product and division (≤ 4 roundings): < (size + 6)·u relative
+    got = _across_channels_for_onnx(x, size, alpha, beta, k).double().numpy()
+    assert np.all(np.abs(got - exact) <= (size + 6) * 2.0 ** -24 * np.abs(exact))
+    half = _across_channels_for_onnx(x.half(), size, alpha, beta, k).double().numpy()
+    assert np.all(np.abs(half - exact) <= (size + 6) * 2.0 ** -11 * np.abs(exact) + 2.0 ** -24)
+
+
+def test_lrn_exports_the_onnx_form_and_the_port_otherwise(monkeypatch):
+    port = make_layer('type: "LRN" lrn_param { local_size: 5 alpha: 0.01 beta: 0.75 k: 2 }', [(2, 6, 3, 3)])
+    x = torch.randn(2, 6, 3, 3, generator=torch.Generator().manual_seed(3)) * 10
+    (eager,) = port(x)
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    (exported,) = port(x)
+    assert not torch.equal(exported, eager)  # another summation order: the ONNX form ran
+    assert torch.allclose(exported, eager, rtol=11 * 2.0 ** -24, atol=0)
