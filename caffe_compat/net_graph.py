@@ -63,7 +63,10 @@ def state_meets_rule(state: caffe_pb2.NetState, rule: caffe_pb2.NetStateRule) ->
 
 
 def layer_included(layer: caffe_pb2.LayerParameter, state: caffe_pb2.NetState) -> bool:
-    if layer.include and layer.exclude:
+    include, exclude = layer.include, layer.exclude
+    if not include and not exclude:  # most layers: kept, nothing to evaluate
+        return True
+    if include and exclude:
         raise FormatError(f"layer '{layer.name}': specify either include rules or exclude rules; not both")
     if layer.include:
         return any(state_meets_rule(state, rule) for rule in layer.include)
@@ -72,16 +75,16 @@ def layer_included(layer: caffe_pb2.LayerParameter, state: caffe_pb2.NetState) -
 
 def filter_net(net: caffe_pb2.NetParameter, state: caffe_pb2.NetState) -> caffe_pb2.NetParameter:
     """A copy of ``net`` with only the layers ``state`` includes, each with its phase set."""
+    included = [layer_included(layer, state) for layer in net.layer]
     out = caffe_pb2.NetParameter()
-    out.CopyFrom(net)
-    del out.layer[:]
+    out.CopyFrom(net)  # one copy of the whole message (then the excluded layers dropped) is cheaper than one per layer
+    if not all(included):
+        del out.layer[:]
+        out.layer.extend(layer for layer, kept in zip(net.layer, included) if kept)
     out.state.CopyFrom(state)
-    for layer in net.layer:
-        if layer_included(layer, state):
-            kept = out.layer.add()
-            kept.CopyFrom(layer)
-            if not kept.HasField("phase"):
-                kept.phase = state.phase
+    for kept in out.layer:
+        if not kept.HasField("phase"):
+            kept.phase = state.phase
     return out
 
 
@@ -94,54 +97,65 @@ def split_blob_name(blob: str, producer: str, top_index: int, k: int) -> str:
 
 
 def insert_splits(net: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
-    """A copy of ``net`` with Caffe's automatic Split layers (see module docstring)."""
+    """A copy of ``net`` with Caffe's automatic Split layers (see module docstring).  (Each layer's bottoms,
+    tops and loss weights are read from the message once: protobuf field access dominates otherwise.)"""
+    layers = list(net.layer)
+    bottoms_of = [list(layer.bottom) for layer in layers]
+    tops_of = [list(layer.top) for layer in layers]
     last_top: dict[str, tuple[int, int]] = {}
     source_of_bottom: dict[tuple[int, int], tuple[int, int]] = {}
     consumers: dict[tuple[int, int], int] = {}
     loss_weight: dict[tuple[int, int], float] = {}
-    for i, layer in enumerate(net.layer):
-        for j, blob in enumerate(layer.bottom):
-            if blob not in last_top:
+    for i, layer in enumerate(layers):
+        for j, blob in enumerate(bottoms_of[i]):
+            source = last_top.get(blob)
+            if source is None:
                 raise FormatError(f"layer '{layer.name}' ({layer.type}): unknown bottom blob '{blob}' "
                                   f"(bottom index {j})")
-            source = last_top[blob]
             source_of_bottom[(i, j)] = source
             consumers[source] = consumers.get(source, 0) + 1
-        for j, blob in enumerate(layer.top):
+        tops = tops_of[i]
+        for j, blob in enumerate(tops):
             last_top[blob] = (i, j)
-        for j in range(min(len(layer.loss_weight), len(layer.top))):
-            source = last_top[layer.top[j]]
-            loss_weight[source] = layer.loss_weight[j]
-            if layer.loss_weight[j]:
-                consumers[source] = consumers.get(source, 0) + 1
+        weights = layer.loss_weight
+        if weights:
+            for j, weight in enumerate(list(weights)[:len(tops)]):
+                source = last_top[tops[j]]
+                loss_weight[source] = weight
+                if weight:
+                    consumers[source] = consumers.get(source, 0) + 1
 
+    split = {source for source, count in consumers.items() if count > 1}
     out = caffe_pb2.NetParameter()
     out.CopyFrom(net)
     del out.layer[:]
     next_split: dict[tuple[int, int], int] = {}
-    for i, layer in enumerate(net.layer):
+    has_state = net.HasField("state")
+    for i, layer in enumerate(layers):
         copy = out.layer.add()
         copy.CopyFrom(layer)
-        for j, blob in enumerate(layer.bottom):
+        if not split:
+            continue
+        for j, blob in enumerate(bottoms_of[i]):
             source = source_of_bottom[(i, j)]
-            if consumers.get(source, 0) > 1:
+            if source in split:
                 k = next_split.get(source, 0)
                 next_split[source] = k + 1
-                copy.bottom[j] = split_blob_name(blob, net.layer[source[0]].name, source[1], k)
-        for j, blob in enumerate(layer.top):
-            count = consumers.get((i, j), 0)
-            if count <= 1:
+                copy.bottom[j] = split_blob_name(blob, layers[source[0]].name, source[1], k)
+        for j, blob in enumerate(tops_of[i]):
+            if (i, j) not in split:
                 continue
-            split = out.layer.add()
-            split.name = split_layer_name(blob, layer.name, j)
-            split.type = "Split"
-            split.bottom.append(blob)
-            split.top.extend(split_blob_name(blob, layer.name, j, k) for k in range(count))
+            count = consumers[(i, j)]
+            split_layer = out.layer.add()
+            split_layer.name = split_layer_name(blob, layer.name, j)
+            split_layer.type = "Split"
+            split_layer.bottom.append(blob)
+            split_layer.top.extend(split_blob_name(blob, layer.name, j, k) for k in range(count))
             weight = loss_weight.get((i, j), 0.0)
             if weight:
-                split.loss_weight.extend([weight] + [0.0] * (count - 1))
+                split_layer.loss_weight.extend([weight] + [0.0] * (count - 1))
                 del copy.loss_weight[:]
                 next_split[(i, j)] = next_split.get((i, j), 0) + 1
-            if net.HasField("state"):
-                split.phase = net.state.phase
+            if has_state:
+                split_layer.phase = net.state.phase
     return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from caffe_compat.errors import FormatError, MemoryBudgetError
 from caffe_compat.io.safe_open import memory_budget
 from caffe_compat.layers.facts import Shapes, count
-from caffe_compat.layers.registry import port_for
+from caffe_compat.layers.registry import CaffeLayer, port_for
 
 
 @dataclass
@@ -45,9 +45,10 @@ def has_shape_rule(layer) -> bool:
 
 
 def _has_rule(port) -> bool:
-    from caffe_compat.layers.registry import CaffeLayer
+    return port is not None and port.infer.__func__ is not _NO_RULE
 
-    return port is not None and port.infer.__func__ is not CaffeLayer.infer.__func__
+
+_NO_RULE = CaffeLayer.infer.__func__
 
 
 def types_without_rule(net) -> list[str]:
@@ -105,8 +106,8 @@ def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) ->
         for top, shape in zip(top_names, tops):
             if top in given and given[top] is not None:  # a shape the caller gave wins (a data layer's top, say)
                 shape = given[top]
-            blobs[top] = None if shape is None else tuple(int(d) for d in shape)
-            if blobs[top] is not None and min(blobs[top], default=0) < 0:  # Blob::Reshape CHECK_GE(shape[i], 0)
+            blobs[top] = shape = None if shape is None else tuple(map(int, shape))
+            if shape and min(shape) < 0:  # Blob::Reshape CHECK_GE(shape[i], 0)
                 raise FormatError(f"layer '{name}' ({layer.type}): top '{top}' would have the negative "
                                   f"shape {blobs[top]} (Caffe's Blob::Reshape CHECKs every dimension >= 0)")
         table.append(LayerShapes(name, layer.type, bottom_names, top_names, [blobs[t] for t in top_names],

@@ -26,21 +26,25 @@ from caffe_compat.proto import caffe_pb2
 log = logging.getLogger("caffe_compat.net")
 
 
-def _copy_blob(blob: StoredBlob, target: torch.Tensor, where: str) -> None:
-    """Copy a stored blob into ``target`` if Caffe's ``Blob::ShapeEquals`` accepts it: legacy
-    num/channels/height/width compare with the target's shape padded with leading 1s (at most 4 axes);
-    otherwise ``shape.dim`` must equal it (an absent ``shape`` is a 0-axis blob, as Caffe writes a scalar
-    such as a channel-shared PReLU slope)."""
-    shape = tuple(int(d) for d in target.shape)
-    if not blob.fits(shape):
-        raise ShapeMismatchError(f"{where}: the weights have shape {blob.shape}, the net expects {shape}")
-    if blob.values.size != target.numel():
-        raise FormatError(f"{where}: the blob holds {blob.values.size} values, its shape {shape} needs "
-                          f"{target.numel()}")
-    if target.device.type == "cpu" and target.is_contiguous() and target.dtype in _NUMPY_DTYPES:
-        np.copyto(target.detach().numpy().reshape(-1), blob.values, casting="same_kind")
+def _copy_blob(blob: StoredBlob, target: torch.Tensor, layer: str, index: int) -> None:
+    """Copy a stored blob into ``target`` (blob ``index`` of layer ``layer``) if Caffe's ``Blob::ShapeEquals``
+    accepts it: legacy num/channels/height/width compare with the target's shape padded with leading 1s
+    (at most 4 axes); otherwise ``shape.dim`` must equal it (an absent ``shape`` is a 0-axis blob, as Caffe
+    writes a scalar such as a channel-shared PReLU slope).  Called once per blob of a load: the common case
+    (a float32 CPU target of the stored shape) costs a shape comparison and the copy."""
+    values = blob.values
+    if blob.legacy or blob.shape != target.shape:  # torch.Size compares equal to a tuple of the same ints
+        shape = tuple(int(d) for d in target.shape)
+        if not blob.fits(shape):
+            raise ShapeMismatchError(f"layer '{layer}' blob {index}: the weights have shape {blob.shape}, the net "
+                                     f"expects {shape}")
+    if values.size != target.numel():
+        raise FormatError(f"layer '{layer}' blob {index}: the blob holds {values.size} values, its shape "
+                          f"{tuple(int(d) for d in target.shape)} needs {target.numel()}")
+    if target.device.type == "cpu" and target.dtype in _NUMPY_DTYPES and target.is_contiguous():
+        np.copyto(target.detach().numpy().reshape(-1), values, casting="same_kind")
     else:  # the values may be a read-only view of the mapped file: copy before handing them to torch
-        target.copy_(torch.from_numpy(np.array(blob.values)).reshape(shape))
+        target.copy_(torch.from_numpy(np.array(values)).reshape(target.shape))
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
@@ -155,7 +159,7 @@ class CaffemodelWeights:
                 raise ShapeMismatchError(f"layer '{name}': the weights have {len(blobs)} blobs, the net "
                                          f"expects {len(targets)} (incompatible number of blobs)")
             for j, (blob, target) in enumerate(zip(blobs, targets)):
-                _copy_blob(blob, target, f"layer '{name}' blob {j}")
+                _copy_blob(blob, target, name, j)
 
     def to_netparameter(self) -> caffe_pb2.NetParameter:
         """The net with its current weights as a V2 NetParameter, as Caffe's ``Net::ToProto`` writes it
