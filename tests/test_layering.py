@@ -30,6 +30,7 @@ ALLOWED = {
     "net_report": CORE | {"io", "layers", "net_shapes"},
     "evaluate": CORE | {"io", "losses", "torch"},
     "hardware": CORE | {"torch"},
+    "allocator": set(),  # the standard library only (the command line applies it before importing anything)
     "checkpoint": CORE | {"io", "net", "torch"},
     "convert": CORE | {"io", "net", "checkpoint", "torch"},
     "solver": CORE | {"io", "layers", "net", "net_graph", "hardware", "data", "checkpoint", "torch"},
