@@ -170,29 +170,25 @@ class DataTransformer:
                 and stream_crop(hwc, h_off, w_off, out_h, out_w, do_mirror, self.mean_values, self.scale, out)):
             return out
         planes = None if hwc is None else crop_planes(hwc, h_off, w_off, out_h, out_w, do_mirror)
-        if planes is not None:
-            return self._apply_planes(planes, window, flip, out)
-        np.copyto(out, chw[window][flip], casting="unsafe")  # what astype(np.float32) computes
-        if self.mean_file is not None:
-            out -= self.mean_file[window][flip]
-        elif self.mean_values.size:
-            out -= np.broadcast_to(self.mean_values, (channels,))[:, None, None]
-        if self.scale != 1:
-            out *= self.scale
+        if planes is None:
+            return self._cast_into(out, chw[window][flip], slice(None), window, flip)
+        # from the crop's contiguous uint8 planes (already mirrored, :func:`~caffe_compat.data.hwc_crop.crop_planes`),
+        # one output channel at a time: its float32 plane (200 KB at 224 x 224) stays in the core's cache
+        for c, plane in enumerate(planes):
+            self._cast_into(out[c], plane, c, window, flip)
         return out
 
-    def _apply_planes(self, planes: list[np.ndarray], window: tuple, flip: tuple, out: np.ndarray) -> np.ndarray:
-        """The same arithmetic as :meth:`_apply`, from the crop's contiguous uint8 ``planes`` (already mirrored,
-        :func:`~caffe_compat.data.hwc_crop.crop_planes`), one output channel at a time: each channel's
-        float32 plane (200 KB at 224 x 224) stays in the core's cache from the cast to the scale."""
-        mean_values = self.mean_values
-        for c, plane in enumerate(planes):
-            channel = out[c]
-            np.copyto(channel, plane, casting="unsafe")  # what astype(np.float32) computes
-            if self.mean_file is not None:
-                channel -= self.mean_file[c][window[1:]][flip[1:]]
-            elif mean_values.size:
-                channel -= mean_values[c if mean_values.size > 1 else 0]
-            if self.scale != 1:
-                channel *= self.scale
-        return out
+    def _cast_into(self, dest: np.ndarray, source: np.ndarray, channel, window: tuple, flip: tuple) -> np.ndarray:
+        """``dest = (float32(source) - mean) * scale`` for the output channels ``channel`` (an index, or
+        ``slice(None)`` for all): ``source`` is the crop (mirrored) of those channels, ``window``/``flip`` the
+        crop and mirror that cut it, which pick the matching part of the mean file."""
+        np.copyto(dest, source, casting="unsafe")  # what astype(np.float32) computes
+        if self.mean_file is not None:
+            mean = self.mean_file[(channel, *window[1:])]
+            dest -= mean[flip[-mean.ndim:]]
+        elif self.mean_values.size:
+            mean = self.mean_values[0] if self.mean_values.size == 1 else self.mean_values[channel]
+            dest -= mean if np.ndim(mean) == 0 else mean[:, None, None]
+        if self.scale != 1:
+            dest *= self.scale
+        return dest

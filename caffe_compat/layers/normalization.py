@@ -397,9 +397,11 @@ def _across_channels_for_onnx(x: torch.Tensor, size: int, alpha: float, beta: fl
         scale = F.conv2d(x * x, band * (alpha / size), bias)
     else:
         scale = F.conv2d(x * x, band) * (alpha / size) + k
-    if beta in (0.5, 0.75, 1.0):
+    if beta == 1.0:
+        return x / scale
+    if beta in (0.5, 0.75):
         root = torch.sqrt(scale)
-        return x / {0.5: root, 0.75: root * torch.sqrt(root), 1.0: scale}[beta]
+        return x / (root if beta == 0.5 else root * torch.sqrt(root))
     return x * torch.pow(scale, -beta)
 
 

@@ -269,18 +269,17 @@ class Pooling(CaffeLayer):
             return (top,)
         return top, max_pool_winners(x.detach(), kernel, stride, pad, out).to(x.dtype)
 
+    def _window_counts(self, size: int, k: int, s: int, p: int) -> tuple[int, int]:
+        """Windows along one axis of ``size`` under PyTorch's rule (``padding=p``, ``ceil_mode``): the count
+        before and after PyTorch drops a last window that would start in the right padding."""
+        span = size + 2 * p - k
+        count = (-(-span // s) if self.ceil_mode else span // s) + 1
+        return count, count - 1 if self.ceil_mode and (count - 1) * s >= size + p else count
+
     def _torch_matches(self, height, width, kernel, stride, pad, out) -> bool:
         """True when PyTorch's pooling with ``padding=pad, ceil_mode`` gives Caffe's output size."""
-        for size, k, s, p, o in zip((height, width), kernel, stride, pad, out):
-            if 2 * p > k:
-                return False
-            span = size + 2 * p - k
-            torch_out = (-(-span // s) if self.ceil_mode else span // s) + 1
-            if self.ceil_mode and (torch_out - 1) * s >= size + p:
-                torch_out -= 1
-            if torch_out != o:
-                return False
-        return True
+        return all(2 * p <= k and self._window_counts(size, k, s, p)[1] == o
+                   for size, k, s, p, o in zip((height, width), kernel, stride, pad, out))
 
     def _onnx_max_pool_matches(self, height, width, kernel, stride, pad, out) -> bool:
         """True when an exported ONNX ``MaxPool`` with symmetric ``pads`` and ``ceil_mode`` pools Caffe's windows,
@@ -290,14 +289,9 @@ class Pooling(CaffeLayer):
         Runtime's convolutions from staying in its blocked layout: a reorder around every pooling).  The
         values are the same for finite inputs; a window whose real elements are all -inf gives -inf there
         (padding is skipped, not read as -FLT_MAX), where Caffe gives -FLT_MAX."""
-        if self.global_pooling or not self._torch_matches(height, width, kernel, stride, pad, out):
-            return False
-        for size, k, s, p, o in zip((height, width), kernel, stride, pad, out):
-            span = size + 2 * p - k
-            unadjusted = (-(-span // s) if self.ceil_mode else span // s) + 1
-            if unadjusted != o:
-                return False
-        return True
+        return not self.global_pooling and all(
+            2 * p <= k and self._window_counts(size, k, s, p) == (o, o)
+            for size, k, s, p, o in zip((height, width), kernel, stride, pad, out))
 
     def _torch_pool(self, x, kernel, stride, pad):
         if self.method == self.AVE:
