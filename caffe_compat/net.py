@@ -56,6 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from caffe_compat.collector import collection_paused
 from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError, naming_file
 from caffe_compat.io import read_net
 from caffe_compat.io.weights import read_weights
@@ -110,6 +111,10 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
     def __init__(self, net, phase: str = "test", level: int | None = None, stages=(), weights=None, seed: int = 0,
                  strict: bool = False, fill: bool = True):
         super().__init__()
+        with collection_paused():  # every object built survives: collecting meanwhile finds nothing
+            self._init(net, phase, level, stages, weights, seed, strict, fill)
+
+    def _init(self, net, phase, level, stages, weights, seed, strict, fill) -> None:
         source = _as_netparameter(net)
         state = make_state(source, phase, level, stages)
         self.phase = PHASE_NAMES[state.phase]

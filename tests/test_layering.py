@@ -23,7 +23,7 @@ ALLOWED = {
     "net_graph": CORE,
     "net_weights": CORE | {"io", "torch"},
     "net_run": CORE | {"torch"},
-    "net": CORE | {"io", "layers", "net_graph", "net_run", "net_shapes", "net_weights", "fuse", "torch"},
+    "net": CORE | {"io", "layers", "net_graph", "net_run", "net_shapes", "net_weights", "fuse", "collector", "torch"},
     "fuse": CORE | {"layers", "fuse_ops", "torch"},
     "fuse_ops": CORE | {"torch"},
     "net_shapes": CORE | {"io", "layers"},
@@ -31,6 +31,7 @@ ALLOWED = {
     "evaluate": CORE | {"io", "losses", "torch"},
     "hardware": CORE | {"torch"},
     "allocator": set(),  # the standard library only (the command line applies it before importing anything)
+    "collector": set(),
     "checkpoint": CORE | {"io", "net", "torch"},
     "convert": CORE | {"io", "net", "checkpoint", "torch"},
     "solver": CORE | {"io", "layers", "net", "net_graph", "hardware", "data", "checkpoint", "torch"},
