@@ -83,11 +83,16 @@ def is_parameter(tensor) -> bool:
     return kind is nn.Parameter or (kind is not torch.Tensor and isinstance(tensor, nn.Parameter))
 
 
+#: Names a ``ModuleDict`` key cannot take: its own attributes and methods (``add_module`` refuses them).
+_MODULE_DICT_ATTRIBUTES = frozenset(dir(nn.ModuleDict()))
+
+
 def module_key(layer_name: str, taken: set[str]) -> str:
-    """A ``ModuleDict`` key from a Caffe layer name: ``/`` and ``.`` become ``__``; made unique."""
+    """A ``ModuleDict`` key from a Caffe layer name: ``/`` and ``.`` become ``__``; made unique, and kept off
+    the ModuleDict's own attribute names (a layer named ``items`` or ``train`` gets ``items_2``)."""
     key = layer_name.replace("/", "__").replace(".", "__") or "_"
     candidate, n = key, 2
-    while candidate in taken:
+    while candidate in taken or candidate in _MODULE_DICT_ATTRIBUTES:
         candidate, n = f"{key}_{n}", n + 1
     return candidate
 
@@ -157,7 +162,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
         keys: set[str] = set()
         saved_net = caffe_pb2.NetParameter()  # one copy of every layer (what Caffe's ToProto writes), not one each
         saved_net.layer.extend(self.net_param.layer)
-        blob_shapes, default_phase = self.blob_shapes, self.phase
+        blob_shapes, default_phase, layer_modules = self.blob_shapes, self.phase, self.layers._modules
         for index, (layer, saved) in enumerate(zip(self.net_param.layer, saved_net.layer)):
             name, type_ = layer.name, layer.type
             bottoms, tops = tuple(layer.bottom), tuple(layer.top)
@@ -181,7 +186,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                     module = cls.build(layer, bottom_shapes, phase, rule)
                 key = module_key(name, keys)
                 keys.add(key)
-                self.layers[key] = module
+                layer_modules[key] = module  # what ModuleDict's add_module checks, module_key guarantees
                 top_shapes = [tuple(int(d) for d in s) for s in module.output_shapes()]
                 if len(top_shapes) != len(tops):
                     raise FormatError(f"layer '{name}' ({type_}): {len(tops)} tops given, the layer "

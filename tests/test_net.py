@@ -584,3 +584,27 @@ def test_unknown_layer_type_error_names_layer_type_and_how_to_register():
     assert "layer 'mystery/1'" in message and "unknown layer type 'FancyNorm'" in message
     assert "@caffe_compat.layers.register_layer('FancyNorm')" in message and "CaffeLayer subclass" in message
     assert "Python layer" not in message
+
+
+def test_layers_named_like_module_dict_attributes_build_and_round_trip(tmp_path):
+    """Caffe allows any layer name; ``items``, ``train`` or ``forward`` are ModuleDict attributes, so their
+    module keys get a suffix while pycaffe-style names, forward and the caffemodel keep the Caffe names."""
+    text = """name: "n"
+    layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    layer { name: "items" type: "InnerProduct" bottom: "x" top: "a" inner_product_param { num_output: 4
+            weight_filler { type: "gaussian" std: 1 } } }
+    layer { name: "train" type: "ReLU" bottom: "a" top: "a" }
+    layer { name: "forward" type: "InnerProduct" bottom: "a" top: "b" inner_product_param { num_output: 2
+            weight_filler { type: "gaussian" std: 1 } bias_filler { type: "constant" value: 0.5 } } }"""
+    net = CaffeNet(text, seed=3)
+    assert net.module_names == {"in": "in", "items": "items_2", "train": "train_2", "forward": "forward_2"}
+    assert callable(net.layers.items) and callable(net.layers.train)  # the ModuleDict's own methods intact
+    x = torch.randn(2, 3)
+    w1, w2, b2 = net.params["items"][0], net.params["forward"][0], net.params["forward"][1]
+    expected = torch.relu(x @ w1.T) @ w2.T + b2
+    assert torch.equal(net(x=x)["b"], expected)
+    path = tmp_path / "named.caffemodel"
+    net.save_caffemodel(path)
+    again = CaffeNet(text, seed=9, weights=str(path))
+    assert torch.equal(again(x=x)["b"], expected)
+    assert [layer.name for layer in read_net(path).layer] == ["in", "items", "train", "forward"]
