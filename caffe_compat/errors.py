@@ -7,6 +7,9 @@ the layer or field, and what was expected.
 
 from __future__ import annotations
 
+import os
+import sys
+
 
 class CaffeCompatWarning(UserWarning):
     """Base class of the project's warnings; the CLI prints each as one line on stderr
@@ -98,3 +101,16 @@ def naming_file(exc: CaffeCompatError, *paths) -> CaffeCompatError:
         return type(exc)(f"{prefix}: {text}")
     except TypeError:  # a subclass with another constructor: the base class keeps the type's family
         return CaffeCompatError(f"{prefix}: {text}")
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def outside_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised by the caller of this function at the first frame
+    outside caffe_compat (the user's line, whichever public entry point led there: ``CaffeNet(...)``,
+    ``load_net``, ``load_caffemodel``, pycaffe's ``Net``)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level

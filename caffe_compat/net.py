@@ -117,34 +117,31 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                  strict: bool = False, fill: bool = True):
         super().__init__()
         with collection_paused():  # every object built survives: collecting meanwhile finds nothing
-            self._init(net, phase, level, stages, weights, seed, strict, fill)
-
-    def _init(self, net, phase, level, stages, weights, seed, strict, fill) -> None:
-        source = _as_netparameter(net)
-        state = make_state(source, phase, level, stages)
-        self.phase = PHASE_NAMES[state.phase]
-        self.state = state
-        self.name = source.name
-        self.force_backward = bool(source.force_backward)
-        filtered = filter_net(source, state)
-        self.net_param = insert_splits(filtered)
-        self.layers = nn.ModuleDict()
-        self.steps: list[LayerStep] = []
-        self.blob_shapes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self.loss_weights: OrderedDict[str, float] = OrderedDict()
-        self._saved_params: list[caffe_pb2.LayerParameter] = []  # layer params as Caffe's ToProto writes them
-        self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
-        self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
-        inferred = check_memory_budget(self.net_param, f"net '{self.name}'")
-        stored = None if weights is None else read_weights(weights)
-        if fill:
-            self._build(filtered, overwritten_layers(filtered.layer, stored), inferred)
-            self.reinitialize(seed, skip=self._supplied_by(stored))
-        else:  # the caller overwrites every blob (a checkpoint's state_dict): allocate, draw and write nothing
-            self._build(filtered, frozenset(layer.name for layer in filtered.layer), inferred)
-        if stored is not None:
-            self._load_stored([(weights, stored)], strict)
-        self.train(self.phase == "train")
+            source = _as_netparameter(net)
+            state = make_state(source, phase, level, stages)
+            self.phase = PHASE_NAMES[state.phase]
+            self.state = state
+            self.name = source.name
+            self.force_backward = bool(source.force_backward)
+            filtered = filter_net(source, state)
+            self.net_param = insert_splits(filtered)
+            self.layers = nn.ModuleDict()
+            self.steps: list[LayerStep] = []
+            self.blob_shapes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+            self.loss_weights: OrderedDict[str, float] = OrderedDict()
+            self._saved_params: list[caffe_pb2.LayerParameter] = []  # layer params as Caffe's ToProto writes them
+            self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
+            self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
+            inferred = check_memory_budget(self.net_param, f"net '{self.name}'")
+            stored = None if weights is None else read_weights(weights)
+            if fill:
+                self._build(filtered, overwritten_layers(filtered.layer, stored), inferred)
+                self.reinitialize(seed, skip=self._supplied_by(stored))
+            else:  # the caller overwrites every blob (a checkpoint's state_dict): allocate, draw and write nothing
+                self._build(filtered, frozenset(layer.name for layer in filtered.layer), inferred)
+            if stored is not None:
+                self._load_stored([(weights, stored)], strict)
+            self.train(self.phase == "train")
 
     # ------------------------------------------------------------------------------ building
 

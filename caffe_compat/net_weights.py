@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from caffe_compat.errors import FormatError, ShapeMismatchError, WeightsMismatchWarning
+from caffe_compat.errors import FormatError, ShapeMismatchError, WeightsMismatchWarning, outside_stacklevel
 from caffe_compat.io import write_net
 from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.io.weights import StoredBlob, mismatch_message, read_weights
@@ -146,8 +146,8 @@ class CaffemodelWeights:
         text = mismatch_message(files, self.name, names, [f"'{n}'" for n in left])
         if strict:
             raise FormatError(text)
-        # stacklevel: this, _load_stored, the public method (or __init__), its caller
-        warnings.warn(text + " (strict=True / --strict makes this an error)", WeightsMismatchWarning, stacklevel=4)
+        warnings.warn(text + " (strict=True / --strict makes this an error)", WeightsMismatchWarning,
+                      stacklevel=outside_stacklevel())
 
     def _copy_stored(self, stored, by_name) -> None:
         for name, blobs in stored:
