@@ -26,7 +26,7 @@ import ctypes.util
 import os
 import platform
 
-__all__ = ["ENV_SWITCH", "glibc", "release_freed_memory", "retain_freed_memory", "retaining"]
+__all__ = ["ENV_SWITCH", "glibc", "prefault_for_writing", "release_freed_memory", "retain_freed_memory", "retaining"]
 
 #: glibc's ``mallopt`` parameters (``<malloc.h>``).
 M_TRIM_THRESHOLD = -1
@@ -86,6 +86,40 @@ def release_freed_memory() -> bool:
 def retaining() -> bool:
     """Whether :func:`retain_freed_memory` is in force in this process."""
     return _state["retaining"]
+
+
+#: ``madvise``'s MADV_POPULATE_WRITE (Linux 5.14 and newer).
+MADV_POPULATE_WRITE = 23
+PAGE_BYTES = 4096
+#: Below this a block's page faults cost less than the call.
+PREFAULT_MIN_BYTES = 64 * 1024
+_madvise = {}
+
+
+def _libc_madvise():
+    if "fn" not in _madvise:
+        libc = glibc()
+        fn = getattr(libc, "madvise", None) if libc is not None else None
+        if fn is not None:
+            fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+        _madvise["fn"] = fn
+    return _madvise["fn"]
+
+
+def prefault_for_writing(address: int, nbytes: int) -> bool:
+    """Map the whole pages of ``[address, address + nbytes)`` writable in one system call
+    (``madvise(MADV_POPULATE_WRITE)``), for a block the caller is about to overwrite entirely: a fresh
+    block's pages are otherwise mapped one page fault at a time while it is written (~2 us each on a
+    virtual machine; a 24 MB caffemodel copied into new parameters takes 6,000 of them).  Contents are
+    unchanged: an unmapped anonymous page reads as zeros and is mapped as zeros, a mapped one is left
+    as it is.  Returns False, changing nothing, for blocks under :data:`PREFAULT_MIN_BYTES`, where the
+    C library is not glibc, or where the kernel refuses (older than 5.14, or memory it cannot populate)."""
+    start = (address + PAGE_BYTES - 1) & ~(PAGE_BYTES - 1)
+    stop = (address + nbytes) & ~(PAGE_BYTES - 1)
+    if nbytes < PREFAULT_MIN_BYTES or stop <= start:
+        return False
+    madvise = _libc_madvise()
+    return madvise is not None and madvise(start, stop - start, MADV_POPULATE_WRITE) == 0
 
 
 def retain_unless_switched_off(environ=os.environ) -> bool:

@@ -17,6 +17,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from caffe_compat.allocator import prefault_for_writing
 from caffe_compat.errors import FormatError, ShapeMismatchError, WeightsMismatchWarning, outside_stacklevel
 from caffe_compat.io import write_net
 from caffe_compat.io.blobs import set_packed_floats
@@ -42,6 +43,8 @@ def _copy_blob(blob: StoredBlob, target: torch.Tensor, layer: str, index: int) -
         raise FormatError(f"layer '{layer}' blob {index}: the blob holds {values.size} values, its shape "
                           f"{tuple(int(d) for d in target.shape)} needs {target.numel()}")
     if target.device.type == "cpu" and target.dtype in _NUMPY_DTYPES and target.is_contiguous():
+        # every byte is overwritten: map a fresh parameter's pages in one call, not one fault per page
+        prefault_for_writing(target.data_ptr(), target.numel() * target.element_size())
         np.copyto(target.detach().numpy().reshape(-1), values, casting="same_kind")
     else:  # the values may be a read-only view of the mapped file: copy before handing them to torch
         target.copy_(torch.from_numpy(np.array(values)).reshape(target.shape))

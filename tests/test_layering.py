@@ -21,7 +21,7 @@ ALLOWED = {
     "data": CORE | {"io", "torch"},
     "layers": CORE | {"io", "losses", "data", "torch"},
     "net_graph": CORE,
-    "net_weights": CORE | {"io", "torch"},
+    "net_weights": CORE | {"io", "allocator", "torch"},
     "net_run": CORE | {"torch"},
     "net": CORE | {"io", "layers", "net_graph", "net_run", "net_shapes", "net_weights", "fuse", "collector", "torch"},
     "fuse": CORE | {"layers", "fuse_ops", "torch"},
