@@ -10,7 +10,9 @@ next allocation, and the full ones come ten times more rarely.
 
 :func:`collection_paused` is re-entrant and thread-safe: the collector is disabled by the outermost
 pause in the process and enabled again when the last one ends, and only if it was enabled before the
-first (a program that turned it off keeps it off).
+first (a program that turned it off keeps it off).  Code a Python layer runs in its ``setup`` during a
+build runs paused too; reference counting still frees what it drops, and what it leaves in cycles is
+collected after the build.
 """
 
 from __future__ import annotations
