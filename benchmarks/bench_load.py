@@ -113,8 +113,8 @@ def first_load_ms(who: str, deploy, weights, runs: int, cpu: bool) -> float:
     """Median of ``runs`` first loads, each in a new Python process."""
     times = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", FIRST_LOAD, who, str(deploy), str(weights), "cpu" if cpu else "wall"],
-                             check=True, capture_output=True, text=True, cwd=REPO)
+        command = [sys.executable, "-c", FIRST_LOAD, who, str(deploy), str(weights), "cpu" if cpu else "wall"]
+        out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO)
         times.append(float(out.stdout.split()[-1]))
     return statistics.median(times)
 

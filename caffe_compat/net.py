@@ -135,21 +135,24 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             inferred = check_memory_budget(self.net_param, f"net '{self.name}'")
             stored = None if weights is None else read_weights(weights)
             if fill:
-                self._build(filtered, overwritten_layers(filtered.layer, stored), inferred)
-                self.reinitialize(seed, skip=self._supplied_by(stored))
+                blobs_of = self._build(filtered, overwritten_layers(filtered.layer, stored), inferred)
+                self.reinitialize(seed, skip=self._supplied_by(stored, blobs_of))
             else:  # the caller overwrites every blob (a checkpoint's state_dict): allocate, draw and write nothing
-                self._build(filtered, frozenset(layer.name for layer in filtered.layer), inferred)
+                blobs_of = self._build(filtered, frozenset(layer.name for layer in filtered.layer), inferred)
             if stored is not None:
-                self._load_stored([(weights, stored)], strict)
-            self.train(self.phase == "train")
+                self._load_stored([(weights, stored)], strict, blobs_of)
+            self._set_built_modes()
 
     # ------------------------------------------------------------------------------ building
 
-    def _build(self, filtered: caffe_pb2.NetParameter, overwritten: frozenset[str], inferred=None) -> None:
+    def _build(self, filtered: caffe_pb2.NetParameter, overwritten: frozenset[str], inferred=None
+               ) -> dict[str, list[torch.Tensor]]:
         """Build every layer in order; the layers named in ``overwritten`` get uninitialised blobs (the
         caffemodel about to be copied in overwrites them all: ``overwritten_layers``).  ``inferred``: the
         memory-budget inference of ``self.net_param`` (one entry per layer), whose shape rule answers the
-        ports reuse where their bottoms' shapes are the ones it assumed."""
+        ports reuse where their bottoms' shapes are the ones it assumed.  Returns every port's
+        ``caffe_blobs()`` by module key, shares applied (what the rest of construction reads, asked once)."""
+        blobs_of: dict[str, list[torch.Tensor]] = {}
         rules = [None] * len(self.net_param.layer) if inferred is None else [
             entry.rule for entry in inferred]
         user_layers = [(layer.name, layer.type) for layer in filtered.layer]
@@ -205,10 +208,11 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                                   f"bottom ({len(bottoms)}), got {len(propagate)}")
             propagate = propagate or (True,) * len(bottoms)
             if module is not None:
-                self._bind_params(layer, key, module, saved, owners)
+                blobs_of[key] = self._bind_params(layer, key, module, saved, owners, blobs_of)
             self._saved_params.append(saved)
             self.steps.append(LayerStep(name, type_, bottoms, tops, key, phase, weights, propagate))
-        self._apply_specs()  # once, after every share is known (per layer it made building O(layers^2))
+        self._apply_specs(blobs_of)  # once, after every share is known (per layer it made building O(layers^2))
+        return blobs_of
 
     @staticmethod
     def _loss_weights_of(layer, module, saved) -> tuple[float, ...]:
@@ -222,8 +226,12 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             return (1.0,) + (0.0,) * (len(layer.top) - 1)
         return (0.0,) * len(layer.top)
 
-    def _bind_params(self, layer, key, module, saved, owners) -> None:
-        for i, blob in enumerate(module.caffe_blobs()):
+    def _bind_params(self, layer, key, module, saved, owners, blobs_of) -> list[torch.Tensor]:
+        """Record the ParamSpecs of ``module``'s blobs and share those a named spec owns elsewhere; returns
+        the module's blobs as they are then (``blobs_of``: the blobs of the modules bound before)."""
+        blobs = module.caffe_blobs()
+        shared = False
+        for i, blob in enumerate(blobs):
             learnable = is_parameter(blob)
             if i < len(layer.param):
                 spec = layer.param[i]
@@ -235,7 +243,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             lr, decay = (float(spec.lr_mult), float(spec.decay_mult)) if learnable else (0.0, float(spec.decay_mult))
             if spec.name and spec.name in owners:
                 owner_key, owner_i, owner_spec = owners[spec.name]
-                owner_blob = self.layers[owner_key].caffe_blobs()[owner_i]
+                owner_blob = blobs_of[owner_key][owner_i]
                 self._check_share(layer.name, spec, tuple(blob.shape), tuple(owner_blob.shape), owner_key)
                 owner_lr, owner_decay = self._blob_specs[(owner_key, owner_i)]
                 if spec.HasField("lr_mult"):
@@ -251,6 +259,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                 self._blob_specs[(owner_key, owner_i)] = (owner_lr, owner_decay)
                 self._blob_specs[(key, i)] = (owner_lr, owner_decay)
                 module.share_caffe_blob(i, owner_blob)
+                shared = True
                 self._shared.append((key, i, owner_key, owner_i))
                 for k2, i2, ok, oi in self._shared:  # keep every sharer of this owner in step
                     if (ok, oi) == (owner_key, owner_i):
@@ -259,6 +268,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                 if spec.name:
                     owners[spec.name] = (key, i, spec)
                 self._blob_specs[(key, i)] = (lr, decay)
+        return module.caffe_blobs() if shared else blobs
 
     def _check_share(self, layer_name, spec, shape, owner_shape, owner_key) -> None:
         if shape == owner_shape:
@@ -275,8 +285,10 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                 return step.name
         return key
 
-    def _apply_specs(self) -> None:
-        blobs_of = {}  # caffe_blobs() once per layer, not once per blob
+    def _apply_specs(self, blobs_of: dict | None = None) -> None:
+        """Each blob's ``lr_mult``/``decay_mult`` from the recorded specs (``blobs_of``: the ports' blobs by
+        module key when known; otherwise each port is asked once)."""
+        blobs_of = {} if blobs_of is None else blobs_of
         for (key, i), (lr, decay) in self._blob_specs.items():
             blobs = blobs_of.get(key)
             if blobs is None:
@@ -301,6 +313,15 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             if step.module_key is not None and step.phase != self.phase:
                 self.layers[step.module_key].train(step.phase == "train")
         return self
+
+    def _set_built_modes(self) -> None:
+        """What ``self.train(self.phase == "train")`` sets, without visiting every port: each port was built
+        with its own phase's flag (``CaffeLayer.__init__``), so only the net, its ModuleDict and the ports
+        that hold submodules or define their own ``train`` are set (a test compares every flag)."""
+        self.training = self.layers.training = self.phase == "train"
+        for module in self.layers._modules.values():
+            if module._modules or type(module).train is not nn.Module.train:
+                module.train(module.training)
 
     def _apply(self, fn, *args, **kwargs):
         # .to()/.cuda()/.half() replace buffers by new tensors: rebind shared buffers and their attributes.

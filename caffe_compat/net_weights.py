@@ -66,6 +66,18 @@ def overwritten_layers(layers, stored) -> frozenset[str]:
     return frozenset(name for name, blobs in stored if blobs and in_net[name] == 1)
 
 
+class _BlobsByKey(dict):
+    """Each port's ``caffe_blobs()`` by module key, asked once (a port builds the list at every call)."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self._layers = layers
+
+    def __missing__(self, key):
+        blobs = self[key] = self._layers[key].caffe_blobs()
+        return blobs
+
+
 class CaffemodelWeights:
     """Fillers and caffemodel I/O of a :class:`~caffe_compat.net.CaffeNet` (a mixin of it)."""
 
@@ -87,13 +99,18 @@ class CaffemodelWeights:
             for i, value in keep:
                 module.caffe_blobs()[i].copy_(value)
 
-    def _supplied_by(self, stored: list[tuple[str, list[StoredBlob]]] | None) -> frozenset[str]:
-        """Module keys of the layers whose every blob a caffemodel's layer of the same name supplies."""
+    def _supplied_by(self, stored: list[tuple[str, list[StoredBlob]]] | None, blobs_of=None) -> frozenset[str]:
+        """Module keys of the layers whose every blob a caffemodel's layer of the same name supplies
+        (``blobs_of``: the ports' blobs by module key, when the caller has them)."""
         if not stored:
             return frozenset()
-        by_name = self.module_names
+        by_name, blobs_of = self.module_names, self._blobs_by_key(blobs_of)
         return frozenset(by_name[name] for name, blobs in stored
-                         if name in by_name and len(blobs) == len(self.layers[by_name[name]].caffe_blobs()))
+                         if name in by_name and len(blobs) == len(blobs_of[by_name[name]]))
+
+    def _blobs_by_key(self, blobs_of=None):
+        """``blobs_of`` when given, else a mapping that asks each port for its ``caffe_blobs()`` once."""
+        return _BlobsByKey(self.layers) if blobs_of is None else blobs_of
 
     def load_caffemodel(self, model, strict: bool = False) -> None:
         """Copy weights by layer name from a caffemodel path (or a NetParameter, or what
@@ -116,11 +133,12 @@ class CaffemodelWeights:
         self._load_stored([(model, model if isinstance(model, list) else read_weights(model)) for model in models],
                           strict)
 
-    def _load_stored(self, loaded, strict: bool) -> None:
-        """The one place weights are copied: ``loaded`` is ``[(model as given, read_weights(model))]``."""
+    def _load_stored(self, loaded, strict: bool, blobs_of=None) -> None:
+        """The one place weights are copied: ``loaded`` is ``[(model as given, read_weights(model))]``
+        (``blobs_of``: the ports' blobs by module key, when the caller has them)."""
         if not loaded:
             return
-        by_name = self.module_names
+        by_name, blobs_of = self.module_names, self._blobs_by_key(blobs_of)
         ignored, covered = [], set()
         for model, stored in loaded:
             for name, blobs in stored:
@@ -134,12 +152,12 @@ class CaffemodelWeights:
         left = [step.name for step in self.steps
                 if step.module_key is not None and step.module_key not in covered
                 and any(shared.get((step.module_key, i)) not in covered
-                        for i in range(len(self.layers[step.module_key].caffe_blobs())))]
+                        for i in range(len(blobs_of[step.module_key])))]
         if ignored or left:
             self._report_mismatch([model for model, _ in loaded], ignored, left, strict)
         with torch.no_grad():
             for _, stored in loaded:
-                self._copy_stored(stored, by_name)
+                self._copy_stored(stored, by_name, blobs_of)
 
     def _report_mismatch(self, models, ignored, left, strict: bool) -> None:
         def label(model):
@@ -152,12 +170,12 @@ class CaffemodelWeights:
         warnings.warn(text + " (strict=True / --strict makes this an error)", WeightsMismatchWarning,
                       stacklevel=outside_stacklevel())
 
-    def _copy_stored(self, stored, by_name) -> None:
+    def _copy_stored(self, stored, by_name, blobs_of) -> None:
         for name, blobs in stored:
             key = by_name.get(name)
             if key is None:
                 continue
-            targets = self.layers[key].caffe_blobs()
+            targets = blobs_of[key]
             if len(blobs) != len(targets):
                 raise ShapeMismatchError(f"layer '{name}': the weights have {len(blobs)} blobs, the net "
                                          f"expects {len(targets)} (incompatible number of blobs)")

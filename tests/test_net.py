@@ -608,3 +608,22 @@ def test_layers_named_like_module_dict_attributes_build_and_round_trip(tmp_path)
     again = CaffeNet(text, seed=9, weights=str(path))
     assert torch.equal(again(x=x)["b"], expected)
     assert [layer.name for layer in read_net(path).layer] == ["in", "items", "train", "forward"]
+
+
+@pytest.mark.parametrize("phase", ["train", "test"])
+def test_built_modes_equal_what_train_sets(phase):
+    """A built net's torch flags (set without visiting every port) are those ``net.train(phase == "train")``
+    sets: the net, its ModuleDict and every port, a layer pinned to the other phase keeping its own."""
+    text = """name: "n"
+    layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 4 dim: 3 dim: 2 dim: 2 } } }
+    layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y" }
+    layer { name: "drop" type: "Dropout" bottom: "y" top: "z" phase: TEST }
+    layer { name: "drop2" type: "Dropout" bottom: "z" top: "w" phase: TRAIN }"""
+    nets = [CaffeNet(text, phase=phase),
+            CaffeNet(str(fixture_path("nets/googlenet_small/deploy.prototxt")), phase=phase, fill=False)]
+    for net in nets:
+        built = {name: module.training for name, module in net.named_modules()}
+        net.train(net.phase == "train")
+        assert built == {name: module.training for name, module in net.named_modules()}
+    pinned = nets[0].layers
+    assert (pinned["drop"].training, pinned["drop2"].training, pinned["bn"].training) == (False, True, phase == "train")

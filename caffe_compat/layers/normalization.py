@@ -57,10 +57,10 @@ class BatchNorm(CaffeLayer):
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         p = param.batch_norm_param
-        self.channels = self.rule().params[0][0]
-        self.moving_average_fraction = float(p.moving_average_fraction)
-        self.eps = float(p.eps)
-        self._global_stats_setting = p.use_global_stats if p.HasField("use_global_stats") else None
+        # plain values (no parameter, buffer or module): straight into __dict__, as CaffeLayer.__init__ does
+        self.__dict__.update(channels=self.rule().params[0][0],
+                             moving_average_fraction=float(p.moving_average_fraction), eps=float(p.eps),
+                             _global_stats_setting=p.use_global_stats if p.HasField("use_global_stats") else None)
         self.register_buffer("mean", self.new_blob((self.channels,)))
         self.register_buffer("variance", self.new_blob((self.channels,)))
         self.register_buffer("scale_factor", self.new_blob((1,)))
@@ -189,12 +189,12 @@ class Scale(CaffeLayer):
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         p = param.scale_param
-        self.axis, shapes = _affine_shapes(param, self.bottom_shapes, p, "scale", p.bias_term)
+        axis, shapes = _affine_shapes(param, self.bottom_shapes, p, "scale", p.bias_term)
+        self.__dict__.update(axis=axis, scale_filler=layer_filler(p, "filler", constant_filler(1.0)),
+                             bias_filler=layer_filler(p, "bias_filler", caffe_pb2.FillerParameter()))
         blobs = list(shapes.params)
         self.scale = nn.Parameter(self.new_blob(blobs.pop(0), 1.0)) if len(self.bottom_shapes) == 1 else None
-        self.scale_filler = layer_filler(p, "filler", constant_filler(1.0))
         self.bias = nn.Parameter(self.new_blob(blobs.pop(0))) if p.bias_term else None
-        self.bias_filler = layer_filler(p, "bias_filler", caffe_pb2.FillerParameter())
 
     def caffe_blobs(self):
         return [b for b in (self.scale, self.bias) if b is not None]
