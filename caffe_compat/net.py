@@ -288,12 +288,9 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
     def _apply_specs(self, blobs_of: dict | None = None) -> None:
         """Each blob's ``lr_mult``/``decay_mult`` from the recorded specs (``blobs_of``: the ports' blobs by
         module key when known; otherwise each port is asked once)."""
-        blobs_of = {} if blobs_of is None else blobs_of
+        blobs_of = self._blobs_by_key(blobs_of)
         for (key, i), (lr, decay) in self._blob_specs.items():
-            blobs = blobs_of.get(key)
-            if blobs is None:
-                blobs = blobs_of[key] = self.layers[key].caffe_blobs()
-            blob = blobs[i]
+            blob = blobs_of[key][i]
             blob.lr_mult, blob.decay_mult = lr, decay
             if lr == 0.0 and is_parameter(blob):
                 blob.requires_grad_(False)

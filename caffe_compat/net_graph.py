@@ -68,9 +68,9 @@ def layer_included(layer: caffe_pb2.LayerParameter, state: caffe_pb2.NetState) -
         return True
     if include and exclude:
         raise FormatError(f"layer '{layer.name}': specify either include rules or exclude rules; not both")
-    if layer.include:
-        return any(state_meets_rule(state, rule) for rule in layer.include)
-    return not any(state_meets_rule(state, rule) for rule in layer.exclude)
+    if include:
+        return any(state_meets_rule(state, rule) for rule in include)
+    return not any(state_meets_rule(state, rule) for rule in exclude)
 
 
 def filter_net(net: caffe_pb2.NetParameter, state: caffe_pb2.NetState) -> caffe_pb2.NetParameter:
