@@ -22,6 +22,16 @@ entry and cannot use a lower bound; here:
 3. items with more than ``MAX_WIDTH_FACTOR · c`` candidates (tie-heavy data) fall back to
    ``np.argpartition`` (~6x faster than ``torch.topk``) on their whole rows.
 
+With a finite ``floor`` for every item (the panels of :func:`~caffe_compat.evaluate.knn.self_topk` after
+the first), the floor alone is tried first, for every c: the items' entries above it are gathered in one
+comparison, without a group bound and, for columns, without a transposed copy of the block (an entry
+equal to the floor cannot change the top-c values of an item whose kept list already reaches it).  A
+panel's entries rarely beat a floor that earlier panels set (about ``c · P / S`` of a column's P entries
+after S seen), so this keeps a few entries per item; when it would keep more than
+``1 / FLOOR_ONLY_FRACTION`` of the block, the paths above run instead.  On the CPU at SOP size
+(60,502 × 512, c = 6, one thread) it cut the selection from ~11.5 s to ~3.3 s (cProfile), and MAP@R
+from 29.1 to 20.4 s, of which 15.8 s are the tile products.
+
 Only values are compared, never positions, so the candidate values are those ``torch.topk`` would
 give, on any data: the k-NN results do not depend on which path ran.
 """
@@ -40,6 +50,8 @@ MIN_NUMPY_CANDIDATES = 16
 MAX_WIDTH_FACTOR = 4
 #: Groups per bound: ``G ~ GROUPS_PER_CANDIDATE · c`` (more: tighter bound, costlier selection of it).
 GROUPS_PER_CANDIDATE = 4
+#: The floor-only gather is used when it keeps at most ``1 / FLOOR_ONLY_FRACTION`` of a block's entries.
+FLOOR_ONLY_FRACTION = 16
 
 
 def select_top(values: torch.Tensor, indices: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,6 +73,10 @@ def merge_top(values: torch.Tensor, indices: torch.Tensor, more_values, more_ind
 def row_candidates(sims: torch.Tensor, c: int, floor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidates of each row of ``sims`` (indices: columns), see the module docstring."""
     c = min(c, sims.shape[1])
+    if _floor_applies(sims, floor):
+        found = _above_floor(sims.numpy(), floor.numpy(), along_rows=True)
+        if found is not None:
+            return found[0], found[1]
     if not _numpy(sims, c):
         return torch.topk(sims, c, dim=1, largest=True, sorted=False)
     values, indices, _ = _candidates(np.ascontiguousarray(sims.numpy()), c, floor)
@@ -72,6 +88,10 @@ def column_candidates(sims: torch.Tensor, c: int, floor: torch.Tensor | None = N
     """Candidates of each column of ``sims`` (indices: rows), as ``(M, width)`` lists, and the
     columns that have one above ``floor`` (the others can change nothing in their kept lists)."""
     c = min(c, sims.shape[0])
+    if _floor_applies(sims, floor):
+        found = _above_floor(sims.numpy(), floor.numpy(), along_rows=False)
+        if found is not None:
+            return found
     if not _numpy(sims, c):
         active = torch.arange(sims.shape[1], device=sims.device)
         if floor is not None:
@@ -88,6 +108,39 @@ def column_candidates(sims: torch.Tensor, c: int, floor: torch.Tensor | None = N
 
 def _numpy(t: torch.Tensor, c: int) -> bool:
     return NUMPY_ON_CPU and t.device.type == "cpu" and c >= MIN_NUMPY_CANDIDATES
+
+
+def _floor_applies(t: torch.Tensor, floor: torch.Tensor | None) -> bool:
+    return (NUMPY_ON_CPU and t.device.type == "cpu" and floor is not None and t.numel() > 0
+            and bool(torch.isfinite(floor).all()))
+
+
+def _above_floor(a: np.ndarray, floor: np.ndarray, along_rows: bool):
+    """The entries of each item of ``a`` (its rows when ``along_rows``, else its columns) above the item's
+    ``floor``, as ``(values, indices, items)``: ``-inf``-padded ``(len(items), width)`` lists of the items
+    that have one (every row when ``along_rows``); None when they are more than
+    ``1 / FLOOR_ONLY_FRACTION`` of ``a``'s entries.  ``a`` may be a strided view: it is only compared and
+    indexed, never copied."""
+    above = a > (floor[:, None] if along_rows else floor[None, :])
+    flat = np.flatnonzero(above)                                   # row-major: grouped by row
+    if len(flat) > a.size // FLOOR_ONLY_FRACTION:
+        return None
+    row, column = np.divmod(flat, a.shape[1])
+    if along_rows:
+        items, group, index = np.arange(a.shape[0]), row, column
+        counts = np.bincount(row, minlength=a.shape[0])
+    else:
+        order = np.argsort(column, kind="stable")                 # grouped by column
+        row, column = row[order], column[order]
+        items, group, counts = np.unique(column, return_inverse=True, return_counts=True)
+        index = row
+    width = int(counts.max()) if len(counts) else 0
+    slot = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
+    values = np.full((len(items), width), -np.inf, dtype=a.dtype)
+    indices = np.zeros((len(items), width), dtype=np.int64)
+    values[group, slot] = a[row, column]
+    indices[group, slot] = index
+    return torch.from_numpy(values), torch.from_numpy(indices), torch.from_numpy(items)
 
 
 def _argpartition(a: np.ndarray, c: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,3 +84,56 @@ def test_numpy_and_torch_selection_give_identical_results(n, prototypes, budget,
     assert recall_at_k(x, labels, (1, 4, 16), budget_bytes=budget) == recall
     ref = topk_neighbours(x[:300], 40, reference=x, budget_bytes=budget)
     assert torch.equal(gallery[0][1], ref[1]) and torch.equal(gallery[0][0], ref[0])
+
+
+def _floor_spy(monkeypatch):
+    """Record what every floor-only gather returned (None: too many entries, the other paths ran)."""
+    results = []
+    original = select._above_floor
+
+    def spy(*args, **kwargs):
+        results.append(original(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(select, "_above_floor", spy)
+    return results
+
+
+@pytest.mark.parametrize("c", [1, 6, 60])
+@pytest.mark.parametrize("rank", [2, 12, 2000])
+def test_floor_only_gather_keeps_the_exact_top_c_of_items_and_kept_lists(c, rank, monkeypatch):
+    """Rows and columns with kept lists whose floor is the item's ``rank``-th largest entry: few entries
+    lie above it (the floor-only gather runs) for rank 2 and 12, most of them for rank 2000 (the
+    fallback); either way the merged lists hold the exact top-c values of item ∪ kept list."""
+    rng = np.random.default_rng(3)
+    block = torch.from_numpy(rng.normal(size=(300, 3000)).astype(np.float32))
+    results = _floor_spy(monkeypatch)
+    for items in (block, block.t()):                                    # rows, then columns
+        kept = torch.from_numpy(rng.normal(size=(items.shape[0], c)).astype(np.float32))
+        floor = torch.topk(items, min(rank, items.shape[1]), dim=1).values[:, -1]
+        kept = torch.maximum(kept - kept.amin(1, keepdim=True) + floor[:, None], floor[:, None])  # min = floor
+        if items is block:
+            values, index = select.row_candidates(block, c, floor)
+            active = torch.arange(block.shape[0])
+        else:
+            values, index, active = select.column_candidates(block, c, floor)
+        assert torch.equal(items[active].gather(1, index).masked_fill(values == -np.inf, -np.inf), values)
+        merged = kept.clone()
+        merged[active] = select.merge_top(kept[active], torch.zeros_like(kept[active], dtype=torch.int64),
+                                          values, index, c)[0]
+        union = torch.cat([kept, items], 1)
+        assert torch.equal(torch.sort(merged, 1, descending=True).values, torch.topk(union, c, dim=1).values)
+    taken = [r is not None for r in results]
+    assert taken == [rank < 2000] * 2
+
+
+def test_later_panels_select_above_their_floors(monkeypatch):
+    """Self-retrieval in several panels: the panels after the first gather only the entries above
+    their floors (no group bound, no transposed copy) and the neighbours are those of ``torch.topk``."""
+    x = np.random.default_rng(11).normal(size=(1500, 24)).astype(np.float32)
+    results = _floor_spy(monkeypatch)
+    ours = topk_neighbours(x, 5, budget_bytes=1)                         # panels of one 256-row tile
+    assert sum(r is not None for r in results) >= 8                      # 5 later panels, rows and columns
+    monkeypatch.setattr(select, "NUMPY_ON_CPU", False)
+    ref = topk_neighbours(x, 5, budget_bytes=1)
+    assert torch.equal(ours[1], ref[1]) and torch.equal(ours[0], ref[0])
