@@ -37,6 +37,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
+from caffe_compat.allocator import prefault_for_writing
 from caffe_compat.data.image import load_image_bgr
 from caffe_compat.data.records import ImageRecord, categories_of, labels_of
 from caffe_compat.data.transformer import DataTransformer
@@ -81,9 +82,13 @@ def _batch_buffer(shape: tuple) -> tuple[np.ndarray, torch.Tensor]:
 
 def _shared_batch_buffer(shape: tuple) -> tuple[np.ndarray, torch.Tensor]:
     """In a DataLoader worker: a new float32 buffer of ``shape`` in shared memory and its tensor (the main
-    process may hold a former batch for as long as it likes, so none is written again)."""
+    process may hold a former batch for as long as it likes, so none is written again).  Its pages are
+    mapped in one system call (:func:`~caffe_compat.allocator.prefault_for_writing`) before the rows are
+    written: a batch of 32 crops of 224 x 224 is 4,704 fresh pages, which page faults one at a time took
+    10.0 ms to map on the team's VM, the one call 5.4 ms (the same 19 MB written)."""
     count = int(np.prod(shape))
     whole = torch.empty(0, dtype=torch.float32).set_(torch.UntypedStorage._new_shared(4 * count), 0, shape)
+    prefault_for_writing(whole.data_ptr(), 4 * count)
     return whole.numpy(), whole
 
 

@@ -155,3 +155,27 @@ def test_a_worker_builds_its_batch_in_shared_memory(cub, monkeypatch):
     from torch.utils.data import default_collate
 
     assert default_collate(rows)[0] is whole  # handed to the main process as is: no stack copy
+
+
+def test_a_worker_batch_buffer_is_mapped_in_one_call_before_it_is_written(monkeypatch):
+    """The shared-memory batch asks for all of its pages at once (prefault_for_writing with the buffer's
+    own address and size); where the kernel populates, writing it then takes no page fault."""
+    import resource
+
+    from caffe_compat import allocator
+    from caffe_compat.data import dataset as dataset_module
+
+    asked = []
+    monkeypatch.setattr(dataset_module, "prefault_for_writing",
+                        lambda address, nbytes: asked.append((address, nbytes)) or allocator.prefault_for_writing(
+                            address, nbytes))
+    array, whole = dataset_module._shared_batch_buffer((4, 3, 128, 128))
+    assert whole.is_shared() and array.ctypes.data == whole.data_ptr()
+    assert asked == [(whole.data_ptr(), 4 * 3 * 128 * 128 * 4)]
+    populated = allocator.prefault_for_writing(whole.data_ptr(), whole.nbytes)  # already mapped: True again
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    array[:] = 1.0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    if populated:
+        assert faults < whole.nbytes // 4096 // 20                  # 192 pages, a handful of faults at most
+    assert float(whole.sum()) == whole.numel()
