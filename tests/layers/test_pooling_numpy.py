@@ -16,6 +16,8 @@ GEOMETRIES = [
     ("kernel_size: 3 stride: 2", (5, 3, 9, 8)),                      # ceil overhang on both axes
     ("kernel_size: 3 stride: 1 pad: 1", (4, 2, 6, 7)),               # overlapping windows, padding
     ("kernel_h: 3 kernel_w: 2 stride: 2 pad_h: 1 pad_w: 0", (3, 3, 6, 7)),
+    ("kernel_size: 2 stride: 2", (3, 4, 6, 8)),                      # no padding: whole samples transposed
+    ("kernel_h: 3 kernel_w: 2 stride: 2 pad_h: 1 pad_w: 0", (2, 3, 7, 8)),  # rows padded, columns not
 ]
 
 
@@ -28,10 +30,13 @@ def _bottom(shape, seed):
     return x
 
 
+@pytest.mark.parametrize("row_transpose_min", [0, 10**9])  # padded columns: OpenCV row by row, or NumPy's copy
 @pytest.mark.parametrize("samples_per_block", [1, 2, 100])
 @pytest.mark.parametrize("pooling, shape", GEOMETRIES)
-def test_training_forward_keeps_the_top_and_routes_like_caffe(pooling, shape, samples_per_block, monkeypatch):
+def test_training_forward_keeps_the_top_and_routes_like_caffe(pooling, shape, samples_per_block, row_transpose_min,
+                                                              monkeypatch):
     monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", samples_per_block * int(np.prod(shape[1:])) * 4)
+    monkeypatch.setattr(pooling_numpy, "ROW_TRANSPOSE_MIN", row_transpose_min)
     x = _bottom(shape, seed=len(pooling) + samples_per_block)
     port = make_layer(f'type: "Pooling" pooling_param {{ pool: MAX {pooling} }}', [shape])
     kernel, stride, pad, out = port.geometry_for(*shape[2:])
