@@ -19,6 +19,9 @@ from caffe_compat.losses.multi_similarity import MultiSimilarityLoss
 from caffe_compat.losses.raw import RAWLoss
 from caffe_compat.losses.smooth_ap import SmoothAPLoss
 from caffe_compat.losses.triplet import TripletLoss
+from caffe_compat import vector_math
+
+vector_math.initialise()  # before any multi-threaded element-wise call (see vector_math)
 
 __all__ = [
     "BinomialDevianceLoss", "ContrastiveLoss", "CosineSimilarityBatch", "DistanceWeightedMiner",
