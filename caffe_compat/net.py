@@ -56,7 +56,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from caffe_compat import vector_math
 from caffe_compat.collector import collection_paused
 from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError, naming_file
 from caffe_compat.io import read_net
@@ -68,8 +67,6 @@ from caffe_compat.net_run import Blobs, LayerStep, NetExecution, compile_net, gr
 from caffe_compat.net_shapes import check_memory_budget
 from caffe_compat.net_weights import CaffemodelWeights, overwritten_layers
 from caffe_compat.proto import caffe_pb2
-
-vector_math.initialise()  # before any multi-threaded element-wise call (see vector_math)
 
 log = logging.getLogger("caffe_compat.net")
 

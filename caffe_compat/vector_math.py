@@ -9,10 +9,11 @@ a fresh process gave 2,033 inaccurate values in 14 of 188 processes, and none in
 call on a tensor below the chunk size (one thread) had come first.  In training it changed the cosines'
 denominators in CosineSimilarityBatch at the first iteration (the digits FAPPY net: 4 of 30 processes;
 0 of 36 with this module), and with them the FAPPY loss (its bins are 1e-4 wide), so the digits main
-command's FAPPY figures differed from process to process (seed 0: Recall@1 96.4 or 96.9).  A later call is never affected, so :func:`initialise` makes the single-threaded
-first call; the modules that compute with torch (:mod:`caffe_compat.net`, :mod:`caffe_compat.losses`,
-:mod:`caffe_compat.evaluate`) call it when they are imported.  It costs a few microseconds, changes no
-setting, and does nothing on a torch built without MKL (no VML to initialise, nothing lost).
+command's FAPPY figures differed from process to process (seed 0: Recall@1 96.4 or 96.9).  No later
+call was seen affected, so :func:`initialise` makes the first calls on one thread.  :mod:`caffe_compat.losses`,
+the lowest layer that computes with torch, calls it when it is imported; the nets (through their layers)
+and the evaluation import it first.  It costs a few microseconds and changes no setting; on a torch
+built without MKL it is merely redundant.
 """
 
 from __future__ import annotations

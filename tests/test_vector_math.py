@@ -38,7 +38,8 @@ print(json.dumps(sys.modules["caffe_compat.vector_math"]._DONE))
 
 def test_the_modules_that_compute_with_torch_initialise_when_imported():
     """A fresh process that imports the nets, the losses or the evaluation has made its first vector-math
-    calls on one thread before it can make any other.  (The race itself is timing-dependent: on the team's
+    calls on one thread before it can make any other (the losses make them; the other two import the
+    losses first).  (The race itself is timing-dependent: on the team's
     VM it showed in 14 of 188 fresh processes running a GEMM then a 64 x 64 ``sqrt``, and 0 of 147 with the
     initialisation first; too rare for a test to catch on demand, so this pins that the call is made.)"""
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -75,6 +75,7 @@ def _batch_buffer(shape: tuple) -> tuple[np.ndarray, torch.Tensor]:
             if spare.shape == shape and sys.getrefcount(spare) == 3:  # _SPARES, ``spare``, the call's argument
                 return spare, torch.from_numpy(spare)
         buffer = np.empty(shape, dtype=np.float32)
+        prefault_for_writing(buffer.ctypes.data, buffer.nbytes)  # fresh pages, all about to be written
         _SPARES.append(buffer)
         del _SPARES[:-2]
         return buffer, torch.from_numpy(buffer)

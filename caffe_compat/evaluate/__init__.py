@@ -15,9 +15,6 @@ from caffe_compat.evaluate.protocols import PROTOCOLS, evaluate_cub200, evaluate
 from caffe_compat.evaluate.recall import recall_at_k
 from caffe_compat.evaluate.retrieval import retrieval_metrics
 from caffe_compat.evaluate.vehicleid import vehicleid_cmc, vehicleid_cmc_curve
-from caffe_compat import vector_math
-
-vector_math.initialise()  # before any multi-threaded element-wise call (see vector_math)
 
 __all__ = [
     "EvaluationInputError",

@@ -134,13 +134,21 @@ def _above_floor(a: np.ndarray, floor: np.ndarray, along_rows: bool):
         row, column = row[order], column[order]
         items, group, counts = np.unique(column, return_inverse=True, return_counts=True)
         index = row
+    values, indices = _padded_lists(group, counts, a[row, column], index)
+    return values, indices, torch.from_numpy(items)
+
+
+def _padded_lists(group: np.ndarray, counts: np.ndarray, values: np.ndarray, index: np.ndarray
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(len(counts), max count)`` lists, ``-inf``/0-padded, of entries given grouped by item in order
+    (``group``: each entry's item, ``counts``: the entries per item, ``values``/``index``: theirs)."""
     width = int(counts.max()) if len(counts) else 0
-    slot = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
-    values = np.full((len(items), width), -np.inf, dtype=a.dtype)
-    indices = np.zeros((len(items), width), dtype=np.int64)
-    values[group, slot] = a[row, column]
+    slot = np.arange(len(group)) - np.repeat(np.cumsum(counts) - counts, counts)
+    padded = np.full((len(counts), width), -np.inf, dtype=values.dtype)
+    indices = np.zeros((len(counts), width), dtype=np.int64)
+    padded[group, slot] = values
     indices[group, slot] = index
-    return torch.from_numpy(values), torch.from_numpy(indices), torch.from_numpy(items)
+    return torch.from_numpy(padded), torch.from_numpy(indices)
 
 
 def _argpartition(a: np.ndarray, c: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,16 +186,11 @@ def _candidates(a: np.ndarray, c: int, floor: torch.Tensor | None
         tau = floor.numpy() if tau is None else np.maximum(tau, floor.numpy())
     if tau is not None:
         flat = np.flatnonzero(a >= tau[:, None])                      # row-major: grouped by row
-        row = flat // length
+        row, column = np.divmod(flat, length)
         counts = np.bincount(row, minlength=rows)
-        width = int(counts.max()) if rows else 0
-        if width <= MAX_WIDTH_FACTOR * c:
-            slot = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
-            values = np.full((rows, width), -np.inf, dtype=a.dtype)
-            columns = np.zeros((rows, width), dtype=np.int64)
-            values[row, slot] = a.reshape(-1)[flat]
-            columns[row, slot] = flat - row * length
-            return torch.from_numpy(values), torch.from_numpy(columns), counts
+        if (int(counts.max()) if rows else 0) <= MAX_WIDTH_FACTOR * c:
+            values, columns = _padded_lists(row, counts, a.reshape(-1)[flat], column)
+            return values, columns, counts
     values, columns = _argpartition(a, c)
     counts = None if floor is None else np.count_nonzero(a >= floor.numpy()[:, None], axis=1)
     return values, columns, counts

@@ -55,7 +55,8 @@ def _padded_nhwc(x: np.ndarray, pad, ends) -> np.ndarray:
     inner = out[:, pad[0]:pad[0] + height, pad[1]:pad[1] + width]
     if x.flags.c_contiguous and not pad[1] and not ends[1]:  # a sample's rows are contiguous in ``out`` too
         for i in range(n):
-            cv2.transpose(x[i].reshape(c, height * width), dst=out[i, pad[0]:pad[0] + height].reshape(height * width, c))
+            rows = out[i, pad[0]:pad[0] + height].reshape(height * width, c)  # a view: whole rows of ``out``
+            cv2.transpose(x[i].reshape(c, height * width), dst=rows)
     elif x.flags.c_contiguous and width * c >= ROW_TRANSPOSE_MIN:
         for i in range(n):
             for h in range(height):

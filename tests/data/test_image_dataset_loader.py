@@ -179,3 +179,18 @@ def test_a_worker_batch_buffer_is_mapped_in_one_call_before_it_is_written(monkey
     if populated:
         assert faults < whole.nbytes // 4096 // 20                  # 192 pages, a handful of faults at most
     assert float(whole.sum()) == whole.numel()
+
+
+def test_a_new_main_process_batch_buffer_is_mapped_in_one_call(monkeypatch):
+    """At 0 workers a batch buffer nothing references any more is written again; a new one (the first
+    batches, or while the program holds the former ones) asks for all of its pages at once."""
+    from caffe_compat.data import dataset as dataset_module
+
+    asked = []
+    monkeypatch.setattr(dataset_module, "prefault_for_writing", lambda address, nbytes: asked.append((address, nbytes)))
+    monkeypatch.setattr(dataset_module, "_SPARES", [])
+    array, whole = dataset_module._batch_buffer((2, 3, 64, 64))
+    assert asked == [(array.ctypes.data, 2 * 3 * 64 * 64 * 4)] and whole.data_ptr() == array.ctypes.data
+    del array, whole
+    again, _ = dataset_module._batch_buffer((2, 3, 64, 64))           # the spare again: nothing to map
+    assert len(asked) == 1 and again.ctypes.data == asked[0][0]
