@@ -20,6 +20,14 @@ element in scan order equal to the window's maximum ``m`` over its non-NaN eleme
 GoogLeNet's pooling bottoms at batch 8: 1.8-2.2x faster than the PyTorch form (e.g. ``pool2``, one
 192 x 56 x 56 sample: 4.3 → 2.2 ms).  Used for float32 and float64 CPU tensors in eager mode
 (:func:`applies`); the PyTorch form serves the rest (CUDA, other dtypes, compile, tracing, export).
+
+Windows that tile the bottom (stride = kernel, no padding, no partial window: the 2 x 2 / 2 poolings of
+VGG-style nets and of the digits net) take a shorter road in training (:func:`tiles`): one copy puts
+each window offset in a contiguous row (:func:`_offset_planes`), and Caffe's loop runs over those rows
+as written, ``if (bottom > top)`` from -FLT_MAX, with the top's sign of a zero maximum taken from the
+winner itself (:func:`_tiled_scan`); every element belongs to one window, so the backward is a masked
+copy of ``0 + top_diff`` per offset, no index at all (:func:`_tiled_bottom_diff`).  The digits net's
+64 x 16 x 32 x 32 ``pool1``: forward 2.6 → 1.1 ms, backward 1.8 → 1.2 ms.
 """
 
 from __future__ import annotations
@@ -99,6 +107,75 @@ def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
     return best, code_nchw
 
 
+def tiles(kernel, stride, pad, out, size) -> bool:
+    """Whether the windows tile a ``size`` (H, W) bottom: stride = kernel, no padding and ``out · kernel = size``
+    on both axes (no partial window from Caffe's rounding up), so each element lies in exactly one window."""
+    return (tuple(stride) == tuple(kernel) and not any(pad) and kernel[0] * kernel[1] <= 255
+            and all(o * k == s for o, k, s in zip(out, kernel, size)))
+
+
+def _offset_planes(x: torch.Tensor, kernel, out) -> np.ndarray:
+    """``(k_h·k_w, N·C·out_h·out_w)`` copy of the tiled NCHW ``x``: row ``k`` holds every window's element at
+    offset ``k`` (row-major in the window), the windows in the top's NCHW order."""
+    windows = x.detach().reshape(-1, kernel[0], out[1], kernel[1]).permute(1, 3, 0, 2)
+    return windows.contiguous().view(kernel[0] * kernel[1], -1).numpy()
+
+
+def _bits(dtype: np.dtype):
+    return np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+
+
+def _tiled_scan(x: torch.Tensor, kernel, out, max_start: float, top: np.ndarray) -> np.ndarray:
+    """Caffe's MAX forward over tiling windows: writes the top (the flat NCHW ``top``) and returns each window's
+    slot, ``1 + `` the winner's offset (0: nothing above -FLT_MAX), uint8 ``(N, C, out_h·out_w)``.
+
+    Caffe's loop, offset by offset: ``if (bottom > top) { top = bottom; mask = offset; }`` from ``top =
+    -FLT_MAX``, so NaN never wins, ties keep the first in scan order, and a window of nothing above -FLT_MAX
+    keeps -FLT_MAX and no winner.  A later winner is strictly greater, hence its larger slot is the running
+    maximum of ``(k + 1)·won``; the running top is ``fmax`` (NaN ignored), whose value equals the winner's,
+    though for a zero maximum its sign is NumPy's choice: where the bottom holds a -0.0 at all (the
+    integer view's minimum is its bit pattern), zero maxima are replaced by their winner's own bits."""
+    planes = _offset_planes(x, kernel, out)
+    size = planes.shape[1]
+    top[:] = max_start
+    slot = np.zeros(size, np.uint8)
+    won, term = np.empty(size, bool), np.empty(size, np.uint8)
+    for k, candidates in enumerate(planes):
+        np.greater(candidates, top, out=won)
+        np.multiply(won.view(np.uint8), np.uint8(k + 1), out=term)
+        np.maximum(slot, term, out=slot)
+        np.fmax(top, candidates, out=top)
+    ints = _bits(planes.dtype)
+    if planes.view(ints).min() == np.iinfo(ints).min:  # a -0.0 somewhere
+        zero = np.flatnonzero(top == 0)
+        top[zero] = planes[slot[zero].astype(np.intp) - 1, zero]
+    return slot.reshape(x.shape[0], x.shape[1], -1)
+
+
+def _tiled_bottom_diff(top_diff: np.ndarray, slot: np.ndarray, kernel, out, grad: torch.Tensor) -> None:
+    """Caffe's MAX backward over tiling windows into ``grad`` ``(n, C, H·W)``: Caffe zeroes the bottom diff and
+    adds each top diff to its winner, so a winner gets ``0 + top_diff`` (-0 becomes +0, NaN stays) and every
+    other element +0.  Per offset, the bits of ``0 + top_diff`` are kept where the slot names it (an AND with
+    all ones or zero), then one copy interleaves the offsets back into NCHW."""
+    ints = _bits(top_diff.dtype)
+    diff = (top_diff.reshape(-1) + top_diff.dtype.type(0)).view(ints)
+    planes = np.empty((kernel[0] * kernel[1], diff.size), ints)
+    won, ones8, ones = np.empty(diff.size, bool), np.empty(diff.size, np.int8), np.empty(diff.size, ints)
+    slots = slot.reshape(-1)
+    for k, plane in enumerate(planes):
+        np.equal(slots, k + 1, out=won)
+        np.negative(won.view(np.int8), out=ones8)  # 0 or -1: no bit or every bit
+        np.copyto(ones, ones8, casting="unsafe")
+        np.bitwise_and(diff, ones, out=plane)
+    windows = torch.from_numpy(planes.view(top_diff.dtype)).view(kernel[0], kernel[1], -1, out[1])
+    grad.view(-1, kernel[0], out[1], kernel[1]).copy_(windows.permute(2, 0, 3, 1))
+
+
+def _slot_codes(slot: np.ndarray, count: int) -> np.ndarray:
+    """The scan's codes (``k_h·k_w − offset``, 0: none) of the tiled scan's slots (``1 + offset``, 0: none)."""
+    return np.where(slot > 0, count + 1 - slot.astype(np.int32), 0).astype(slot.dtype)
+
+
 def _flat_index(code: np.ndarray, kernel, stride, pad, out, width: int, none: int = -1) -> np.ndarray:
     """The int64 ``h·W + w`` of each code's element, ``none`` for code 0, ``(N, C, out_h·out_w)``: a table
     lookup (``dh·W + dw`` of the first matching offset) plus the window's corner."""
@@ -141,8 +218,12 @@ class MaxPoolRouted(torch.autograd.Function):
         kernel, stride, pad, out, ends, max_start = geometry
         block = samples_per_block(x)
         top = x.new_empty((x.shape[0], x.shape[1], out[0], out[1]))
+        tiled = tiles(kernel, stride, pad, out, x.shape[2:])
         codes = []
         for i in range(0, x.shape[0], block):
+            if tiled:
+                codes.append(_tiled_scan(x[i:i + block], kernel, out, max_start, top[i:i + block].view(-1).numpy()))
+                continue
             best, code = _scan(x[i:i + block], kernel, stride, pad, out, ends, max_start)
             np.maximum(best, best.dtype.type(max_start), out=best)  # Caffe's start value: -inf -> -FLT_MAX
             rows = top[i:i + block].view(len(best), x.shape[1], -1).numpy()
@@ -150,19 +231,25 @@ class MaxPoolRouted(torch.autograd.Function):
                 cv2.transpose(best[j].reshape(out[0] * out[1], -1), dst=rows[j])
             codes.append(code)
         ctx.code = codes[0] if len(codes) == 1 else np.concatenate(codes)
-        ctx.geometry, ctx.size, ctx.block = geometry[:4], tuple(x.shape[2:]), block
+        ctx.geometry, ctx.size, ctx.block, ctx.tiled = geometry[:4], tuple(x.shape[2:]), block, tiled
         return top
 
     @staticmethod
     def backward(ctx, top_diff):
         code, block, (height, width) = ctx.code, ctx.block, ctx.size
+        kernel, out = ctx.geometry[0], ctx.geometry[3]
         if torch.is_grad_enabled():  # create_graph: the diff must stay differentiable in top_diff (PyTorch's form)
             from caffe_compat.layers.pooling import max_pool_bottom_diff  # (pooling imports this module)
 
+            if ctx.tiled:
+                code = _slot_codes(code, kernel[0] * kernel[1])
             winner = torch.from_numpy(_flat_index(code, *ctx.geometry, width)).view(*code.shape[:2], *ctx.geometry[3])
             return max_pool_bottom_diff(top_diff, winner, ctx.size), None
         diff = top_diff.detach().contiguous().numpy()
         grad = top_diff.new_empty((code.shape[0], code.shape[1], height * width))
         for i in range(0, len(code), block):
-            _bottom_diff(diff[i:i + block], code[i:i + block], *ctx.geometry, width, grad[i:i + block])
+            if ctx.tiled:
+                _tiled_bottom_diff(diff[i:i + block], code[i:i + block], kernel, out, grad[i:i + block])
+            else:
+                _bottom_diff(diff[i:i + block], code[i:i + block], *ctx.geometry, width, grad[i:i + block])
         return grad.view(len(code), code.shape[1], height, width), None

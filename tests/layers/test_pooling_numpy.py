@@ -87,3 +87,98 @@ def test_a_differentiable_backward_keeps_the_diff_linear_in_the_top_diff():
     expected = torch.where(torch.from_numpy(mask) >= 0,
                            2 * flat_dx.gather(2, torch.from_numpy(mask).clamp_min(0).view(2, 2, -1)).view(top.shape), 0.0)
     assert torch.equal(ddy, expected)
+
+
+# ------------------------------------------------------------------------- windows that tile the bottom
+
+TILED = [
+    ("kernel_size: 2 stride: 2", (5, 3, 6, 8)),
+    ("kernel_size: 3 stride: 3", (2, 2, 9, 6)),
+    ("kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 3", (3, 2, 4, 9)),
+    ("kernel_h: 1 kernel_w: 2 stride_h: 1 stride_w: 2", (2, 3, 3, 4)),
+]
+
+
+@pytest.mark.parametrize("kernel, stride, pad, out, size, expected", [
+    ((2, 2), (2, 2), (0, 0), (3, 4), (6, 8), True),
+    ((2, 2), (2, 2), (0, 0), (4, 4), (7, 8), False),   # Caffe's rounding up adds a partial window
+    ((2, 2), (2, 2), (1, 0), (4, 4), (6, 8), False),   # padding
+    ((3, 3), (2, 2), (0, 0), (2, 3), (5, 7), False),   # overlapping windows
+    ((16, 16), (16, 16), (0, 0), (1, 1), (16, 16), False),  # 256 offsets: more than a uint8 slot holds
+])
+def test_tiles(kernel, stride, pad, out, size, expected):
+    assert pooling_numpy.tiles(kernel, stride, pad, out, size) is expected
+
+
+def _signed_bottom(shape, seed, dtype):
+    """Specials with both zeros, so that a zero maximum's sign is Caffe's first zero's."""
+    rng = np.random.RandomState(seed)
+    specials = np.array([np.nan, np.inf, -np.inf, -FLT_MAX, -1.0, -0.0, 0.0, 1.0], dtype=dtype)
+    return specials[rng.choice(len(specials), size=shape, p=[0.05, 0.05, 0.1, 0.1, 0.15, 0.25, 0.25, 0.05])]
+
+
+def _signed_top_diff(shape, seed, dtype):
+    rng = np.random.RandomState(seed)
+    values = np.array([-0.0, 0.0, -2.5, 1.5, np.inf, np.nan], dtype=dtype)
+    return values[rng.choice(len(values), size=shape, p=[0.2, 0.1, 0.3, 0.3, 0.05, 0.05])]
+
+
+def _assert_same_bits(actual: np.ndarray, expected: np.ndarray):
+    np.testing.assert_array_equal(actual, expected)  # NaN where NaN
+    np.testing.assert_array_equal(np.signbit(actual), np.signbit(expected))  # -0.0 where -0.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("samples_per_block", [1, 2, 100])
+@pytest.mark.parametrize("pooling, shape", TILED)
+def test_tiling_windows_take_the_offset_rows_and_match_caffes_loop(pooling, shape, samples_per_block, dtype,
+                                                                   monkeypatch):
+    """Tiling windows: the top (a zero maximum's sign included) and the bottom diff (``0 + top_diff``: -0.0
+    becomes +0.0, NaN and inf kept, +0.0 for the elements that did not win) are those of Caffe's loop."""
+    monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", samples_per_block * int(np.prod(shape[1:])) * 4)
+    scans = []
+    real_scan = pooling_numpy._tiled_scan
+    monkeypatch.setattr(pooling_numpy, "_tiled_scan", lambda *a: scans.append(1) or real_scan(*a))
+    x = _signed_bottom(shape, seed=len(pooling) + samples_per_block, dtype=dtype)
+    port = make_layer(f'type: "Pooling" pooling_param {{ pool: MAX {pooling} }}', [shape])
+    kernel, stride, pad, out = port.geometry_for(*shape[2:])
+    xt = torch.from_numpy(x).requires_grad_()
+    (top,) = port(xt)
+    assert scans and type(top.grad_fn).__name__ == "MaxPoolRoutedBackward"
+    dy = _signed_top_diff(top.shape, seed=3, dtype=dtype)
+    (dx,) = torch.autograd.grad(top, xt, torch.from_numpy(dy))
+    reference_top, _, reference_dx = _caffe_max_pool(x, kernel, stride, pad, out, dy)
+    _assert_same_bits(top.detach().numpy(), reference_top.astype(dtype))
+    _assert_same_bits(dx.numpy(), reference_dx.astype(dtype))
+
+
+def test_a_zero_maximum_takes_the_sign_of_the_first_zero():
+    """Windows whose maximum is zero, both signs in both orders: Caffe copies the first zero (``0 > -0`` is false)."""
+    windows = np.array([[-0.0, 0.0, -1.0, -1.0], [0.0, -0.0, -1.0, -1.0], [-1.0, -0.0, -0.0, 0.0],
+                        [-1.0, -1.0, 0.0, -0.0], [0.0, 0.0, 0.0, 0.0], [-0.0, -0.0, -0.0, -0.0]], dtype=np.float32)
+    x = windows.reshape(1, 6, 2, 2)
+    port = make_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 stride: 2 }', [x.shape])
+    xt = torch.from_numpy(x).requires_grad_()
+    (top,) = port(xt)
+    assert np.signbit(top.detach().numpy().reshape(-1)).tolist() == [True, False, True, False, False, True]
+    (dx,) = torch.autograd.grad(top, xt, torch.ones_like(top))
+    winners = dx.numpy().reshape(6, 4).argmax(1)
+    assert winners.tolist() == [0, 0, 1, 2, 0, 0] and dx.sum() == 6
+
+
+def test_tiling_windows_keep_a_differentiable_backward():
+    """``create_graph=True`` on tiling windows: the slots are turned into the scan's codes, routing as Caffe's mask."""
+    shape = (2, 3, 4, 6)
+    port = make_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 stride: 2 }', [shape])
+    x = torch.from_numpy(_signed_bottom(shape, seed=4, dtype=np.float32)).nan_to_num(nan=0.5)
+    xt = x.clone().requires_grad_()
+    (top,) = port(xt)
+    dy = torch.rand(top.shape).requires_grad_()
+    (dx,) = torch.autograd.grad(top, xt, dy, create_graph=True)
+    _, mask, reference_dx = _caffe_max_pool(x.numpy(), *port.geometry_for(4, 6), dy.detach().numpy())
+    np.testing.assert_array_equal(dx.detach().numpy(), reference_dx.astype(np.float32))
+    (ddy,) = torch.autograd.grad((dx * dx).sum(), dy)
+    flat_dx = dx.detach().reshape(2, 3, -1)
+    expected = torch.where(torch.from_numpy(mask) >= 0,
+                           2 * flat_dx.gather(2, torch.from_numpy(mask).clamp_min(0).view(2, 3, -1)).view(top.shape), 0.0)
+    assert torch.equal(ddy, expected)
