@@ -22,6 +22,7 @@ CASES = {
                                 "--device", "cpu", "--no-memory"], "PML÷ours"),
     "bench_input_pipeline.py": (["--batches", "2", "--batch-size", "8"], "DataLoader num_workers=2"),
     "bench_onnx.py": (["--batch", "2", "--repeats", "1"], "ONNX Runtime CPU"),
+    "bench_pooling.py": (["--repeats", "1"], "torch÷layer"),
 }
 
 
