@@ -152,6 +152,24 @@ def test_tiling_windows_take_the_offset_rows_and_match_caffes_loop(pooling, shap
     _assert_same_bits(dx.numpy(), reference_dx.astype(dtype))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("pooling, shape", GEOMETRIES)
+def test_the_separable_scan_matches_caffes_loop_with_both_zeros(pooling, shape, dtype):
+    """Overlapping and padded windows (the separable scan: per row, then per window): the top's bits, a zero
+    maximum's sign included, and the bottom diff (sums of special top diffs) are those of Caffe's loop."""
+    x = _signed_bottom(shape, seed=len(pooling), dtype=dtype)
+    port = make_layer(f'type: "Pooling" pooling_param {{ pool: MAX {pooling} }}', [shape])
+    kernel, stride, pad, out = port.geometry_for(*shape[2:])
+    assert not pooling_numpy.tiles(kernel, stride, pad, out, shape[2:]) or pooling.startswith("kernel_size: 2")
+    xt = torch.from_numpy(x).requires_grad_()
+    (top,) = port(xt)
+    dy = _signed_top_diff(top.shape, seed=5, dtype=dtype)
+    (dx,) = torch.autograd.grad(top, xt, torch.from_numpy(dy))
+    reference_top, _, reference_dx = _caffe_max_pool(x, kernel, stride, pad, out, dy)
+    _assert_same_bits(top.detach().numpy(), reference_top.astype(dtype))
+    _assert_same_bits(dx.numpy(), reference_dx.astype(dtype))
+
+
 def test_a_zero_maximum_takes_the_sign_of_the_first_zero():
     """Windows whose maximum is zero, both signs in both orders: Caffe copies the first zero (``0 > -0`` is false)."""
     windows = np.array([[-0.0, 0.0, -1.0, -1.0], [0.0, -0.0, -1.0, -1.0], [-1.0, -0.0, -0.0, 0.0],
