@@ -14,24 +14,26 @@ element in scan order equal to the window's maximum ``m`` over its non-NaN eleme
   columns, then per window the first row whose maximum is strictly greater than those above, which is
   the first maximum in row-major scan order; the comparisons through NumPy (PyTorch's CPU comparison
   into ``bool`` does not vectorise: ~1.2 ns an element here, NumPy's ~0.4 ns on the strided views);
-* the code goes back to NCHW as uint8 (a quarter of an int64 transpose), then one table lookup (OpenCV's
-  ``LUT``, into int32) gives ``dh·W + dw`` of the first matching offset, plus the window's corner; a code
-  of 0 (nothing selected) looks up a large negative value, clipped to -1;
+* each window's *slot*, 1 + its winner's offset (0: nothing above -FLT_MAX), goes back to NCHW as uint8 (a
+  quarter of an int64 transpose), then one table lookup (OpenCV's ``LUT``, into int32) gives ``dh·W + dw``
+  of the offset, plus the window's corner; slot 0 looks up a large negative value, clipped to -1;
 * the backward adds each top diff to its element in the outputs' order (``scatter_add_``); an output that
   selected nothing adds +0.0 (its diff's bits ANDed away, :func:`_keep_bits`).
 
 GoogLeNet's pooling bottoms at batch 8: 1.8-2.2x faster than the PyTorch form (e.g. ``pool2``, one
 192 x 56 x 56 sample: 4.3 → 2.2 ms).  The separable scan and the table lookup made a training pass
 (forward + backward, batch 8, one thread) of GoogLeNet's stride-1 inception poolings 1.31-1.42x faster than
-comparing all nine offsets per window, its stride-2 poolings 1.02-1.08x.  Used for float32 and float64 CPU tensors in eager mode
-(:func:`applies`); the PyTorch form serves the rest (CUDA, other dtypes, compile, tracing, export).
+comparing all nine offsets per window, its stride-2 poolings 1.02-1.08x.  Used for float32 and float64
+CPU tensors in eager mode (:func:`applies`); the PyTorch form serves the rest (CUDA, other dtypes, compile,
+tracing, export).
 
 Windows that tile the bottom (stride = kernel, no padding, no partial window: the 2 x 2 / 2 poolings of
 VGG-style nets and of the digits net) take a shorter road in training (:func:`tiles`): one copy puts
 each window offset in a contiguous row (:func:`_offset_planes`), and Caffe's loop runs over those rows
 as written, ``if (bottom > top)`` from -FLT_MAX, with the top's sign of a zero maximum taken from the
 winner itself (:func:`_tiled_scan`); every element belongs to one window, so the backward is a masked
-copy of ``0 + top_diff`` per offset into that offset's elements, no index at all (:func:`_tiled_bottom_diff`).
+copy of ``0 + top_diff`` per offset into that offset's elements, no index at all
+(:func:`_tiled_bottom_diff`).
 ``benchmarks/bench_pooling.py``: the digits net's poolings train 1.3-1.6x faster than through the general
 scan (``pool1``, 64 x 16 x 32 x 32: 4.85 → 3.00 ms forward + backward).
 """
@@ -47,7 +49,7 @@ from caffe_compat.layers.cache_blocking import samples_per_block, writes_into_vi
 #: Values per row (``C·W``) from which a padded bottom is transposed row by row by OpenCV rather than copied by
 #: NumPy (measured: NumPy's strided copy is faster below ~8,000, OpenCV's per-row calls above).
 ROW_TRANSPOSE_MIN = 8192
-#: Below any flat index plus any window corner: a code of 0 (nothing selected) lands below -1, then clips to -1
+#: Below any flat index plus any window corner: slot 0 (nothing selected) lands below -1, then clips to -1
 #: (the int32 one for OpenCV's lookup table: planes of fewer than 2^30 elements).
 _NONE_SELECTED = -(1 << 40)
 _NONE_SELECTED_32 = -(1 << 30)
@@ -95,58 +97,61 @@ def _keep_bits(bits: np.ndarray, keep: np.ndarray, out: np.ndarray | None = None
     return np.bitwise_and(bits, ones, out=out)
 
 
-def _first_maxima(candidates, firsts=None, step: int = 1, dtype=np.uint8):
-    """Running first maximum over ``candidates`` (arrays of one shape, in scan order): ``(best, first)``, the
-    maximum and the index of the first candidate holding it, as ``if (candidate > best)`` keeps it (strict:
-    a tie keeps the earlier).  ``firsts``: per candidate an index within it (the second stage of a
-    separable scan), the index is then ``k·step + firsts[k]``.  A later winner's index is larger, so the
-    index is the running maximum of ``index·won``; ``best`` is NumPy's ``maximum`` (the value of the winner,
-    its sign for a zero maximum aside)."""
-    best = np.array(candidates[0])
-    first = np.zeros(best.shape, dtype) if firsts is None else np.array(firsts[0], dtype)
+def _first_maxima(candidates, start: float, firsts=None, step: int = 1, dtype=np.uint8):
+    """Caffe's ``if (candidate > best) { best = candidate; mask = index; }`` over ``candidates`` (arrays of one
+    shape, in scan order) from ``best = start``: ``(best, slot)``, ``slot`` the winner's index + 1, 0 where
+    nothing is above ``start`` (NaN never wins, a tie keeps the earlier).  ``firsts``: per candidate the slot
+    of its own winner within it (the second stage of a separable scan), the slot is then
+    ``k·step + firsts[k]``.  A later winner's slot is larger, so ``slot`` is the running maximum of
+    ``slot·won``; ``best`` is the running ``fmax`` (NaN ignored): the winner's value, though for a zero
+    maximum its sign is NumPy's choice (the callers take the winner's own bits where a -0.0 is about)."""
+    best = np.full(candidates[0].shape, start, candidates[0].dtype)
+    slot = np.zeros(best.shape, dtype)
     won, term = np.empty(best.shape, bool), np.empty(best.shape, dtype)
-    for k in range(1, len(candidates)):
-        np.greater(candidates[k], best, out=won)
-        np.maximum(best, candidates[k], out=best)
+    for k, candidate in enumerate(candidates):
+        np.greater(candidate, best, out=won)
+        np.fmax(best, candidate, out=best)
         if firsts is None:
-            np.multiply(won, dtype(k), out=term)
+            np.multiply(won, dtype(k + 1), out=term)
         else:
             np.add(firsts[k], dtype(k * step), out=term)
             np.multiply(term, won, out=term)
-        np.maximum(first, term, out=first)
-    return best, first
+        np.maximum(slot, term, out=slot)
+    return best, slot
+
+
+def _holds_negative_zero(values: np.ndarray) -> bool:
+    """Whether a float array holds a -0.0: its bit pattern is the least integer of the float's width."""
+    ints = _bits(values.dtype)
+    return values.view(ints).min() == np.iinfo(ints).min
 
 
 def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
-    """``(best, code)``: the windows' maxima over their non-NaN elements, NHWC ``(N, out_h, out_w, C)``; per
-    output ``k_h·k_w`` − the first offset in scan order holding that maximum, 0 where the maximum is not
-    above ``max_start``, NCHW ``(N, C, out_h·out_w)`` uint8 (int32 above 255 offsets).
+    """``(top, slot)``: the windows' Caffe maxima (``max_start`` where nothing is above it), NHWC ``(N, out_h,
+    out_w, C)``; per output 1 + the offset of its winner in scan order (0: none), NCHW ``(N, C,
+    out_h·out_w)`` uint8 (int32 above 255 offsets).
 
     Separable, as the scan order is row-major: per row of the padded copy, each window's first maximum
     over its ``k_w`` columns (value and column); then per window the first of its ``k_h`` rows whose
     maximum is strictly greater than the rows' above.  For stride 1 every row's maxima serve ``k_h``
-    windows (3 x 3: 2 + 2 comparisons a window instead of 9).  Where the bottom holds a -0.0, a zero
-    maximum takes its winner's own bits (the running ``maximum`` may give either zero)."""
+    windows (3 x 3: 3 + 3 comparisons a window instead of 9).  Where the bottom holds a -0.0, a zero
+    maximum takes its winner's own bits."""
     n, c = x.shape[:2]
     padded = _padded_nhwc(x.detach().numpy(), pad, ends)
     (kh, kw), (sh, sw), (oh, ow) = kernel, stride, out
-    count = kh * kw
-    dtype = np.uint8 if count <= 255 else np.int32
+    dtype = np.uint8 if kh * kw <= 255 else np.int32
     columns = [padded[:, :, dw:dw + (ow - 1) * sw + 1:sw] for dw in range(kw)]      # (N, H', out_w, C)
-    row_best, row_first = _first_maxima(columns, dtype=dtype)
+    row_top, row_slot = _first_maxima(columns, max_start, dtype=dtype)
     rows = [slice(dh, dh + (oh - 1) * sh + 1, sh) for dh in range(kh)]
-    best, first = _first_maxima([row_best[:, r] for r in rows], [row_first[:, r] for r in rows], kw, dtype)
-    ints = _bits(padded.dtype)
-    if padded.view(ints).min() == np.iinfo(ints).min:  # a -0.0 somewhere: zero maxima take the winner's bits
-        zero = np.nonzero(best == 0)
-        dh, dw = np.divmod(first[zero].astype(np.intp), kw)
-        best[zero] = padded[zero[0], zero[1] * sh + dh, zero[2] * sw + dw, zero[3]]
-    code = np.subtract(dtype(count), first, out=first)                 # count − the first offset
-    np.multiply(code, best > max_start, out=code)                       # nothing above -FLT_MAX: 0
-    code_nchw = np.empty((n, c, oh * ow), dtype)
+    top, slot = _first_maxima([row_top[:, r] for r in rows], max_start, [row_slot[:, r] for r in rows], kw, dtype)
+    if _holds_negative_zero(padded):
+        zero = np.nonzero(top == 0)
+        dh, dw = np.divmod(slot[zero].astype(np.intp) - 1, kw)
+        top[zero] = padded[zero[0], zero[1] * sh + dh, zero[2] * sw + dw, zero[3]]
+    slot_nchw = np.empty((n, c, oh * ow), dtype)
     for i in range(n):
-        cv2.transpose(code[i].reshape(oh * ow, c), dst=code_nchw[i])
-    return best, code_nchw
+        cv2.transpose(slot[i].reshape(oh * ow, c), dst=slot_nchw[i])
+    return top, slot_nchw
 
 
 def tiles(kernel, stride, pad, out, size) -> bool:
@@ -165,28 +170,15 @@ def _offset_planes(x: torch.Tensor, kernel, out) -> np.ndarray:
 
 def _tiled_scan(x: torch.Tensor, kernel, out, max_start: float, top: np.ndarray) -> np.ndarray:
     """Caffe's MAX forward over tiling windows: writes the top (the flat NCHW ``top``) and returns each window's
-    slot, ``1 + `` the winner's offset (0: nothing above -FLT_MAX), uint8 ``(N, C, out_h·out_w)``.
-
-    Caffe's loop, offset by offset: ``if (bottom > top) { top = bottom; mask = offset; }`` from ``top =
-    -FLT_MAX``, so NaN never wins, ties keep the first in scan order, and a window of nothing above -FLT_MAX
-    keeps -FLT_MAX and no winner.  A later winner is strictly greater, hence its larger slot is the running
-    maximum of ``(k + 1)·won``; the running top is ``fmax`` (NaN ignored), whose value equals the winner's,
-    though for a zero maximum its sign is NumPy's choice: where the bottom holds a -0.0 at all (the
-    integer view's minimum is its bit pattern), zero maxima are replaced by their winner's own bits."""
+    slot, 1 + the winner's offset (0: nothing above -FLT_MAX), uint8 ``(N, C, out_h·out_w)``: Caffe's loop
+    over the offset rows (:func:`_first_maxima`); where the bottom holds a -0.0, a zero maximum takes its
+    winner's own bits."""
     planes = _offset_planes(x, kernel, out)
-    size = planes.shape[1]
-    top[:] = max_start
-    slot = np.zeros(size, np.uint8)
-    won, term = np.empty(size, bool), np.empty(size, np.uint8)
-    for k, candidates in enumerate(planes):
-        np.greater(candidates, top, out=won)
-        np.multiply(won.view(np.uint8), np.uint8(k + 1), out=term)
-        np.maximum(slot, term, out=slot)
-        np.fmax(top, candidates, out=top)
-    ints = _bits(planes.dtype)
-    if planes.view(ints).min() == np.iinfo(ints).min:  # a -0.0 somewhere
-        zero = np.flatnonzero(top == 0)
-        top[zero] = planes[slot[zero].astype(np.intp) - 1, zero]
+    best, slot = _first_maxima(planes, max_start)
+    if _holds_negative_zero(planes):
+        zero = np.flatnonzero(best == 0)
+        best[zero] = planes[slot[zero].astype(np.intp) - 1, zero]
+    top[:] = best
     return slot.reshape(x.shape[0], x.shape[1], -1)
 
 
@@ -206,36 +198,31 @@ def _tiled_bottom_diff(top_diff: np.ndarray, slot: np.ndarray, kernel, out, grad
         _keep_bits(diff, won, out=windows[:, k // kernel[1], :, k % kernel[1]])
 
 
-def _slot_codes(slot: np.ndarray, count: int) -> np.ndarray:
-    """The scan's codes (``k_h·k_w − offset``, 0: none) of the tiled scan's slots (``1 + offset``, 0: none)."""
-    return np.where(slot > 0, count + 1 - slot.astype(np.int32), 0).astype(slot.dtype)
-
-
-def _flat_index(code: np.ndarray, kernel, stride, pad, out, width: int, none: int = -1) -> np.ndarray:
-    """The int64 ``h·W + w`` of each code's element, ``none`` for code 0, ``(N, C, out_h·out_w)``: a table
-    lookup (``dh·W + dw`` of the first matching offset) plus the window's corner."""
+def _flat_index(slot: np.ndarray, kernel, stride, pad, out, width: int, none: int = -1) -> np.ndarray:
+    """The int64 ``h·W + w`` of each slot's element (1 + the winner's offset), ``none`` for slot 0,
+    ``(N, C, out_h·out_w)``: a table lookup (``dh·W + dw`` of the offset) plus the window's corner."""
     count = kernel[0] * kernel[1]
-    first = count - np.arange(count + 1)                                   # the offset each code stands for
-    table = (first // kernel[1]) * width + first % kernel[1]
+    offset = np.arange(-1, count)                                          # the offset each slot stands for
+    table = (offset // kernel[1]) * width + offset % kernel[1]
     corner = (np.arange(out[0])[:, None] * stride[0] - pad[0]) * width + np.arange(out[1]) * stride[1] - pad[1]
-    if code.dtype == np.uint8 and code.size:  # OpenCV's table lookup into int32 (~8x NumPy's fancy indexing)
+    if slot.dtype == np.uint8 and slot.size:  # OpenCV's table lookup into int32 (~8x NumPy's fancy indexing)
         table[0] = _NONE_SELECTED_32
-        offsets = cv2.LUT(code.reshape(-1, code.shape[-1]), np.pad(table, (0, 255 - count)).astype(np.int32))
-        flat = np.add(offsets.reshape(code.shape), corner.reshape(-1), dtype=np.int64)
+        offsets = cv2.LUT(slot.reshape(-1, slot.shape[-1]), np.pad(table, (0, 255 - count)).astype(np.int32))
+        flat = np.add(offsets.reshape(slot.shape), corner.reshape(-1), dtype=np.int64)
     else:
         table[0] = _NONE_SELECTED
-        flat = table[code]  # fancy indexing: np.take converts a uint8 index to intp first, ~6x slower
+        flat = table[slot]  # fancy indexing: np.take converts a uint8 index to intp first, ~6x slower
         flat += corner.reshape(-1)
     return np.maximum(flat, none, out=flat)
 
 
-def _bottom_diff(top_diff: np.ndarray, code: np.ndarray, kernel, stride, pad, out, width: int, grad: torch.Tensor):
+def _bottom_diff(top_diff: np.ndarray, slot: np.ndarray, kernel, stride, pad, out, width: int, grad: torch.Tensor):
     """Caffe's MAX pooling backward for a block into ``grad`` ``(n, C, H·W)``: each top diff added to the element
-    its code names, in the order of the outputs (``scatter_add_``, as ``max_pool_bottom_diff``).  An output
-    that selected nothing adds 0 to element 0 instead (a sum that starts at +0 is never -0: no bit changes)."""
-    n, c = code.shape[:2]
-    index = _flat_index(code, kernel, stride, pad, out, width, none=0)
-    source = _keep_bits(top_diff.reshape(n, c, -1).view(_bits(top_diff.dtype)), code != 0).view(top_diff.dtype)
+    its slot names, in the order of the outputs (``scatter_add_``, as ``max_pool_bottom_diff``).  An output
+    that selected nothing adds +0 to element 0 instead (a sum that starts at +0 is never -0: no bit changes)."""
+    n, c = slot.shape[:2]
+    index = _flat_index(slot, kernel, stride, pad, out, width, none=0)
+    source = _keep_bits(top_diff.reshape(n, c, -1).view(_bits(top_diff.dtype)), slot != 0).view(top_diff.dtype)
     grad.zero_().scatter_add_(2, torch.from_numpy(index), torch.from_numpy(source))
 
 
@@ -248,9 +235,9 @@ def winners(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float) -
 
 class MaxPoolRouted(torch.autograd.Function):
     """Training-time MAX pooling on the CPU that keeps Caffe's choice from the forward, as Caffe keeps its mask:
-    the scan runs on the NHWC copy and maxima the forward makes anyway, and the backward only looks the codes
-    up and adds each top diff to its element (:func:`_bottom_diff`); the bottom itself is not kept.
-    The top is Caffe's (``pooling.caffe_maxima``): the maxima of the -inf padded NaN-free copy, raised to
+    the forward's scan keeps each window's slot, and the backward only looks the slots up and adds each top
+    diff to its element (:func:`_bottom_diff`, :func:`_tiled_bottom_diff`); the bottom itself is not kept.
+    The top is Caffe's (``pooling.caffe_maxima``): the maxima of the window's non-NaN elements, at least
     -FLT_MAX.  Both passes run in blocks of samples (:mod:`~caffe_compat.layers.cache_blocking`)."""
 
     @staticmethod
@@ -259,37 +246,34 @@ class MaxPoolRouted(torch.autograd.Function):
         block = samples_per_block(x)
         top = x.new_empty((x.shape[0], x.shape[1], out[0], out[1]))
         tiled = tiles(kernel, stride, pad, out, x.shape[2:])
-        codes = []
+        slots = []
         for i in range(0, x.shape[0], block):
             if tiled:
-                codes.append(_tiled_scan(x[i:i + block], kernel, out, max_start, top[i:i + block].view(-1).numpy()))
+                slots.append(_tiled_scan(x[i:i + block], kernel, out, max_start, top[i:i + block].view(-1).numpy()))
                 continue
-            best, code = _scan(x[i:i + block], kernel, stride, pad, out, ends, max_start)
-            np.maximum(best, best.dtype.type(max_start), out=best)  # Caffe's start value: -inf -> -FLT_MAX
+            best, slot = _scan(x[i:i + block], kernel, stride, pad, out, ends, max_start)
             rows = top[i:i + block].view(len(best), x.shape[1], -1).numpy()
             for j in range(len(best)):
                 cv2.transpose(best[j].reshape(out[0] * out[1], -1), dst=rows[j])
-            codes.append(code)
-        ctx.code = codes[0] if len(codes) == 1 else np.concatenate(codes)
+            slots.append(slot)
+        ctx.slot = slots[0] if len(slots) == 1 else np.concatenate(slots)
         ctx.geometry, ctx.size, ctx.block, ctx.tiled = geometry[:4], tuple(x.shape[2:]), block, tiled
         return top
 
     @staticmethod
     def backward(ctx, top_diff):
-        code, block, (height, width) = ctx.code, ctx.block, ctx.size
+        slot, block, (height, width) = ctx.slot, ctx.block, ctx.size
         kernel, out = ctx.geometry[0], ctx.geometry[3]
         if torch.is_grad_enabled():  # create_graph: the diff must stay differentiable in top_diff (PyTorch's form)
             from caffe_compat.layers.pooling import max_pool_bottom_diff  # (pooling imports this module)
 
-            if ctx.tiled:
-                code = _slot_codes(code, kernel[0] * kernel[1])
-            winner = torch.from_numpy(_flat_index(code, *ctx.geometry, width)).view(*code.shape[:2], *ctx.geometry[3])
+            winner = torch.from_numpy(_flat_index(slot, *ctx.geometry, width)).view(*slot.shape[:2], *ctx.geometry[3])
             return max_pool_bottom_diff(top_diff, winner, ctx.size), None
         diff = top_diff.detach().contiguous().numpy()
-        grad = top_diff.new_empty((code.shape[0], code.shape[1], height * width))
-        for i in range(0, len(code), block):
+        grad = top_diff.new_empty((slot.shape[0], slot.shape[1], height * width))
+        for i in range(0, len(slot), block):
             if ctx.tiled:
-                _tiled_bottom_diff(diff[i:i + block], code[i:i + block], kernel, out, grad[i:i + block])
+                _tiled_bottom_diff(diff[i:i + block], slot[i:i + block], kernel, out, grad[i:i + block])
             else:
-                _bottom_diff(diff[i:i + block], code[i:i + block], *ctx.geometry, width, grad[i:i + block])
-        return grad.view(len(code), code.shape[1], height, width), None
+                _bottom_diff(diff[i:i + block], slot[i:i + block], *ctx.geometry, width, grad[i:i + block])
+        return grad.view(len(slot), slot.shape[1], height, width), None

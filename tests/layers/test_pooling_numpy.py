@@ -70,6 +70,14 @@ def test_the_pytorch_form_gives_the_same_diff(monkeypatch):
     assert torch.equal(diffs[0], diffs[1])
 
 
+def _routed_back(bottom_values: torch.Tensor, mask: np.ndarray) -> torch.Tensor:
+    """Per output, the bottom value at Caffe's mask (``h·W + w``), 0 where the mask is -1."""
+    n, c = mask.shape[:2]
+    index = torch.from_numpy(mask)
+    picked = bottom_values.reshape(n, c, -1).gather(2, index.clamp_min(0).view(n, c, -1)).view(mask.shape)
+    return torch.where(index >= 0, picked, 0.0)
+
+
 def test_a_differentiable_backward_keeps_the_diff_linear_in_the_top_diff():
     """``create_graph=True`` (a gradient penalty): the routed diff is differentiated again, w.r.t. the top diff,
     as through the PyTorch form; the second derivative routes back the same way."""
@@ -83,10 +91,7 @@ def test_a_differentiable_backward_keeps_the_diff_linear_in_the_top_diff():
     (dx,) = torch.autograd.grad(top, xt, dy, create_graph=True)
     (ddy,) = torch.autograd.grad((dx * dx).sum(), dy)
     _, mask, _ = _caffe_max_pool(x.numpy(), *port.geometry_for(7, 7), np.zeros(top.shape, np.float32))
-    flat_dx = dx.detach().reshape(2, 2, -1)
-    expected = torch.where(torch.from_numpy(mask) >= 0,
-                           2 * flat_dx.gather(2, torch.from_numpy(mask).clamp_min(0).view(2, 2, -1)).view(top.shape), 0.0)
-    assert torch.equal(ddy, expected)
+    assert torch.equal(ddy, _routed_back(2 * dx.detach(), mask))
 
 
 # ------------------------------------------------------------------------- windows that tile the bottom
@@ -196,7 +201,4 @@ def test_tiling_windows_keep_a_differentiable_backward():
     _, mask, reference_dx = _caffe_max_pool(x.numpy(), *port.geometry_for(4, 6), dy.detach().numpy())
     np.testing.assert_array_equal(dx.detach().numpy(), reference_dx.astype(np.float32))
     (ddy,) = torch.autograd.grad((dx * dx).sum(), dy)
-    flat_dx = dx.detach().reshape(2, 3, -1)
-    expected = torch.where(torch.from_numpy(mask) >= 0,
-                           2 * flat_dx.gather(2, torch.from_numpy(mask).clamp_min(0).view(2, 3, -1)).view(top.shape), 0.0)
-    assert torch.equal(ddy, expected)
+    assert torch.equal(ddy, _routed_back(2 * dx.detach(), mask))
