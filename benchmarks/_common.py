@@ -9,7 +9,9 @@ module also puts the repository root first on ``sys.path``, so a script run as
 from __future__ import annotations
 
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,3 +88,15 @@ def fmt_ratio(peer_seconds: float | None, our_seconds: float | None, width: int 
     if not peer_seconds or not our_seconds:
         return f"{'-':>{width}}"
     return f"{peer_seconds / our_seconds:>{width - 1}.{digits}f}x"
+
+
+def median_time(fn, repeats: int, warmup: int = 1, clock=time.perf_counter) -> float:
+    """The median of ``repeats`` timed calls of ``fn`` (seconds, by ``clock``), after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    return statistics.median(times)

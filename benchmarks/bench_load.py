@@ -36,22 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO, fmt_ratio, print_header
+from _common import REPO, fmt_ratio, median_time, print_header
 
 SHARED = Path(os.environ.get("CAFFE_COMPAT_SHARED") or REPO.parent / "shared") / "caffe_reference"
 
 
 CLOCK = time.perf_counter
-
-
-def median_time(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = CLOCK()
-        fn()
-        times.append(CLOCK() - t)
-    return statistics.median(times)
 
 
 def googlenet_files(scratch: Path) -> tuple[Path, Path, str]:
@@ -150,10 +140,10 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for name, deploy, weights in models:
-        t_cv = median_time(lambda: opencv(deploy, weights), args.repeats)
+        t_cv = median_time(lambda: opencv(deploy, weights), args.repeats, clock=CLOCK)
         line = f"{name:24s} {t_cv * 1e3:9.1f}"
         for _, fn in rows:
-            t = median_time(lambda: fn(deploy, weights), args.repeats)
+            t = median_time(lambda: fn(deploy, weights), args.repeats, clock=CLOCK)
             line += f" {t * 1e3:17.1f} {fmt_ratio(t_cv, t)}"
         print(line)
     if args.fresh > 0:

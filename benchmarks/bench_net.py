@@ -12,13 +12,11 @@ faster).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import os
 from pathlib import Path
 
 import torch
-from _common import add_malloc_option, apply_malloc_option, caffe_reference, fmt_ratio, print_header
+from _common import add_malloc_option, apply_malloc_option, caffe_reference, fmt_ratio, median_time, print_header
 
 from caffe_compat.net import CaffeNet
 
@@ -39,16 +37,6 @@ def bare_forward(net: CaffeNet, data: torch.Tensor) -> torch.Tensor:
         outs = net.layers[step.module_key](*[values[b] for b in step.bottoms])
         values.update(zip(step.tops, outs))
     return values["fc_embedding"]
-
-
-def timed(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -85,8 +73,8 @@ def main() -> None:
         out = bare_forward(net, x)
         torch.autograd.backward(out, top_diff)
 
-    rows = [("forward", timed(caffenet_forward, args.repeats), timed(bare_fwd, args.repeats), 0),
-            ("forward+backward", timed(caffenet_backward, args.repeats), timed(bare_backward, args.repeats), 1)]
+    rows = [("forward", median_time(caffenet_forward, args.repeats), median_time(bare_fwd, args.repeats), 0),
+            ("forward+backward", median_time(caffenet_backward, args.repeats), median_time(bare_backward, args.repeats), 1)]
     reference, note = caffe_reference()
     caffe = (reference or {}).get("googlenet_full", {}).get(args.batch)
     print_header("the bare loop over the same layer ports (same run); real Caffe (recorded); ours = CaffeNet")

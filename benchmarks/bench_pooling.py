@@ -19,12 +19,10 @@ Ratios are peer time ÷ ours (above 1: ours faster); the threads are torch's def
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
-from _common import add_malloc_option, apply_malloc_option, fmt_ratio, print_header
+from _common import add_malloc_option, apply_malloc_option, fmt_ratio, median_time, print_header
 from google.protobuf import text_format
 
 from caffe_compat.layers import pooling_numpy
@@ -48,14 +46,7 @@ def pooling_port(pooling: str, shape):
 
 
 def median_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_time(fn, repeats, warmup=3) * 1e3
 
 
 def layer_pass(port, x, dy):
