@@ -1,8 +1,8 @@
 """MAX pooling in training on the CPU: forward + backward of the Caffe pooling layer against PyTorch's own.
 
 Rows: the poolings of the digits net (the main command's ``pool1``-``pool3``, 2 x 2 windows of stride 2 that
-tile their bottoms) and two of GoogLeNet's (3 x 3 windows of stride 2, overlapping, Caffe's rounding up), at
-the batch the net trains with.  Columns, each the median of ``--repeats`` forward + backward passes after
+tile their bottoms) and four of GoogLeNet's (3 x 3 windows of stride 2 with Caffe's rounding up, and of
+stride 1 with padding, in the inception modules: overlapping), at the batch each net trains with.  Columns, each the median of ``--repeats`` forward + backward passes after
 three warm-up passes, measured in the same run:
 
 * ``layer``: the Pooling port as a net runs it in training (``MaxPoolRouted``, Caffe's choice kept from the
@@ -35,7 +35,9 @@ CASES = [
     ("digits pool2", "kernel_size: 2 stride: 2", (64, 32, 16, 16)),
     ("digits pool3", "kernel_size: 2 stride: 2", (64, 64, 8, 8)),
     ("GoogLeNet pool2/3x3_s2", "kernel_size: 3 stride: 2", (8, 192, 56, 56)),
+    ("GoogLeNet inception_3a/pool", "kernel_size: 3 stride: 1 pad: 1", (8, 192, 28, 28)),
     ("GoogLeNet pool3/3x3_s2", "kernel_size: 3 stride: 2", (8, 480, 28, 28)),
+    ("GoogLeNet inception_4a/pool", "kernel_size: 3 stride: 1 pad: 1", (8, 480, 14, 14)),
 ]
 
 
@@ -57,10 +59,10 @@ def layer_pass(port, x, dy):
     return run
 
 
-def torch_pass(kernel, stride, x, dy):
+def torch_pass(kernel, stride, pad, x, dy):
     def run():
         xt = x.detach().requires_grad_()
-        torch.autograd.grad(F.max_pool2d(xt, kernel, stride, ceil_mode=True), xt, dy)
+        torch.autograd.grad(F.max_pool2d(xt, kernel, stride, pad, ceil_mode=True), xt, dy)
     return run
 
 
@@ -72,7 +74,7 @@ def main(argv=None) -> None:
     malloc = apply_malloc_option(args)
     print_header("PyTorch F.max_pool2d forward + backward (same run); ours = the Caffe Pooling layer, training")
     print(f"{malloc}; torch {torch.__version__}, {torch.get_num_threads()} threads; median of {args.repeats}")
-    head = (f"{'pooling':24} {'bottom':>18} {'tiled':>5} | {'layer ms':>9} {'general ms':>10} {'torch ms':>9} | "
+    head = (f"{'pooling':28} {'bottom':>18} {'tiled':>5} | {'layer ms':>9} {'general ms':>10} {'torch ms':>9} | "
             f"{'torch÷layer':>11} {'general÷layer':>13}")
     print(head)
     print("-" * len(head))
@@ -90,8 +92,8 @@ def main(argv=None) -> None:
             general = median_ms(layer_pass(port, x, dy), args.repeats)
         finally:
             pooling_numpy.tiles = real_tiles
-        peer = median_ms(torch_pass(kernel, stride, x, dy), args.repeats)
-        print(f"{name:24} {'x'.join(map(str, shape)):>18} {'yes' if tiled else 'no':>5} | {ours:9.2f} {general:10.2f} "
+        peer = median_ms(torch_pass(kernel, stride, pad, x, dy), args.repeats)
+        print(f"{name:28} {'x'.join(map(str, shape)):>18} {'yes' if tiled else 'no':>5} | {ours:9.2f} {general:10.2f} "
               f"{peer:9.2f} | {fmt_ratio(peer, ours, 11)} {fmt_ratio(general, ours, 13)}")
 
 
