@@ -202,3 +202,20 @@ def test_tiling_windows_keep_a_differentiable_backward():
     np.testing.assert_array_equal(dx.detach().numpy(), reference_dx.astype(np.float32))
     (ddy,) = torch.autograd.grad((dx * dx).sum(), dy)
     assert torch.equal(ddy, _routed_back(2 * dx.detach(), mask))
+
+
+@pytest.mark.parametrize("pooling", ["kernel_size: 2 stride: 2", "kernel_size: 3 stride: 1 pad: 1"])
+def test_a_channels_last_bottom_gives_the_same_top_and_diff(pooling):
+    """Training with ``--channels-last``: the bottom arrives NHWC-strided; both scans give the bits of the NCHW one."""
+    shape = (3, 4, 6, 8)
+    port = make_layer(f'type: "Pooling" pooling_param {{ pool: MAX {pooling} }}', [shape])
+    x = _signed_bottom(shape, seed=7, dtype=np.float32)
+    results = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xt = torch.from_numpy(x).contiguous(memory_format=layout).requires_grad_()
+        (top,) = port(xt)
+        dy = torch.from_numpy(_signed_top_diff(top.shape, seed=2, dtype=np.float32))
+        (dx,) = torch.autograd.grad(top, xt, dy)
+        results.append((top.detach().contiguous().numpy(), dx.contiguous().numpy()))
+    for nchw, nhwc in zip(*results):
+        _assert_same_bits(nhwc, nchw)
