@@ -22,8 +22,8 @@ element in scan order equal to the window's maximum ``m`` over its non-NaN eleme
 
 GoogLeNet's pooling bottoms at batch 8: 1.8-2.2x faster than the PyTorch form (e.g. ``pool2``, one
 192 x 56 x 56 sample: 4.3 → 2.2 ms).  The separable scan and the table lookup made a training pass
-(forward + backward, batch 8, one thread) of GoogLeNet's stride-1 inception poolings 1.31-1.42x faster than
-comparing all nine offsets per window, its stride-2 poolings 1.02-1.08x.  Used for float32 and float64
+(forward + backward, batch 8, one thread) of GoogLeNet's stride-1 inception poolings 1.23-1.36x faster than
+comparing all nine offsets per window, its stride-2 poolings 1.02-1.04x.  Used for float32 and float64
 CPU tensors in eager mode (:func:`applies`); the PyTorch form serves the rest (CUDA, other dtypes, compile,
 tracing, export).
 
