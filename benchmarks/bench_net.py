@@ -74,7 +74,8 @@ def main() -> None:
         torch.autograd.backward(out, top_diff)
 
     rows = [("forward", median_time(caffenet_forward, args.repeats), median_time(bare_fwd, args.repeats), 0),
-            ("forward+backward", median_time(caffenet_backward, args.repeats), median_time(bare_backward, args.repeats), 1)]
+            ("forward+backward", median_time(caffenet_backward, args.repeats),
+             median_time(bare_backward, args.repeats), 1)]
     reference, note = caffe_reference()
     caffe = (reference or {}).get("googlenet_full", {}).get(args.batch)
     print_header("the bare loop over the same layer ports (same run); real Caffe (recorded); ours = CaffeNet")

@@ -2,8 +2,9 @@
 
 Rows: the poolings of the digits net (the main command's ``pool1``-``pool3``, 2 x 2 windows of stride 2 that
 tile their bottoms) and four of GoogLeNet's (3 x 3 windows of stride 2 with Caffe's rounding up, and of
-stride 1 with padding, in the inception modules: overlapping), at the batch each net trains with.  Columns, each the median of ``--repeats`` forward + backward passes after
-three warm-up passes, measured in the same run:
+stride 1 with padding, in the inception modules: overlapping), at the batch each net trains with.  Columns,
+each the median of ``--repeats`` forward + backward passes after three warm-up passes, measured in the same
+run:
 
 * ``layer``: the Pooling port as a net runs it in training (``MaxPoolRouted``, Caffe's choice kept from the
   forward; the tiled windows take the offset-row scan, :func:`caffe_compat.layers.pooling_numpy.tiles`);

@@ -95,14 +95,15 @@ def _keep_bits(bits: np.ndarray, keep: np.ndarray, out: np.ndarray | None = None
     return np.bitwise_and(bits, ones, out=out)
 
 
-def _first_maxima(candidates, start: float, firsts=None, step: int = 1, dtype=np.uint8):
+def _first_maxima(candidates, start: float, signed_zeros: bool, firsts=None, step: int = 1, dtype=np.uint8):
     """Caffe's ``if (candidate > best) { best = candidate; mask = index; }`` over ``candidates`` (arrays of one
     shape, in scan order) from ``best = start``: ``(best, slot)``, ``slot`` the winner's index + 1, 0 where
     nothing is above ``start`` (NaN never wins, a tie keeps the earlier).  ``firsts``: per candidate the slot
     of its own winner within it (the second stage of a separable scan), the slot is then
     ``k·step + firsts[k]``.  A later winner's slot is larger, so ``slot`` is the running maximum of
     ``slot·won``; ``best`` is the running ``fmax`` (NaN ignored): the winner's value, though for a zero
-    maximum its sign is NumPy's choice (the callers take the winner's own bits where a -0.0 is about)."""
+    maximum its sign is NumPy's choice, so with ``signed_zeros`` (the candidates may hold a -0.0) a zero
+    maximum is copied from its winner, candidate ``(slot − 1) // step``."""
     best = np.full(candidates[0].shape, start, candidates[0].dtype)
     slot = np.zeros(best.shape, dtype)
     won, term = np.empty(best.shape, bool), np.empty(best.shape, dtype)
@@ -115,6 +116,10 @@ def _first_maxima(candidates, start: float, firsts=None, step: int = 1, dtype=np
             np.add(firsts[k], dtype(k * step), out=term)
             np.multiply(term, won, out=term)
         np.maximum(slot, term, out=slot)
+    if signed_zeros:
+        zero, winner = best == 0, (slot.astype(np.intp) - 1) // step
+        for k, candidate in enumerate(candidates):
+            np.copyto(best, candidate, where=zero & (winner == k))
     return best, slot
 
 
@@ -138,14 +143,12 @@ def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
     padded = _padded_nhwc(x.detach().numpy(), pad, ends)
     (kh, kw), (sh, sw), (oh, ow) = kernel, stride, out
     dtype = np.uint8 if kh * kw <= 255 else np.int32
+    signed = _holds_negative_zero(padded)
     columns = [padded[:, :, dw:dw + (ow - 1) * sw + 1:sw] for dw in range(kw)]      # (N, H', out_w, C)
-    row_top, row_slot = _first_maxima(columns, max_start, dtype=dtype)
+    row_top, row_slot = _first_maxima(columns, max_start, signed, dtype=dtype)
     rows = [slice(dh, dh + (oh - 1) * sh + 1, sh) for dh in range(kh)]
-    top, slot = _first_maxima([row_top[:, r] for r in rows], max_start, [row_slot[:, r] for r in rows], kw, dtype)
-    if _holds_negative_zero(padded):
-        zero = np.nonzero(top == 0)
-        dh, dw = np.divmod(slot[zero].astype(np.intp) - 1, kw)
-        top[zero] = padded[zero[0], zero[1] * sh + dh, zero[2] * sw + dw, zero[3]]
+    top, slot = _first_maxima([row_top[:, r] for r in rows], max_start, signed, [row_slot[:, r] for r in rows], kw,
+                              dtype)
     slot_nchw = np.empty((n, c, oh * ow), dtype)
     for i in range(n):
         cv2.transpose(slot[i].reshape(oh * ow, c), dst=slot_nchw[i])
@@ -172,10 +175,7 @@ def _tiled_scan(x: torch.Tensor, kernel, out, max_start: float, top: np.ndarray)
     over the offset rows (:func:`_first_maxima`); where the bottom holds a -0.0, a zero maximum takes its
     winner's own bits."""
     planes = _offset_planes(x, kernel, out)
-    best, slot = _first_maxima(planes, max_start)
-    if _holds_negative_zero(planes):
-        zero = np.flatnonzero(best == 0)
-        best[zero] = planes[slot[zero].astype(np.intp) - 1, zero]
+    best, slot = _first_maxima(planes, max_start, _holds_negative_zero(planes))
     top[:] = best
     return slot.reshape(x.shape[0], x.shape[1], -1)
 
