@@ -60,16 +60,23 @@ def test_a_224_crop_of_a_decoded_jpeg_streams_into_a_batch_row_like_the_numpy_pa
         assert batch[k].tobytes() == _reference(transformer, image, k).tobytes()
 
 
-def test_opencv_subtracts_a_float32_mean_from_float32_pixels_as_numpy_does():
-    # stream_crop lets cv2.subtract do Caffe's (pixel - mean) in float32: every byte value, odd means
-    rs = np.random.RandomState(1)
-    pixels = np.arange(256, dtype=np.float32)
+@pytest.mark.parametrize("channels", [2, 3, 4])
+def test_opencv_casts_bytes_and_subtracts_a_float32_mean_as_numpy_does(channels):
+    # stream_crop lets cv2.subtract do Caffe's float32(pixel) - mean from the uint8 window in one pass
+    # (dtype=CV_32F): every byte value, odd means, a window with a row stride (a crop), 2 to 4 channels
+    rs = np.random.RandomState(channels)
+    values = np.arange(256, dtype=np.uint8)
     for trial in range(300):
-        mean = rs.uniform(-300, 300, 3).astype(np.float32) if trial % 2 else (rs.uniform(0, 255, 3) / 3).astype(
-            np.float32)
-        image = np.ascontiguousarray(np.broadcast_to(pixels[:, None, None], (256, 1, 3)))
-        got = cv2.subtract(image, (*map(float, mean), 0.0), dst=image)
-        assert got.tobytes() == (pixels[:, None, None] - mean).astype(np.float32).tobytes()
+        mean = rs.uniform(-300, 300, channels) if trial % 2 else rs.uniform(0, 255, channels) / 3
+        mean = mean.astype(np.float32)
+        image = np.empty((16, 20, channels), np.uint8)
+        image[:, 2:18] = values.reshape(16, 16, 1)[:, :, [0] * channels]
+        window = image[:, 2:18]
+        out = np.full((16, 16, channels), np.nan, np.float32)
+        got = cv2.subtract(window, (*map(float, mean), *(0.0,) * (4 - channels)), dst=out, dtype=cv2.CV_32F)
+        assert got is out
+        want = window.astype(np.float32) - mean  # numpy: the float32 cast, then a float32 subtraction
+        assert want.dtype == np.float32 and out.tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("channels", [2, 3, 4])
