@@ -9,6 +9,8 @@ without AVX-512 (hence without bf16 units) even where no flags can be read.
 :func:`warn_if_bf16_slow` is what ``train(amp="bf16")`` calls on a CPU device: bf16 autocast on a CPU without
 bf16 matrix units converts every operand and computes in float32 anyway, and measured
 :data:`BF16_SPEED_OF_FP32` of float32's speed on the authors' net (2-vCPU AMD EPYC, AVX2).
+:func:`warn_if_compile_slow` is what ``train(compile=True)`` calls on a CPU device: the compiled training step
+ran at :data:`COMPILED_CPU_TRAINING_SPEED` of eager's speed (see there).
 """
 
 from __future__ import annotations
@@ -19,11 +21,20 @@ from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatWarning
 
-__all__ = ["BF16_SPEED_OF_FP32", "Bf16SlowerWarning", "cpu_model_name", "cpu_flags", "cpu_capability",
-           "cpu_class", "cpu_has_bf16_matmul", "warn_if_bf16_slow"]
+__all__ = ["BF16_SPEED_OF_FP32", "COMPILED_CPU_TRAINING_SPEED", "Bf16SlowerWarning", "CompileSlowerWarning",
+           "cpu_model_name", "cpu_flags", "cpu_capability", "cpu_class", "cpu_has_bf16_matmul", "warn_if_bf16_slow",
+           "warn_if_compile_slow"]
 
 #: Iterations/s of ``bf16`` autocast ÷ float32 measured on a CPU without bf16 units (AMD EPYC, AVX2).
 BF16_SPEED_OF_FP32 = 0.78
+
+#: Iterations/s of a ``torch.compile``'d training step ÷ eager on the CPU (inductor, torch 2.13, one run each after
+#: compilation, 2-vCPU Intel Xeon): the authors' GoogLeNet + FAPPY at batch 8, one thread (0.962 s eager, 2.72 s
+#: compiled, after 140 s of compilation), and the digits FAPPY net at batch 64, two threads (17.2 ms, 38.8 ms,
+#: after 6 s).  Under compile the CPU kernels that keep Caffe's MAX pooling, LRN and FAPPY exact (NumPy and
+#: OpenCV, opaque to a tracer) give way to their traced PyTorch forms, e.g. a stride-1 3 x 3 pooling of
+#: 8 x 192 x 28 x 28 trained in 200 ms instead of 14 ms.
+COMPILED_CPU_TRAINING_SPEED = (0.35, 0.44)
 
 #: CPU flags naming bfloat16 matrix / dot-product instructions (x86 AMX and AVX512-BF16, AArch64 BF16).
 BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
@@ -33,6 +44,10 @@ CPUINFO = Path("/proc/cpuinfo")
 
 class Bf16SlowerWarning(CaffeCompatWarning):
     """bf16 autocast was asked for on a CPU without bf16 matrix units: likely slower than float32."""
+
+
+class CompileSlowerWarning(CaffeCompatWarning):
+    """``torch.compile`` was asked for in training on a CPU: slower than eager there (it is meant for CUDA)."""
 
 
 def _cpuinfo_fields(name: str) -> list[str]:
@@ -114,4 +129,20 @@ def warn_if_bf16_slow(device_type: str, amp: str | None, stacklevel: int = 3) ->
         f"likely be slower than float32 (measured {BF16_SPEED_OF_FP32:.2f}x of float32's speed on such a CPU); "
         f"train in float32 instead (leave out --amp / amp=None)",
         Bf16SlowerWarning, stacklevel=stacklevel)
+    return True
+
+
+def warn_if_compile_slow(device_type: str, compile: bool, stacklevel: int = 3) -> bool:
+    """Warn (:class:`CompileSlowerWarning`, once per call) when a compiled training step is asked for on a CPU,
+    where it ran slower than eager (:data:`COMPILED_CPU_TRAINING_SPEED`); return whether it warned.  CUDA
+    and other devices never warn: there compiling is what lets the step run as one graph."""
+    if not compile or device_type != "cpu":
+        return False
+    low, high = COMPILED_CPU_TRAINING_SPEED
+    warnings.warn(
+        f"torch.compile makes training on the CPU slower, not faster: compiled training steps ran at "
+        f"{low:.2f}-{high:.2f}x of eager's speed (the authors' GoogLeNet and the digits net, after 6-140 s of "
+        f"compilation), because the CPU kernels that keep Caffe's MAX pooling, LRN and FAPPY exact give way to "
+        f"traced forms under compile; compile for CUDA, train without it here (leave out --compile)",
+        CompileSlowerWarning, stacklevel=stacklevel)
     return True

@@ -32,7 +32,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, help="override the paper's batch size (e.g. small for a CPU smoke run)")
     p.add_argument("--per-label", type=int, help="images per label run in a batch (label-shuffling sampler)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the training net (one graph: its data comes in through Input layers)")
+                   help="torch.compile the training net (one graph: its data comes in through Input layers); meant "
+                        "for CUDA: slower than eager on the CPU (warns)")
     p.add_argument("--out", help="run directory (default runs/<dataset>)")
     p.add_argument("--fresh", action="store_true",
                    help="discard what the requested runs' directories hold (snapshots, metrics) and retrain them")

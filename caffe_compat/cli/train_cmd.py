@@ -45,7 +45,9 @@ def register(sub) -> None:
     p.add_argument("--iters", type=int, help="iterations to run (default: up to max_iter)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward/backward")
     p.add_argument("--channels-last", action="store_true", help="NHWC memory order (values unchanged)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the net's forward (one graph, fullgraph, when its sources are Input layers)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the net's forward (one graph, fullgraph, when its sources are Input layers); "
+                        "meant for CUDA: slower than eager on the CPU (warns)")
     p.add_argument("--seed", type=int, help="seed of torch's generator (fillers, dropout); with --deterministic also "
                                            "numpy's and random's")
     p.add_argument("--deterministic", action="store_true",

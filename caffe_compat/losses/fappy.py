@@ -207,14 +207,18 @@ def _replay(fn, levels: list[float], *inputs: torch.Tensor) -> tuple[torch.Tenso
     return _CACHE.replay((fn.__name__, tuple(levels)), functools.partial(fn, levels=levels), *inputs)
 
 
+#: What a compiled graph asserts (no host synchronisation to name the pair, as the eager path does).
+_UNREADABLE = ("FAPPY: a cosine the layer reads is NaN, below -1, or >= 1 for a negative pair (the Caffe layer "
+               "reads its histogram out of bounds)")
+
+
 def _caffe_matrix(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``_caffe(_from_matrix(sim), labels, levels)``; on CUDA through a cached CUDA graph; under
     ``torch.compile`` the static form, its bounds check an assertion in the graph (no host sync)."""
     if torch.compiler.is_compiling() and levels and labels.numel() >= 2:
         loss, h, unreadable = _caffe_static(sim, labels, levels)
-        torch._assert_async(~unreadable, "FAPPY: a cosine the layer reads is NaN, below -1, or >= 1 for a negative "
-                                         "pair (the Caffe layer reads its histogram out of bounds)")
+        torch._assert_async(~unreadable, _UNREADABLE)
         return loss, h
     if _graph_applies(sim, labels, levels):
         loss, h, unreadable = _replay(_caffe_static, levels, sim, labels)
@@ -307,13 +311,17 @@ class _FAPPYCaffeEmbeddings(_SavedGradient):
     """``FAPPYLoss(mode="caffe")`` from the embeddings in one node: CosineSimilarityBatch, then the C++
     FAPPY layer, whose diff (computed in Forward, as in Caffe) goes through CosineSimilarityBatch's
     backward formula (:func:`_cosine_backward`) at once; backward scales that gradient by grad_output
-    (Caffe's loss_weight).  No autograd graph for the cosine matrix; on CUDA one graph replay."""
+    (Caffe's loss_weight).  No autograd graph for the cosine matrix; on CUDA one graph replay; under
+    ``torch.compile`` the static form (no host synchronisation: one graph, ``fullgraph=True``)."""
 
     @staticmethod
     def forward(ctx, x, labels, delta):
         levels = caffe_levels(delta)
         grad = None
-        if _graph_applies(x, labels, levels):
+        if torch.compiler.is_compiling() and levels and labels.numel() >= 2:
+            loss, grad, unreadable = _embeddings_static(x, labels, levels)
+            torch._assert_async(~unreadable, _UNREADABLE)
+        elif _graph_applies(x, labels, levels):
             loss, grad, unreadable = _replay(_embeddings_static, levels, x, labels)
             if bool(unreadable):
                 grad = None  # the eager path below raises, naming the pair

@@ -46,7 +46,23 @@ def _flat_inputs(cosine: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
     return cosine.reshape(-1), labels
 
 
-@functools.lru_cache(maxsize=32)
+def _cached_in_eager_mode(maxsize: int):
+    """``functools.lru_cache(maxsize)`` for eager calls; under ``torch.compile`` the function itself is traced
+    (its tensors become constants of the graph either way, and Dynamo warns each time it has to trace
+    through a cache wrapper: a ``train --compile`` of a FAPPY net printed two such warnings)."""
+    def wrap(fn):
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(*args):
+            return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+        call.cache_info, call.cache_clear = cached.cache_info, cached.cache_clear
+        return call
+    return wrap
+
+
+@_cached_in_eager_mode(maxsize=32)
 def _pair_geometry(b: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per batch size and device (cached): ``iu``, ``ju`` of the pairs i<j in Caffe's order and the
     (B,B) map ``pair_of[i, j] = pair_of[j, i]`` = k of pair k, M on the diagonal."""
@@ -56,7 +72,7 @@ def _pair_geometry(b: int, device: torch.device) -> tuple[torch.Tensor, torch.Te
     return iu, ju, torch.where(lo == hi, b * (b - 1) // 2, pair_index(lo, hi, b))
 
 
-@functools.lru_cache(maxsize=64)
+@_cached_in_eager_mode(maxsize=64)
 def _widths(levels: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The (L,) float64 bin widths and the (3,1) bin offsets -1, 0, 1 (cached)."""
     return (torch.tensor(levels, dtype=torch.float64, device=device),

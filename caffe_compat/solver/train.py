@@ -15,7 +15,8 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
 * ``channels_last``: 4-D parameters and inputs in NHWC memory order (values unchanged).
 * ``compile``: the net's forward through ``torch.compile``, as one graph (``fullgraph=True``) when its
   sources are Inputs fed from ``data`` (:func:`caffe_compat.net.compile_net`; data layers reading their
-  own files, or user Python layers, break the graph around them).
+  own files, or user Python layers, break the graph around them).  Meant for CUDA: on a CPU device it
+  warns once (:class:`~caffe_compat.hardware.CompileSlowerWarning`: the compiled step was 2-3x slower).
 * ``deterministic``: seeds (torch, numpy, random), ``torch.use_deterministic_algorithms``, no cuDNN
   autotuning: two runs with the same seed give the same weights.
 * a tqdm bar with loss and lr, a CSV log (``iter, loss, smoothed_loss, lr, clip_scale, seconds``),
@@ -85,7 +86,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
-from caffe_compat.hardware import warn_if_bf16_slow
+from caffe_compat.hardware import warn_if_bf16_slow, warn_if_compile_slow
 from caffe_compat.net import compile_net
 from caffe_compat.solver import distributed as ddp
 from caffe_compat.solver.distributed_run import (ALONE, DistributedRun, RankZeroOnly, prepare_nets, rank_device,
@@ -208,6 +209,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     feeds = _attach_feeds(solver, data, test_data)
     if amp is not None:
         warn_if_bf16_slow(solver.device.type, amp, stacklevel=4)  # warn_if_bf16_slow <- _train <- train <- caller
+    warn_if_compile_slow(solver.device.type, compile, stacklevel=4)
     _configure(solver, amp, channels_last, compile)
     if resume is not None:
         load_train_state(solver, resume, feeds)

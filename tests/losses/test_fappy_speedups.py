@@ -73,3 +73,31 @@ def test_module_gradient_matches_the_frozen_layer_bitwise(delta):
         ref_loss, e = fappy_frozen._caffe(_from_matrix(sim), labels, caffe_levels(delta))
         ref_grad = fappy._cosine_backward(x, sim, e.to(x.dtype))
     assert _same(loss, ref_loss.to(x.dtype)) and _same(x.grad, ref_grad)
+
+
+
+def test_the_geometry_caches_step_aside_under_compile(monkeypatch):
+    """``_pair_geometry`` and ``_widths`` are cached in eager mode and traced as plain functions under
+    ``torch.compile``: Dynamo warned (``functools.lru_cache``-wrapped function) at each when it had to trace
+    through the cache, which a ``train --compile`` of a FAPPY net printed.  Same loss and gradient as eager."""
+    import warnings
+
+    from caffe_compat.losses import fappy_rows
+
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set(), raising=False)  # Dynamo warns once a process
+    torch._dynamo.reset()
+    loss = FAPPYLoss(delta=1e-2)
+    x, labels = _batch(12, 8, 3, seed=4)
+    before = fappy_rows._pair_geometry.cache_info(), fappy_rows._widths.cache_info()
+    traced_x = x.clone().requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.compile(loss, fullgraph=True, backend="aot_eager")(traced_x, labels)
+        traced.backward()
+    assert [str(w.message) for w in caught if "lru_cache" in str(w.message)] == []
+    assert (fappy_rows._pair_geometry.cache_info(), fappy_rows._widths.cache_info()) == before  # not consulted
+    eager_x = x.clone().requires_grad_()
+    eager = loss(eager_x, labels)
+    eager.backward()
+    assert torch.equal(_bits(traced), _bits(eager)) and torch.equal(_bits(traced_x.grad), _bits(eager_x.grad))
+    assert fappy_rows._widths.cache_info().currsize >= 1  # the eager call used the cache
