@@ -10,11 +10,11 @@ never computed on, so the values are the ones the strided cast gave.
 
 The planes (and the mirrored window) live in per-thread scratch arrays, reused for every image of the
 same shape (``cv2.split`` into arrays it allocates itself took 3x as long: fresh pages).  The planes'
-addresses are deliberately misaligned by different amounts: OpenCV's ``split`` switches to non-temporal
-(cache-bypassing) stores when its outputs are all 64-byte aligned or all misaligned alike
-(``vecsplit_`` in ``split.simd.hpp``), which sends the planes to memory just before the cast reads them
-(~200 µs instead of ~11 µs for a 224 x 224 x 3 window, row by row, measured with OpenCV 4.14).  A caller
-uses the planes before its next call on the same thread.  Images of more than 4 channels return None
+addresses are deliberately misaligned by different amounts (:func:`caffe_compat.io.planes.skewed_planes`):
+OpenCV's ``split`` switches to non-temporal (cache-bypassing) stores when its outputs are all 64-byte
+aligned or all misaligned alike, which sends the planes to memory just before the cast reads them (~200 µs
+instead of ~11 µs for a 224 x 224 x 3 window, row by row, measured with OpenCV 4.14).  A caller uses the
+planes before its next call on the same thread.  Images of more than 4 channels return None
 (the caller keeps the strided numpy cast).
 """
 
@@ -25,9 +25,10 @@ import threading
 import cv2
 import numpy as np
 
+from caffe_compat.io.planes import skewed_planes
+
 _LOCAL = threading.local()
 _MAX_SHAPES = 4  # scratch sets kept per thread (a data set mixes few crop shapes)
-_SKEW = 16  # bytes between the planes' offsets from 64-byte boundaries: never all alike (see the docstring)
 
 
 def _scratch(height: int, width: int, channels: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -40,11 +41,7 @@ def _scratch(height: int, width: int, channels: int) -> tuple[list[np.ndarray], 
     if found is None:
         if len(cache) >= _MAX_SHAPES:
             cache.clear()
-        size = height * width + _SKEW
-        block = np.empty(channels * size + 64, np.uint8)
-        first = -block.ctypes.data % 64  # plane c starts _SKEW * c bytes past a 64-byte boundary
-        planes = [block[first + c * size:first + c * size + height * width].reshape(height, width)
-                  for c in range(channels)]
+        planes = list(skewed_planes(channels, height, width))  # plane c starts SKEW * c bytes past a 64-byte boundary
         found = cache[key] = (planes, np.empty((height, width, channels), np.uint8))
     return found
 

@@ -51,6 +51,7 @@ from typing import Callable
 import numpy as np
 
 from caffe_compat.errors import DataError
+from caffe_compat.io.planes import chw_planes
 from caffe_compat.io.safe_open import memory_budget, read_list_text, read_regular_bytes
 
 
@@ -191,7 +192,7 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
     if image.ndim == 2:
         image = image[:, :, None]
     if encode_type is None:
-        return make_datum(np.ascontiguousarray(image.transpose(2, 0, 1)), label)
+        return make_datum(chw_planes(image), label)
     encoding = encode_type or (name[name.rfind(".") + 1:] if "." in name else name).lower()
     if not (h or w) and match_ext(name, encoding):
         return make_datum(raw, label, encoded=True)  # ReadFileToDatum: the file's own bytes

@@ -210,9 +210,9 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
         if image.dtype != np.uint8:
             raise DataError(f"{source}: decoded image is {image.dtype}; Caffe needs 8-bit images "
                             f"(DataTransformer/CVMatToDatum CHECK CV_8U)")
-        if image.ndim == 2:
-            image = image[:, :, None]
-        return np.ascontiguousarray(image.transpose(2, 0, 1))
+        from caffe_compat.io.planes import chw_planes
+
+        return chw_planes(image)  # C x H x W, the planes split by OpenCV
     shape = (datum.channels, datum.height, datum.width)
     if min(shape) < 0:
         raise DataError(f"{source}: raw Datum with a negative shape {shape} (channels, height, width)")

@@ -316,12 +316,13 @@ class ImageData(_RecordLayer):
     def _decode(self, line: int) -> np.ndarray:
         """Line ``line`` of the list file (0-based) as C x H x W pixels."""
         from caffe_compat.data.image import load_image_bgr
+        from caffe_compat.io.planes import chw_planes
 
         image = load_image_bgr(self.root_folder + self.lines[line][0], color=self.is_color,
                                new_height=self.new_height, new_width=self.new_width,
                                what=f"layer '{self.layer_name}' (ImageData) {self.param.image_data_param.source} "
                                     f"entry {line + 1}")
-        return np.ascontiguousarray(image.transpose(2, 0, 1))
+        return chw_planes(image)
 
     def _upcoming(self, cur, n: int) -> list[int]:
         """The lines of the next ``n`` records, up to the end of the list when a shuffle follows it."""

@@ -126,10 +126,11 @@ class _ImageListSource:
 
     def image(self, index: int) -> tuple[np.ndarray, int]:
         from caffe_compat.data.image import load_image_bgr
+        from caffe_compat.io.planes import chw_planes
 
         name, label = self.lines[index]
         image = load_image_bgr(self.root_folder + name, self.is_color, self.new_height, self.new_width)
-        return np.ascontiguousarray(image.transpose(2, 0, 1)), label
+        return chw_planes(image), label
 
 
 @register_layer("Python:label_shuffling_layer.LabelShufflingLayer")

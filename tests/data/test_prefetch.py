@@ -138,8 +138,20 @@ def _assert_same(a, b):
         assert state_a == state_b
 
 
+_EARLIER: set = set()
+
+
+@pytest.fixture(autouse=True)
+def _threads_of_earlier_tests():
+    """The prefetch threads alive when a test starts are not its own: a layer stops its threads when it is
+    collected, and another module's test may still hold one (run after tests/layers, these tests saw them)."""
+    _EARLIER.clear()
+    _EARLIER.update(t for t in threading.enumerate() if t.name.startswith("caffe_compat-"))
+    yield
+
+
 def _prefetch_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("caffe_compat-")]
+    return [t for t in threading.enumerate() if t.name.startswith("caffe_compat-") and t not in _EARLIER]
 
 
 def _wait_no_threads(timeout=10.0):
