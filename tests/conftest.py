@@ -67,6 +67,19 @@ def _shared_guard(request):
     _Guard.test, _Guard.allowed = "between tests", False
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """torch's intra-op thread count is process-wide: a test that sets it sets it for itself only.  (One that
+    left it at 1 ran every later test on one thread, so a test of exact printed figures passed in the whole
+    suite and failed when run alone.)"""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def fixture_path(relative: str) -> Path:
     """``tests/fixtures/<relative>`` (every reference the suite needs is there)."""
     candidate = FIXTURES / relative

@@ -190,7 +190,9 @@ def iter_records(path, txn) -> Iterator[tuple[int, bytes, bytes]]:
 def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: bool = False,
                  source: str = "datum") -> np.ndarray:
     """The Datum's image as C×H×W, decoded as Caffe decodes it (see the module docstring): uint8 for
-    byte data and encoded images, float32 for ``float_data``.  ``source`` names the record in errors."""
+    byte data and encoded images, float32 for ``float_data``.  ``source`` names the record in errors.
+    An encoded image of 2 to 4 channels comes as OpenCV split it (:func:`caffe_compat.io.planes.chw_planes`):
+    each plane contiguous, the planes not one block (``np.ascontiguousarray`` makes one)."""
     if force_color and force_gray:
         raise FormatError(f"{source}: cannot set both force_color and force_gray")
     if datum.encoded:

@@ -130,7 +130,11 @@ def test_our_train_log_parses_like_the_real_caffe_log_of_the_same_run(tmp_path):
     assert ours.train_columns == caffe.train_columns == ["NumIters", "Seconds", "LearningRate", "loss"]
     assert len(caffe.train) == 5 and not caffe.test and not ours.test
     for a, b in zip(ours.train, caffe.train, strict=True):
-        assert (a["NumIters"], a["LearningRate"], a["loss"]) == (b["NumIters"], b["LearningRate"], b["loss"])
+        assert (a["NumIters"], a["LearningRate"]) == (b["NumIters"], b["LearningRate"])
+        # both logs print the float32 loss to 6 significant digits: ours is Caffe's to 2e-6 relative (this
+        # case's trajectory, tests/solver), and each print rounds by up to half a unit of the 6th digit
+        unit = 10.0 ** (math.floor(math.log10(abs(b["loss"]))) - 5)
+        assert abs(a["loss"] - b["loss"]) <= 2e-6 * abs(b["loss"]) + unit, (a["loss"], b["loss"])
     seconds = [row["Seconds"] for row in ours.train]
     assert seconds == sorted(seconds) and seconds[0] >= 0
     # what Caffe's own parse_log.py/extract_seconds.py need: a 'Solving' line, I<MMDD> <H:M:S.micro> prefixes
