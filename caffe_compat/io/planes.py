@@ -39,7 +39,7 @@ def skewed_planes(channels: int, height: int, width: int, dtype=np.uint8) -> np.
 def chw_planes(image: np.ndarray) -> np.ndarray:
     """``image`` (``H x W x C``, or ``H x W`` for one channel) as ``C x H x W``: the values of
     ``np.ascontiguousarray(image.transpose(2, 0, 1))``, split into :func:`skewed_planes` by OpenCV for 2 to
-    4 channels of a type OpenCV holds (8/16-bit integers, float32, float64), else NumPy's copy."""
+    4 channels of a type OpenCV holds (8, 16 and 32-bit integers, float32, float64), else NumPy's copy."""
     if image.ndim == 2:
         return np.ascontiguousarray(image)[None]
     height, width, channels = image.shape

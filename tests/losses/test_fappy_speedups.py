@@ -5,6 +5,8 @@ split of the levels), lone labels, no positive pair, tiny batches."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -79,9 +81,8 @@ def test_module_gradient_matches_the_frozen_layer_bitwise(delta):
 def test_the_geometry_caches_step_aside_under_compile(monkeypatch):
     """``_pair_geometry`` and ``_widths`` are cached in eager mode and traced as plain functions under
     ``torch.compile``: Dynamo warned (``functools.lru_cache``-wrapped function) at each when it had to trace
-    through the cache, which a ``train --compile`` of a FAPPY net printed.  Same loss and gradient as eager."""
-    import warnings
-
+    through the cache, which a ``train --compile`` of a FAPPY net printed.  ``FAPPYLoss`` traces as one graph
+    (the static form, as the layer port under compile) and gives eager's loss and gradient bit for bit."""
     from caffe_compat.losses import fappy_rows
 
     monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set(), raising=False)  # Dynamo warns once a process
