@@ -25,7 +25,7 @@ import threading
 import cv2
 import numpy as np
 
-from caffe_compat.io.planes import skewed_planes
+from caffe_compat.io.planes import skewed_planes, split_into
 
 _LOCAL = threading.local()
 _MAX_SHAPES = 4  # scratch sets kept per thread (a data set mixes few crop shapes)
@@ -106,8 +106,5 @@ def stream_crop(image_hwc: np.ndarray, h_off: int, w_off: int, height: int, widt
         np.copyto(floats, window, casting="unsafe")  # what astype(np.float32) computes
     if scale != 1:
         floats *= scale
-    targets = list(out)
-    written = cv2.split(floats, targets)
-    if list(map(id, written)) != list(map(id, targets)):  # OpenCV wrote elsewhere (never seen): copy it
-        np.copyto(out, np.stack(written))
+    split_into(floats, out)
     return True

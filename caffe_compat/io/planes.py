@@ -18,7 +18,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-__all__ = ["SKEW", "chw_planes", "skewed_planes"]
+__all__ = ["SKEW", "chw_planes", "skewed_planes", "split_into"]
 
 #: Bytes between successive planes' offsets from a 64-byte boundary: never all alike for up to 4 planes.
 SKEW = 16
@@ -46,11 +46,17 @@ def chw_planes(image: np.ndarray) -> np.ndarray:
     if not 2 <= channels <= 4 or image.dtype not in _OPENCV_DTYPES or image.size == 0:
         return np.ascontiguousarray(image.transpose(2, 0, 1))
     planes = skewed_planes(channels, height, width, image.dtype)
-    targets = list(planes)
-    written = cv2.split(np.ascontiguousarray(image), targets)
-    if [w.ctypes.data for w in written] != [t.ctypes.data for t in targets]:  # OpenCV wrote elsewhere (never seen)
-        return np.ascontiguousarray(image.transpose(2, 0, 1))
+    split_into(np.ascontiguousarray(image), planes)
     return planes
+
+
+def split_into(image: np.ndarray, planes: np.ndarray) -> None:
+    """``cv2.split`` of the interleaved ``H x W x C`` ``image`` into ``planes`` (``C x H x W``, each plane
+    C-contiguous); should OpenCV write its planes elsewhere (never seen), they are copied in."""
+    targets = list(planes)
+    written = cv2.split(image, targets)
+    if [w.ctypes.data for w in written] != [t.ctypes.data for t in targets]:
+        np.copyto(planes, np.stack(written))
 
 
 _OPENCV_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.int32, np.float32,

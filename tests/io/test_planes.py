@@ -66,3 +66,13 @@ def test_an_encoded_datum_decodes_to_numpys_transposed_pixels(flag_name, force):
     assert pixels.tobytes() == _reference(decoded).tobytes()
     raw = make_datum(pixels, 3)  # convert_imageset's raw Datum from the planes: NumPy's bytes
     assert raw.data == _reference(decoded).tobytes() and (raw.channels, raw.height, raw.width) == pixels.shape
+
+
+def test_planes_opencv_wrote_elsewhere_are_copied_in(monkeypatch):
+    """``split_into``'s guard: should OpenCV hand back planes of its own, their values still land in ours."""
+    from caffe_compat.io import planes as planes_module
+
+    monkeypatch.setattr(planes_module.cv2, "split", lambda image, targets: [image[:, :, c].copy()
+                                                                           for c in range(image.shape[2])])
+    image = np.random.RandomState(3).randint(0, 256, (5, 6, 3)).astype(np.uint8)
+    assert chw_planes(image).tobytes() == _reference(image).tobytes()
