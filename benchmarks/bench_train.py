@@ -16,6 +16,12 @@ took 0.714 s / 0.943 s) (caffe_reference README, section 6): the row of this CPU
 Every ratio is peer time ÷ our time (> 1: ours faster): the fp32 NCHW eager baseline ÷ the variant, and
 real Caffe ÷ our fp32 baseline.
 
+Hand-written rows (``--handwritten``, on by default): the same net written as a plain PyTorch ``nn.Module``
+(``handwritten_googlenet.py``: standard PyTorch operators, ``torch.optim.SGD``, the same FAPPY loss) with
+the same variant, its weights copied from ours, the two timed in turn in the same run; the row names how
+far its embeddings are from ours (dropout off), and its ratio is hand-written ÷ ours (the issue's goal on
+CUDA: ≥ 0.95).
+
 Data-layer rows (``--lmdb-size S``, default 256; 0 skips them): the same net fed by the authors'
 ``LabelShufflingLayer`` (the port, as their prototxt names it: runs of ``min(10, N // 4)`` per label,
 ``scales: [1, 1]``) reading an LMDB of S×S JPEGs that the script writes in a temporary folder with the
@@ -24,7 +30,7 @@ prefetching and once prefetching with ``--prefetch-workers`` decode threads (def
 synthetic-input step at S×S measured in the same run (the layer does not crop: the net sees S×S).
 
 Usage: ``python benchmarks/bench_train.py [--device cpu|cuda|all] [--batch N] [--iters 3] [--compile]
-[--lmdb-size 256] [--prefetch-workers 2]``.
+[--no-handwritten] [--lmdb-size 256] [--prefetch-workers 2]``.
 Defaults: CUDA batch 128 (the authors'); CPU batch 8 with one thread (the team machine has 2 shared
 cores: batch 128 at 224² would take minutes per iteration there).
 """
@@ -109,8 +115,9 @@ def make_jpeg_lmdb(folder: Path, size: int) -> str:
 CLOCK = {"clock": time.perf_counter}
 
 
-def measure(device: str, batch: int, iters: int, amp=None, channels_last=False, compile=False, size: int = 224,
-            lmdb: str | None = None, prefetch: tuple[int, int] = (0, 0)) -> float:
+def _ours(device: str, batch: int, amp=None, channels_last=False, compile=False, size: int = 224,
+          lmdb: str | None = None, prefetch: tuple[int, int] = (0, 0)):
+    """One Solver iteration of the authors' net as a callable, and what to call when done."""
     solver = Solver(authors_solver(batch, size=size, lmdb=lmdb, prefetch=prefetch), device=device)
     inputs = {k: torch.from_numpy(v).to(device) for k, v in batch_inputs(batch, size).items()}
     if channels_last:
@@ -124,19 +131,78 @@ def measure(device: str, batch: int, iters: int, amp=None, channels_last=False, 
         solver.forward_fn = torch.compile(solver.net)
     if lmdb is None:
         solver.data_source = iter(lambda: inputs, None)
-    solver.step(1)  # warm-up (and compilation; the prefetch threads start)
-    times = []
+    done = solver.net.layer("data").reset_prefetch if lmdb is not None else (lambda: None)
+    return (lambda: solver.step(1)), done, solver.net
+
+
+def _handwritten(device: str, batch: int, amp=None, channels_last=False, compile=False, size: int = 224,
+                 weights_from=None):
+    """One iteration of the hand-written peer (:mod:`handwritten_googlenet`) with the same variant, its
+    weights those of the CaffeNet ``weights_from``; also returns the two nets' embedding difference."""
+    from handwritten_googlenet import HandWrittenGoogLeNet, copy_caffe_weights, max_embedding_difference, sgd
+
+    param = authors_solver(batch)
+    module = HandWrittenGoogLeNet().to(device)
+    inputs = {k: torch.from_numpy(v).to(device) for k, v in batch_inputs(batch, size).items()}
+    difference = None
+    if weights_from is not None:
+        copy_caffe_weights(module, weights_from)
+        difference = max_embedding_difference(module, weights_from, inputs["data"], inputs["label"])
+    optimizer = sgd(module, param.base_lr, param.momentum, param.weight_decay)
+    data, labels = inputs["data"], inputs["label"]
+    if channels_last:
+        module.to(memory_format=torch.channels_last)
+        data = data.contiguous(memory_format=torch.channels_last)
+    forward = torch.compile(module) if compile else module
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    scaler = torch.amp.GradScaler(torch.device(device).type) if amp == "fp16" else None
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None):
+            loss = forward(data, labels)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    return step, difference
+
+
+def time_alternately(device: str, steps, iters: int) -> list[float]:
+    """Median seconds per call of each step, after one warm-up call each (compilation, prefetch threads),
+    the steps called in turn so that every one sees the same machine."""
+    for step in steps:
+        step()
+    times = [[] for _ in steps]
     for _ in range(iters):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = CLOCK["clock"]()
-        solver.step(1)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(CLOCK["clock"]() - start)
-    if lmdb is not None:
-        solver.net.layer("data").reset_prefetch()
-    return statistics.median(times)
+        for step, spent in zip(steps, times):
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = CLOCK["clock"]()
+            step()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            spent.append(CLOCK["clock"]() - start)
+    return [statistics.median(spent) for spent in times]
+
+
+def measure(device: str, batch: int, iters: int, **variant) -> float:
+    """Median seconds per Solver iteration of the authors' net (``variant``: see :func:`_ours`)."""
+    step, done, _ = _ours(device, batch, **variant)
+    try:
+        return time_alternately(device, [step], iters)[0]
+    finally:
+        done()
+
+
+def measure_with_handwritten(device: str, batch: int, iters: int, **variant) -> tuple[float, float, float]:
+    """``(ours, hand-written, embedding difference)``: both nets from the same fillers, timed in turn."""
+    ours, _, net = _ours(device, batch, **variant)
+    peer, difference = _handwritten(device, batch, weights_from=net, **variant)
+    return (*time_alternately(device, [ours, peer], iters), difference)
 
 
 def data_layer_rows(device: str, batch: int, iters: int, size: int, workers: int) -> None:
@@ -164,6 +230,9 @@ def main() -> None:
     parser.add_argument("--prefetch-workers", type=int, default=2)
     parser.add_argument("--variants", default="all", choices=["all", "fp32", "none"],
                         help="which synthetic-input variant rows to time (none: the data-layer rows only)")
+    parser.add_argument("--handwritten", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the hand-written nn.Module peer (handwritten_googlenet.py) beside each variant, "
+                             "in turn with ours (default: on)")
     parser.add_argument("--clock", default="wall", choices=["wall", "thread"],
                         help="wall clock (default) or the main thread's CPU time (see CLOCK)")
     add_malloc_option(parser)
@@ -195,10 +264,17 @@ def main() -> None:
         variants = {"all": variants, "fp32": variants[:1], "none": []}[args.variants]
         base = None
         for name, kwargs in variants:
-            seconds = measure(device, batch, args.iters, **kwargs)
+            if args.handwritten:
+                seconds, peer, difference = measure_with_handwritten(device, batch, args.iters, **kwargs)
+            else:
+                seconds = measure(device, batch, args.iters, **kwargs)
             base = base or seconds
             print(f"| {device} | {batch} | {name} | {seconds:.3f} | {1 / seconds:.2f} | {batch / seconds:.1f} | "
                   f"{fmt_ratio(base, seconds, 1)} |", flush=True)
+            if args.handwritten:
+                print(f"| {device} | {batch} | hand-written nn.Module, {name} (embeddings differ by {difference:.1e} "
+                      f"relative) | {peer:.3f} | {1 / peer:.2f} | {batch / peer:.1f} | {fmt_ratio(peer, seconds, 2)} "
+                      f"(hand-written ÷ ours) |", flush=True)
         if args.lmdb_size:
             data_layer_rows(device, batch, args.iters, args.lmdb_size, args.prefetch_workers)
         if device == "cpu" and batch in caffe_seconds and base:

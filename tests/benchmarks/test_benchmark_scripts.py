@@ -23,6 +23,8 @@ CASES = {
     "bench_input_pipeline.py": (["--batches", "2", "--batch-size", "8"], "DataLoader num_workers=2"),
     "bench_onnx.py": (["--batch", "2", "--repeats", "1"], "ONNX Runtime CPU"),
     "bench_pooling.py": (["--repeats", "1"], "torch÷layer"),
+    "bench_train.py": (["--device", "cpu", "--batch", "8", "--iters", "1", "--variants", "fp32", "--lmdb-size", "0"],
+                       "(hand-written ÷ ours)"),
 }
 
 
