@@ -34,6 +34,18 @@ def writes_into_views(t: torch.Tensor) -> bool:
                 or torch.jit.is_tracing() or torch.compiler.is_compiling())
 
 
+def is_channels_last(x: torch.Tensor) -> bool:
+    """A 4-axis tensor laid out NHWC and not also NCHW (a 1×1 plane or a single channel is both): the layout
+    a layer's top and bottom diff keep, so that the next layer gets what ``channels_last`` training gave it
+    (a mixed pair of layouts costs PyTorch's strided loops and a conversion in every convolution)."""
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+def layout_of(x: torch.Tensor) -> torch.memory_format:
+    """``torch.channels_last`` for an NHWC ``x`` (:func:`is_channels_last`), else ``torch.contiguous_format``."""
+    return torch.channels_last if is_channels_last(x) else torch.contiguous_format
+
+
 #: Bytes of input per block: about what stays in a core's L2 cache with the block's copies (1-2 MB on the
 #: CPUs measured); a sample larger than this is a block of its own.
 BLOCK_BYTES = 2**20
@@ -46,13 +58,14 @@ def samples_per_block(x: torch.Tensor) -> int:
 
 def in_blocks(fn: Callable[..., torch.Tensor], x: torch.Tensor, *more: torch.Tensor) -> torch.Tensor:
     """``fn(x, *more)`` computed on blocks of whole samples (``x[i:i+b]`` and the same samples of each of
-    ``more``; ``b = max(1, BLOCK_BYTES // x's sample bytes)``) into one output tensor; one call on the whole
-    batch when it fits one block."""
+    ``more``; ``b = max(1, BLOCK_BYTES // x's sample bytes)``) into one output tensor, in the layout of the
+    first block's result; one call on the whole batch when it fits one block."""
     block = samples_per_block(x)
     if block >= x.shape[0]:
         return fn(x, *more)
     first = fn(x[0:block], *(m[0:block] for m in more))
-    out = torch.empty((x.shape[0], *first.shape[1:]), dtype=first.dtype, device=first.device)
+    out = torch.empty((x.shape[0], *first.shape[1:]), dtype=first.dtype, device=first.device,
+                      memory_format=layout_of(first))
     out[0:block] = first
     for i in range(block, x.shape[0], block):
         out[i:i + block] = fn(x[i:i + block], *(m[i:i + block] for m in more))

@@ -51,11 +51,14 @@ def with_caffe_backward(x: Tensor, value: Callable[[Tensor], Tensor],
 
 
 def as_float_mask(compare, x: Tensor, bound: float, like: Tensor) -> Tensor:
-    """``compare(x, bound)`` as a new tensor of ``like``'s dtype and shape, 1 where true, 0 where false (Caffe's
-    ``Dtype(x > bound)``).  Written straight in that dtype: on the CPU PyTorch's comparisons vectorise only
-    when the result has the operands' floating type (a ``bool`` result, then promoted in a product, costs a
-    non-vectorised pass and a cast copy, ~1.6x the time of ReLU's whole backward)."""
-    return compare(x, bound, out=torch.empty_like(like))
+    """``compare(x, bound)`` as a new tensor of ``like``'s dtype (``x`` and ``like`` have one shape), 1 where true,
+    0 where false (Caffe's ``Dtype(x > bound)``).  Written straight in that dtype: on the CPU PyTorch's
+    comparisons vectorise only when the result has the operands' floating type (a ``bool`` result, then
+    promoted in a product, costs a non-vectorised pass and a cast copy, ~1.6x the time of ReLU's whole
+    backward).  In ``x``'s layout: ``like`` may be a strided slice (a Concat's diff), whose ``empty_like`` is
+    NCHW; an NHWC ``x`` then gave a mixed-layout pass and an NCHW diff (channels_last GoogLeNet training,
+    batch 8: 1.09 → 1.03 s a step)."""
+    return compare(x, bound, out=torch.empty_like(x, dtype=like.dtype))
 
 
 def caffe_sign(x: Tensor) -> Tensor:

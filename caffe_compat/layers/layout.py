@@ -14,7 +14,7 @@ from __future__ import annotations
 import cv2
 import torch
 
-from caffe_compat.layers.cache_blocking import writes_into_views
+from caffe_compat.layers.cache_blocking import is_channels_last, writes_into_views  # noqa: F401 (re-exported)
 
 #: What ``cv2.transpose`` writes into a given array (not int64: OpenCV refuses such a destination).
 _OPENCV_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.uint8, torch.int8, torch.int16,

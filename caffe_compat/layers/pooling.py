@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import FormatError, ShapeMismatchError
-from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks
+from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks, layout_of
 from caffe_compat.layers.layout import to_channels_last, to_contiguous
 from caffe_compat.layers import pooling_numpy
 from caffe_compat.layers.caffe_backward import caffe_backward_applies, with_caffe_backward
@@ -262,7 +262,8 @@ class Pooling(CaffeLayer):
             return max_pool_bottom_diff(top_diff, max_pool_winners(bottom, kernel, stride, pad, out), (height, width))
 
         def bottom_diff(top_diff, bottom):  # the routing's ~30 passes stay in cache a block of samples at a time
-            return in_blocks(diff, bottom, top_diff) if blocking_applies(bottom) else diff(bottom, top_diff)
+            routed = in_blocks(diff, bottom, top_diff) if blocking_applies(bottom) else diff(bottom, top_diff)
+            return routed.contiguous(memory_format=layout_of(bottom))  # channels_last training stays NHWC
 
         top = with_caffe_backward(x, pool, bottom_diff)
         if self.num_tops == 1:

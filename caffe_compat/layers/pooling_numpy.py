@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from caffe_compat.layers.cache_blocking import samples_per_block, writes_into_views
+from caffe_compat.layers.layout import is_channels_last, to_channels_last, to_contiguous
 
 #: Values per row (``C·W``) from which a padded bottom is transposed row by row by OpenCV rather than copied by
 #: NumPy (measured: NumPy's strided copy is faster below ~8,000, OpenCV's per-row calls above).
@@ -129,10 +130,10 @@ def _holds_negative_zero(values: np.ndarray) -> bool:
     return values.view(ints).min() == np.iinfo(ints).min
 
 
-def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
+def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float, nhwc: bool = False):
     """``(top, slot)``: the windows' Caffe maxima (``max_start`` where nothing is above it), NHWC ``(N, out_h,
     out_w, C)``; per output 1 + the offset of its winner in scan order (0: none), NCHW ``(N, C,
-    out_h·out_w)`` uint8 (int32 above 255 offsets).
+    out_h·out_w)`` uint8 (int32 above 255 offsets), or with ``nhwc`` as the scan leaves it, ``(N, out_h·out_w, C)``.
 
     Separable, as the scan order is row-major: per row of the padded copy, each window's first maximum
     over its ``k_w`` columns (value and column); then per window the first of its ``k_h`` rows whose
@@ -149,6 +150,8 @@ def _scan(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float):
     rows = [slice(dh, dh + (oh - 1) * sh + 1, sh) for dh in range(kh)]
     top, slot = _first_maxima([row_top[:, r] for r in rows], max_start, signed, [row_slot[:, r] for r in rows], kw,
                               dtype)
+    if nhwc:
+        return top, slot.reshape(n, oh * ow, c)
     slot_nchw = np.empty((n, c, oh * ow), dtype)
     for i in range(n):
         cv2.transpose(slot[i].reshape(oh * ow, c), dst=slot_nchw[i])
@@ -196,32 +199,37 @@ def _tiled_bottom_diff(top_diff: np.ndarray, slot: np.ndarray, kernel, out, grad
         _keep_bits(diff, won, out=windows[:, k // kernel[1], :, k % kernel[1]])
 
 
-def _flat_index(slot: np.ndarray, kernel, stride, pad, out, width: int, none: int = -1) -> np.ndarray:
+def _flat_index(slot: np.ndarray, kernel, stride, pad, out, width: int, none: int = -1, nhwc: bool = False
+                ) -> np.ndarray:
     """The int64 ``h·W + w`` of each slot's element (1 + the winner's offset), ``none`` for slot 0,
-    ``(N, C, out_h·out_w)``: a table lookup (``dh·W + dw`` of the offset) plus the window's corner."""
+    ``(N, C, out_h·out_w)`` (``nhwc``: ``(N, out_h·out_w, C)``): a table lookup (``dh·W + dw`` of the offset)
+    plus the window's corner."""
     count = kernel[0] * kernel[1]
     offset = np.arange(-1, count)                                          # the offset each slot stands for
     table = (offset // kernel[1]) * width + offset % kernel[1]
     corner = (np.arange(out[0])[:, None] * stride[0] - pad[0]) * width + np.arange(out[1]) * stride[1] - pad[1]
+    corner = corner.reshape(-1, 1) if nhwc else corner.reshape(-1)  # along the outputs' axis
     if slot.dtype == np.uint8 and slot.size:  # OpenCV's table lookup into int32 (~8x NumPy's fancy indexing)
         table[0] = _NONE_SELECTED_32
         offsets = cv2.LUT(slot.reshape(-1, slot.shape[-1]), np.pad(table, (0, 255 - count)).astype(np.int32))
-        flat = np.add(offsets.reshape(slot.shape), corner.reshape(-1), dtype=np.int64)
+        flat = np.add(offsets.reshape(slot.shape), corner, dtype=np.int64)
     else:
         table[0] = _NONE_SELECTED
         flat = table[slot]  # fancy indexing: np.take converts a uint8 index to intp first, ~6x slower
-        flat += corner.reshape(-1)
+        flat += corner
     return np.maximum(flat, none, out=flat)
 
 
-def _bottom_diff(top_diff: np.ndarray, slot: np.ndarray, kernel, stride, pad, out, width: int, grad: torch.Tensor):
+def _bottom_diff(top_diff: np.ndarray, slot: np.ndarray, kernel, stride, pad, out, width: int, grad: torch.Tensor,
+                 nhwc: bool = False):
     """Caffe's MAX pooling backward for a block into ``grad`` ``(n, C, H·W)``: each top diff added to the element
     its slot names, in the order of the outputs (``scatter_add_``, as ``max_pool_bottom_diff``).  An output
-    that selected nothing adds +0 to element 0 instead (a sum that starts at +0 is never -0: no bit changes)."""
-    n, c = slot.shape[:2]
-    index = _flat_index(slot, kernel, stride, pad, out, width, none=0)
-    source = _keep_bits(top_diff.reshape(n, c, -1).view(_bits(top_diff.dtype)), slot != 0).view(top_diff.dtype)
-    grad.zero_().scatter_add_(2, torch.from_numpy(index), torch.from_numpy(source))
+    that selected nothing adds +0 to element 0 instead (a sum that starts at +0 is never -0: no bit changes).
+    ``nhwc``: the slot, the top diff and ``grad`` are ``(n, out_h·out_w, C)``, ``(n, out_h, out_w, C)`` and
+    ``(n, H·W, C)`` (a channel's diffs are added in the same order: the same bits)."""
+    index = _flat_index(slot, kernel, stride, pad, out, width, none=0, nhwc=nhwc)
+    source = _keep_bits(top_diff.reshape(slot.shape).view(_bits(top_diff.dtype)), slot != 0).view(top_diff.dtype)
+    grad.zero_().scatter_add_(1 if nhwc else 2, torch.from_numpy(index), torch.from_numpy(source))
 
 
 def winners(x: torch.Tensor, kernel, stride, pad, out, ends, max_start: float) -> torch.Tensor:
@@ -236,27 +244,38 @@ class MaxPoolRouted(torch.autograd.Function):
     the forward's scan keeps each window's slot, and the backward only looks the slots up and adds each top
     diff to its element (:func:`_bottom_diff`, :func:`_tiled_bottom_diff`); the bottom itself is not kept.
     The top is Caffe's (``pooling.caffe_maxima``): the maxima of the window's non-NaN elements, at least
-    -FLT_MAX.  Both passes run in blocks of samples (:mod:`~caffe_compat.layers.cache_blocking`)."""
+    -FLT_MAX.  Both passes run in blocks of samples (:mod:`~caffe_compat.layers.cache_blocking`).
+
+    A ``channels_last`` bottom gives an NHWC top and bottom diff (the layout of the convolutions around it):
+    the general scan's NHWC maxima go straight into the top, its slots stay NHWC and the backward adds
+    along the NHWC rows, with no transpose either way (the same additions per channel, in the same order:
+    the same bits); the tiling road converts its NCHW results (:mod:`~caffe_compat.layers.layout`)."""
 
     @staticmethod
     def forward(ctx, x, geometry):
         kernel, stride, pad, out, ends, max_start = geometry
         block = samples_per_block(x)
-        top = x.new_empty((x.shape[0], x.shape[1], out[0], out[1]))
         tiled = tiles(kernel, stride, pad, out, x.shape[2:])
+        nhwc = is_channels_last(x) and not tiled  # the scan's maxima are NHWC already: no transpose
+        top = torch.empty((x.shape[0], x.shape[1], out[0], out[1]), dtype=x.dtype,
+                          memory_format=torch.channels_last if nhwc else torch.contiguous_format)
         slots = []
         for i in range(0, x.shape[0], block):
             if tiled:
                 slots.append(_tiled_scan(x[i:i + block], kernel, out, max_start, top[i:i + block].view(-1).numpy()))
                 continue
-            best, slot = _scan(x[i:i + block], kernel, stride, pad, out, ends, max_start)
-            rows = top[i:i + block].view(len(best), x.shape[1], -1).numpy()
-            for j in range(len(best)):
-                cv2.transpose(best[j].reshape(out[0] * out[1], -1), dst=rows[j])
+            best, slot = _scan(x[i:i + block], kernel, stride, pad, out, ends, max_start, nhwc)
+            if nhwc:
+                np.copyto(top[i:i + block].permute(0, 2, 3, 1).numpy(), best)
+            else:
+                rows = top[i:i + block].view(len(best), x.shape[1], -1).numpy()
+                for j in range(len(best)):
+                    cv2.transpose(best[j].reshape(out[0] * out[1], -1), dst=rows[j])
             slots.append(slot)
         ctx.slot = slots[0] if len(slots) == 1 else np.concatenate(slots)
         ctx.geometry, ctx.size, ctx.block, ctx.tiled = geometry[:4], tuple(x.shape[2:]), block, tiled
-        return top
+        ctx.channels_last, ctx.nhwc = is_channels_last(x), nhwc
+        return to_channels_last(top) if ctx.channels_last and not nhwc else top
 
     @staticmethod
     def backward(ctx, top_diff):
@@ -265,13 +284,23 @@ class MaxPoolRouted(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: the diff must stay differentiable in top_diff (PyTorch's form)
             from caffe_compat.layers.pooling import max_pool_bottom_diff  # (pooling imports this module)
 
-            winner = torch.from_numpy(_flat_index(slot, *ctx.geometry, width)).view(*slot.shape[:2], *ctx.geometry[3])
-            return max_pool_bottom_diff(top_diff, winner, ctx.size), None
-        diff = top_diff.detach().contiguous().numpy()
+            nchw_slot = np.ascontiguousarray(slot.transpose(0, 2, 1)) if ctx.nhwc else slot
+            winner = torch.from_numpy(_flat_index(nchw_slot, *ctx.geometry, width))
+            return max_pool_bottom_diff(top_diff, winner.view(*nchw_slot.shape[:2], *out), ctx.size), None
+        if ctx.nhwc:  # NHWC throughout: the top diff read and the bottom diff written in the net's layout
+            diff = to_channels_last(top_diff.detach()).permute(0, 2, 3, 1).numpy()
+            grad = torch.empty((len(slot), slot.shape[2], height, width), dtype=top_diff.dtype,
+                               memory_format=torch.channels_last)
+            rows = grad.permute(0, 2, 3, 1).view(len(slot), height * width, -1)
+            for i in range(0, len(slot), block):
+                _bottom_diff(diff[i:i + block], slot[i:i + block], *ctx.geometry, width, rows[i:i + block], nhwc=True)
+            return grad, None
+        diff = to_contiguous(top_diff.detach()).numpy()
         grad = top_diff.new_empty((slot.shape[0], slot.shape[1], height * width))
         for i in range(0, len(slot), block):
             if ctx.tiled:
                 _tiled_bottom_diff(diff[i:i + block], slot[i:i + block], kernel, out, grad[i:i + block])
             else:
                 _bottom_diff(diff[i:i + block], slot[i:i + block], *ctx.geometry, width, grad[i:i + block])
-        return grad.view(len(slot), slot.shape[1], height, width), None
+        grad = grad.view(len(slot), slot.shape[1], height, width)
+        return (to_channels_last(grad) if ctx.channels_last else grad), None

@@ -103,6 +103,29 @@ def test_relu_default_slope_and_gradient_at_zero():
     assert g.tolist() == [0.0, 0.0, 0.0, 1.0, 1.0]  # Caffe: x > 0 ? 1 : slope
 
 
+@pytest.mark.parametrize("slope", [0.0, 0.25])
+def test_relu_diff_takes_the_layout_of_its_channels_last_bottom(slope):
+    """``--channels-last``: a Concat's backward hands each branch a channel slice of an NHWC diff (strided); the
+    ReLU diff comes back NHWC like the bottom (not NCHW, which PyTorch's strided loops and the convolution's
+    conversion then pay for), with the values of the NCHW computation."""
+    relu = make_layer(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}', [(2, 3, 4, 5)])
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, generator=gen)
+    x[0, 0, 0, :2] = 0.0
+    concat_diff = torch.randn(2, 8, 4, 5, generator=gen).contiguous(memory_format=torch.channels_last)
+    dy = concat_diff[:, 2:5]  # what Concat's backward passes to this branch
+    assert not dy.is_contiguous() and not dy.is_contiguous(memory_format=torch.channels_last)
+    results = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xt = x.contiguous(memory_format=layout).requires_grad_()
+        (y,) = relu(xt)
+        (dx,) = torch.autograd.grad(y, xt, dy)
+        assert dx.is_contiguous(memory_format=layout)
+        results.append(dx.contiguous())
+    expected = torch.where(x > 0, dy, slope * dy)
+    assert torch.equal(results[0], expected) and torch.equal(results[1], expected)
+
+
 def test_prelu_default_filler_is_0_25_and_custom_filler_applies():
     port = make_layer('type: "PReLU"', [(2, 3, 4)])
     port.fill(torch.Generator().manual_seed(0))

@@ -112,6 +112,34 @@ def test_lrn_across_channels_closed_form():
     np.testing.assert_allclose(y.numpy(), expected, rtol=1e-13)
 
 
+@pytest.mark.parametrize("samples_per_block", [1, 100])
+@pytest.mark.parametrize("train", [False, True])
+def test_lrn_across_channels_keeps_a_channels_last_bottom_in_its_layout(train, samples_per_block, monkeypatch):
+    """``--channels-last``: an NHWC bottom gives an NHWC top and bottom diff (the neighbouring convolutions'
+    layout), each element computed by the same operations in the same order as from an NCHW bottom."""
+    from caffe_compat.layers import cache_blocking
+
+    shape = (3, 7, 5, 6)
+    monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", samples_per_block * int(np.prod(shape[1:])) * 4)
+    port = make_layer('type: "LRN" lrn_param { local_size: 5 alpha: 0.5 beta: 0.75 k: 1.5 }', [shape])
+    gen = torch.Generator().manual_seed(3)
+    x, dy = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    results = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xt = x.contiguous(memory_format=layout).requires_grad_(train)
+        with torch.set_grad_enabled(train):
+            (top,) = port(xt)
+        assert top.is_contiguous(memory_format=layout)
+        if not train:
+            results.append((top.contiguous(),))
+            continue
+        (dx,) = torch.autograd.grad(top, xt, dy.contiguous(memory_format=layout))
+        assert dx.is_contiguous(memory_format=layout)
+        results.append((top.detach().contiguous(), dx.contiguous()))
+    for nchw, nhwc in zip(*results):
+        assert torch.equal(nhwc, nchw)
+
+
 def test_lrn_rejects_even_size_and_non_4d():
     with pytest.raises(FormatError, match="odd local_size"):
         make_layer('type: "LRN" lrn_param { local_size: 4 }', [(1, 3, 4, 4)])

@@ -52,12 +52,13 @@ def test_training_forward_keeps_the_top_and_routes_like_caffe(pooling, shape, sa
     np.testing.assert_array_equal(dx.numpy(), reference_dx.astype(np.float32))
 
 
-def test_the_pytorch_form_gives_the_same_diff(monkeypatch):
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_the_pytorch_form_gives_the_same_diff(layout, monkeypatch):
     """With the CPU form switched off (as on CUDA, under compile, for other dtypes) the layer routes through
-    ``with_caffe_backward`` and the PyTorch scan: the same diff bit for bit."""
+    ``with_caffe_backward`` and the PyTorch scan: the same diff bit for bit, in the bottom's layout."""
     shape = (3, 2, 7, 7)
     port = make_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 }', [shape])
-    x = torch.from_numpy(_bottom(shape, seed=5))
+    x = torch.from_numpy(_bottom(shape, seed=5)).contiguous(memory_format=layout)
     dy = torch.rand(3, 2, 3, 3)
     diffs = []
     for form in ("numpy", "torch"):
@@ -66,7 +67,9 @@ def test_the_pytorch_form_gives_the_same_diff(monkeypatch):
         xt = x.clone().requires_grad_()
         (top,) = port(xt)
         assert type(top.grad_fn).__name__ == ("MaxPoolRoutedBackward" if form == "numpy" else "_CaffeBackwardBackward")
+        assert top.is_contiguous(memory_format=layout)
         diffs.append(torch.autograd.grad(top, xt, dy)[0])
+        assert diffs[-1].is_contiguous(memory_format=layout), form
     assert torch.equal(diffs[0], diffs[1])
 
 
@@ -204,18 +207,43 @@ def test_tiling_windows_keep_a_differentiable_backward():
     assert torch.equal(ddy, _routed_back(2 * dx.detach(), mask))
 
 
-@pytest.mark.parametrize("pooling", ["kernel_size: 2 stride: 2", "kernel_size: 3 stride: 1 pad: 1"])
-def test_a_channels_last_bottom_gives_the_same_top_and_diff(pooling):
-    """Training with ``--channels-last``: the bottom arrives NHWC-strided; both scans give the bits of the NCHW one."""
-    shape = (3, 4, 6, 8)
+@pytest.mark.parametrize("samples_per_block", [1, 100])
+@pytest.mark.parametrize("top_diff_layout", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("pooling, shape", GEOMETRIES)
+def test_a_channels_last_bottom_gives_the_same_top_and_diff_in_its_layout(pooling, shape, top_diff_layout,
+                                                                          samples_per_block, monkeypatch):
+    """Training with ``--channels-last``: the bottom arrives NHWC; the top and the bottom diff come back NHWC
+    (what the next convolution reads and the one before expects), with the bits of the NCHW scan, whatever
+    the layout of the top diff."""
+    monkeypatch.setattr(cache_blocking, "BLOCK_BYTES", samples_per_block * int(np.prod(shape[1:])) * 4)
     port = make_layer(f'type: "Pooling" pooling_param {{ pool: MAX {pooling} }}', [shape])
     x = _signed_bottom(shape, seed=7, dtype=np.float32)
     results = []
     for layout in (torch.contiguous_format, torch.channels_last):
         xt = torch.from_numpy(x).contiguous(memory_format=layout).requires_grad_()
         (top,) = port(xt)
+        assert type(top.grad_fn).__name__ == "MaxPoolRoutedBackward"
+        assert top.is_contiguous(memory_format=layout)
         dy = torch.from_numpy(_signed_top_diff(top.shape, seed=2, dtype=np.float32))
-        (dx,) = torch.autograd.grad(top, xt, dy)
+        (dx,) = torch.autograd.grad(top, xt, dy.contiguous(memory_format=top_diff_layout))
+        assert dx.is_contiguous(memory_format=layout)
         results.append((top.detach().contiguous().numpy(), dx.contiguous().numpy()))
+    for nchw, nhwc in zip(*results):
+        _assert_same_bits(nhwc, nchw)
+
+
+def test_a_channels_last_bottom_keeps_a_differentiable_backward():
+    """create_graph through an NHWC bottom: the diff and its derivative in the top diff as from an NCHW one."""
+    shape = (2, 3, 7, 7)
+    port = make_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }', [shape])
+    x = _signed_bottom(shape, seed=3, dtype=np.float32)
+    results = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xt = torch.from_numpy(x).contiguous(memory_format=layout).requires_grad_()
+        (top,) = port(xt)
+        dy = torch.from_numpy(_signed_top_diff(top.shape, seed=4, dtype=np.float32)).requires_grad_()
+        (dx,) = torch.autograd.grad(top, xt, dy, create_graph=True)
+        (ddy,) = torch.autograd.grad((dx * dx).sum(), dy)
+        results.append((dx.detach().contiguous().numpy(), ddy.numpy()))
     for nchw, nhwc in zip(*results):
         _assert_same_bits(nhwc, nchw)
