@@ -34,7 +34,7 @@ import math
 import torch
 
 from caffe_compat.losses.loss_errors import LossInputError
-from caffe_compat.losses.pairwise import cosine_matrix, upper_pairs
+from caffe_compat.losses.pairwise import cosine_matrix, lifting_subnormal_grads, upper_pairs
 
 
 def _as_rows(features: torch.Tensor) -> torch.Tensor:
@@ -65,7 +65,7 @@ def cosine_similarity_batch(features: torch.Tensor, labels: torch.Tensor, pos_la
         raise LossInputError(f"CosineSimilarityBatch: {b} feature rows but {labels.numel()} labels")
     iu, ju = upper_pairs(b, device=x.device)
     m = iu.numel()
-    cosine = cosine_matrix(x)[iu, ju].reshape(m, 1, 1, 1)
+    cosine = lifting_subnormal_grads(lambda rows: cosine_matrix(rows)[iu, ju], x).reshape(m, 1, 1, 1)
 
     with torch.no_grad():
         same = labels[iu] == labels[ju]

@@ -145,3 +145,40 @@ def test_module_defaults_options_and_gradient():
     (grad,) = torch.autograd.grad(CosineSimilarityBatch()(x, labels)[0].sum(), x)
     (want,) = torch.autograd.grad(cosine_similarity_batch(x, labels)[0].sum(), x)
     torch.testing.assert_close(grad, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("delta", [1e-4, 1e-5])
+def test_fappy_diff_with_subnormals_reaches_the_features_as_autograds_bits_without_them(delta, monkeypatch):
+    """The authors' two layers (CosineSimilarityBatch, then FAPPYLoss) at small Δ: the layer diff holds float32
+    subnormals; the cosine chain runs on it lifted (no subnormal inside, no x86 stall) and the features'
+    gradient is plain autograd's, bit for bit."""
+    import importlib
+
+    from caffe_compat.losses.fappy import fappy_caffe
+    from caffe_compat.losses.pairwise import cosine_matrix, upper_pairs
+
+    tiny = torch.finfo(torch.float32).tiny
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.arange(128) // 10
+    x = (torch.randn(13, 16, generator=gen)[labels] + 1.5 * torch.randn(128, 16, generator=gen)) @ \
+        torch.randn(16, 512, generator=gen)
+    seen = []
+
+    def recording(rows):
+        sim = cosine_matrix(rows)
+        sim.register_hook(seen.append)
+        return sim
+
+    module = importlib.import_module("caffe_compat.losses.cosine_similarity_batch")  # (the package exports the function)
+    monkeypatch.setattr(module, "cosine_matrix", recording)
+    ours = x.clone().requires_grad_()
+    cosine, _ = cosine_similarity_batch(ours, labels)
+    cosine.retain_grad()
+    fappy_caffe(cosine, labels, delta).backward()
+    layer_diff = cosine.grad
+    assert bool(((layer_diff.abs() < tiny) & (layer_diff != 0)).any())       # the case at hand
+    assert not bool(((seen[0].abs() < tiny) & (seen[0] != 0)).any())         # the chain never sees them
+    iu, ju = upper_pairs(128)
+    plain = x.clone().requires_grad_()
+    cosine_matrix(plain)[iu, ju].reshape(-1, 1, 1, 1).backward(layer_diff)
+    assert torch.equal(ours.grad, plain.grad)
