@@ -12,7 +12,9 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
   fp16 adds dynamic loss scaling (``torch.amp.GradScaler``; a step whose gradients overflow is skipped,
   the iteration still counts).
   Parameters, diffs and Caffe's update stay float32.
-* ``channels_last``: 4-D parameters and inputs in NHWC memory order (values unchanged).
+* ``channels_last``: 4-D parameters and inputs in NHWC memory order; every layer keeps it (pooling, LRN and
+  ReLU give NHWC tops and diffs with the bits of the NCHW computation), while the convolutions' NHWC
+  kernels sum in another order (the authors' GoogLeNet embeddings: 3.7e-7 relative).
 * ``compile``: the net's forward through ``torch.compile``, as one graph (``fullgraph=True``) when its
   sources are Inputs fed from ``data`` (:func:`caffe_compat.net.compile_net`; data layers reading their
   own files, or user Python layers, break the graph around them).  Meant for CUDA: on a CPU device it
