@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 # name -> module providing it, imported lazily so that `import caffe_compat` needs no torch.
 _LAZY = {
     "load_net": "caffe_compat.net",
+    "compile_net": "caffe_compat.net",
     "CaffeNet": "caffe_compat.net",
     "load_checkpoint": "caffe_compat.checkpoint",
     "save_checkpoint": "caffe_compat.checkpoint",

@@ -35,7 +35,8 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 
-__all__ = ["Blobs", "LayerStep", "NetExecution", "compile_net", "graph_breaking_step", "traces_whole"]
+__all__ = ["Blobs", "DataAheadOfGraph", "LayerStep", "NetExecution", "compile_net", "data_steps", "graph_breaking_step",
+           "traces_whole"]
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,12 @@ def traces_whole(net) -> bool:
     return graph_breaking_step(net.steps, net.layers) is None
 
 
+def data_steps(net) -> list:
+    """The net's bottomless layers other than ``Input`` (Data, ImageData, HDF5Data, the label-shuffling
+    layer, ...): the layers that read batches in Python."""
+    return [s for s in net.steps if s.module_key is not None and not s.bottoms and s.type != "Input"]
+
+
 def graph_breaking_step(steps, layers):
     """The first of ``steps`` (``layers``: the net's modules by key) that keeps them from being one graph
     (see :func:`traces_whole`), or None."""
@@ -297,7 +304,37 @@ def graph_breaking_step(steps, layers):
 
 
 def compile_net(net, **options):
-    """``torch.compile(net, fullgraph=True, **options)`` where :func:`traces_whole` (one graph, no graph
-    break: what CUDA graphs and whole-step fusion need), else ``torch.compile(net, **options)`` (graph
-    breaks around the layers that run Python of their own)."""
-    return torch.compile(net, fullgraph=traces_whole(net), **options)
+    """The net's forward through ``torch.compile``, as one graph where it can be (no graph break: what CUDA
+    graphs and whole-step fusion need):
+
+    * :func:`traces_whole`: ``torch.compile(net, fullgraph=True, **options)``;
+    * else, when only its data layers keep it from one graph (the authors' train nets: a Data or
+      label-shuffling layer ahead of everything), a :class:`DataAheadOfGraph`: the data layers run
+      eagerly, then the rest of the net as one graph fed their tops (a forward fed a data layer's tops
+      skips that layer);
+    * else (a user Python layer) ``torch.compile(net, **options)``, with graph breaks around those layers.
+
+    Compiling the whole net with its data layers inside broke the graph at each of them, and Dynamo then
+    compiled the blob table's ``__setitem__`` once per blob name until its recompile limit (8)."""
+    if traces_whole(net):
+        return torch.compile(net, fullgraph=True, **options)
+    sources = data_steps(net)
+    if sources and graph_breaking_step([s for s in net.steps if s not in sources], net.layers) is None:
+        return DataAheadOfGraph(net, torch.compile(net, fullgraph=True, **options), sources)
+    return torch.compile(net, **options)
+
+
+class DataAheadOfGraph:
+    """A compiled net whose data layers run eagerly before the graph: ``forward(**inputs)`` runs every data
+    layer whose tops ``inputs`` do not give (in net order, as the net would), then the compiled net fed
+    all of them.  Called like the net; ``net`` and ``graph`` are the two parts."""
+
+    def __init__(self, net, graph, sources):
+        self.net, self.graph, self.sources = net, graph, sources
+
+    def __call__(self, **inputs):
+        fed = dict(inputs)
+        for step in self.sources:
+            if not all(top in fed for top in step.tops):
+                fed.update(zip(step.tops, self.net._run_step(step, Blobs(), {}, False)))
+        return self.graph(**fed)

@@ -229,3 +229,58 @@ def test_paper_googlenet_and_vgg_nets_trace_without_graph_break(path):
     assert counter.frame_count == 1
     if train:
         assert torch.isfinite(net.objective(blobs))
+
+
+def _label_shuffling_net(tmp_path, seed: int = 0) -> CaffeNet:
+    """The FAPPY fixture net fed by the authors' label-shuffling layer over 32 PNGs (a data layer reading its
+    files in Python ahead of everything, as in their train prototxt)."""
+    from tests.solver.test_distributed import _label_shuffling_solver
+
+    _label_shuffling_solver(tmp_path, "compiled")
+    net = CaffeNet(str(tmp_path / "compiled_net.prototxt"), phase="train", seed=seed)
+    net.layer("data").set_prefetch(0)  # the batches drawn here, in this thread: two nets draw the same ones
+    return net
+
+
+def test_a_net_with_data_layers_compiles_the_rest_as_one_graph_with_eager_numbers(tmp_path):
+    """``compile_net`` runs the data layers eagerly and the rest as one graph fed their tops: one graph for
+    every step (no recompilation, no graph break), the eager net's objective and gradients step by step."""
+    from caffe_compat.net import DataAheadOfGraph, compile_net
+
+    torch._dynamo.reset()
+    eager, net = _label_shuffling_net(tmp_path), _label_shuffling_net(tmp_path)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = compile_net(net, backend=counter)
+    assert isinstance(compiled, DataAheadOfGraph) and [s.name for s in compiled.sources] == ["data"]
+    for step in range(3):
+        results = []
+        for model, fn in ((eager, eager), (net, compiled)):
+            model.zero_grad(set_to_none=True)
+            blobs = fn()
+            objective = model.objective(blobs)
+            objective.backward()
+            results.append((blobs["label"].clone(), objective.detach(),
+                            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        (labels, target, grads), (labels_c, target_c, grads_c) = results
+        assert torch.equal(labels_c, labels)  # the same batch: the data layer ran once per step, in order
+        _close(target_c, target, f"objective, step {step}")
+        assert grads.keys() == grads_c.keys() and grads
+        for name, value in grads.items():
+            _close(grads_c[name], value, f"{name}, step {step}")
+    assert counter.frame_count == 1
+
+
+def test_fed_data_tops_skip_the_data_layer_and_an_input_net_is_the_plain_compiled_module(tmp_path):
+    from caffe_compat.net import compile_net
+
+    torch._dynamo.reset()
+    net = _label_shuffling_net(tmp_path)
+    compiled = compile_net(net, backend=CompileCounterWithBackend("eager"))
+    def refuse():
+        raise AssertionError("the data layer ran although its tops were fed")
+
+    net.layer("data").forward = refuse
+    fed = {"data": torch.zeros(16, 3, 10, 10), "label": torch.arange(16.0).floor_divide(4)}
+    assert torch.equal(compiled(**fed)["label"], fed["label"])
+    net = _paper_net("prototxt/digits/train_fappy.prototxt", "train", batch=8)
+    assert not isinstance(compile_net(net), type(compiled))  # Inputs only: the plain compiled module
