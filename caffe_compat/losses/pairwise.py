@@ -89,7 +89,7 @@ class _LiftOutputGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         lift = ctx.lift
-        lift.lifted = (grad.dtype == torch.float32 and grad.device.type == "cpu" and _holds_subnormal(grad)
+        lift.lifted = (grad.dtype == torch.float32 and _holds_subnormal(grad)
                        and float(grad.abs().amax()) <= _SUBNORMAL_LIFT)
         return (grad * _SUBNORMAL_LIFT if lift.lifted else grad), None
 
@@ -119,10 +119,11 @@ def lifting_subnormal_grads(fn, x: torch.Tensor) -> torch.Tensor:
     exact and commutes with every rounding of the (linear) chain, so ``x``'s gradient is autograd's own bit
     for bit wherever autograd's intermediates stay normal (where they do not, the lifted chain rounds them
     above the subnormal range), whatever kernels PyTorch picks.  Only this path's share of ``x``'s gradient
-    is scaled back (the scaling sits on a private view of ``x``).  Without subnormals, with an entry above
-    2^24 (the lifted chain then stays below 2^48 where the plain one stays below 2^24) or off the CPU (GPUs
-    take subnormals at full speed), nothing is scaled; the two autograd nodes and the check cost ~0.1 ms."""
-    if torch.compiler.is_compiling() or not (x.requires_grad and torch.is_grad_enabled()):
+    is scaled back (the scaling sits on a private view of ``x``).  Without subnormals or with an entry above
+    2^24 (the lifted chain then stays below 2^48 where the plain one stays below 2^24) nothing is scaled; the
+    two autograd nodes and the check cost ~0.1 ms on the CPU.  Off the CPU (GPUs take subnormals at full
+    speed), under compile and without autograd ``fn(x)`` runs alone."""
+    if x.device.type != "cpu" or torch.compiler.is_compiling() or not (x.requires_grad and torch.is_grad_enabled()):
         return fn(x)
     lift = _Lift()
     return _LiftOutputGrad.apply(fn(_UnliftInputGrad.apply(x, lift)), lift)

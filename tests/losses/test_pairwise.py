@@ -111,3 +111,13 @@ def test_no_lift_without_subnormals_or_when_it_could_overflow():
         seen = _Seen(w)
         _grad_of(x, seen, g, lifted=True)
         assert torch.equal(seen.grads[0], g)
+
+
+def test_off_the_cpu_and_without_autograd_fn_runs_alone():
+    """GPUs take subnormals at full speed: off the CPU (here the meta device) no node is added, as without a
+    gradient to compute."""
+    for x in (torch.ones(4, 4, device="meta", requires_grad=True), torch.ones(4, 4)):
+        y = lifting_subnormal_grads(lambda r: r * 2.0, x)
+        assert y.grad_fn is None or type(y.grad_fn).__name__ == "MulBackward0"
+    y = lifting_subnormal_grads(lambda r: r * 2.0, torch.ones(4, 4, requires_grad=True))
+    assert type(y.grad_fn).__name__ == "_LiftOutputGradBackward"
