@@ -279,8 +279,8 @@ def _in_float32(layer, bottoms: list) -> tuple:
 
 def traces_whole(net) -> bool:
     """Whether ``torch.compile(net, fullgraph=True)`` applies: every bottomless layer is an ``Input`` (a data
-    layer reads its files in Python inside forward) and no user Python layer runs (an autograd adapter
-    around the user's NumPy code)."""
+    layer reads its files in Python inside forward) and no layer ``breaks_graph`` (a user Python layer: an
+    autograd adapter around the user's NumPy code; a distributed run's gather of a pair layer's bottoms)."""
     return graph_breaking_step(net.steps, net.layers) is None
 
 
@@ -298,7 +298,7 @@ def graph_breaking_step(steps, layers):
             continue
         if not step.bottoms and step.type != "Input":
             return step
-        if step.type == "Python" and type(layers[step.module_key]).__module__.endswith("python_user"):
+        if getattr(layers[step.module_key], "breaks_graph", False):
             return step
     return None
 
@@ -308,20 +308,20 @@ def compile_net(net, **options):
     graphs and whole-step fusion need):
 
     * :func:`traces_whole`: ``torch.compile(net, fullgraph=True, **options)``;
-    * else, when only its data layers keep it from one graph (the authors' train nets: a Data or
-      label-shuffling layer ahead of everything), a :class:`DataAheadOfGraph`: the data layers run
-      eagerly, then the rest of the net as one graph fed their tops (a forward fed a data layer's tops
-      skips that layer);
-    * else (a user Python layer) ``torch.compile(net, **options)``, with graph breaks around those layers.
+    * else, when it has data layers (the authors' train nets: a Data or label-shuffling layer ahead of
+      everything), a :class:`DataAheadOfGraph`: the data layers run eagerly, then the rest of the net
+      compiled and fed their tops (a forward fed a data layer's tops skips that layer), as one graph
+      unless a layer ``breaks_graph`` (a user Python layer; under torchrun, the gathers of the pair layers);
+    * else ``torch.compile(net, **options)``, with graph breaks around such layers.
 
     Compiling the whole net with its data layers inside broke the graph at each of them, and Dynamo then
     compiled the blob table's ``__setitem__`` once per blob name until its recompile limit (8)."""
     if traces_whole(net):
         return torch.compile(net, fullgraph=True, **options)
     sources = data_steps(net)
-    if sources and graph_breaking_step([s for s in net.steps if s not in sources], net.layers) is None:
-        return DataAheadOfGraph(net, torch.compile(net, fullgraph=True, **options), sources)
-    return torch.compile(net, **options)
+    rest_whole = graph_breaking_step([s for s in net.steps if s not in sources], net.layers) is None
+    graph = torch.compile(net, fullgraph=rest_whole, **options)
+    return DataAheadOfGraph(net, graph, sources) if sources else graph
 
 
 class DataAheadOfGraph:

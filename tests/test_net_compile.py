@@ -284,3 +284,23 @@ def test_fed_data_tops_skip_the_data_layer_and_an_input_net_is_the_plain_compile
     assert torch.equal(compiled(**fed)["label"], fed["label"])
     net = _paper_net("prototxt/digits/train_fappy.prototxt", "train", batch=8)
     assert not isinstance(compile_net(net), type(compiled))  # Inputs only: the plain compiled module
+
+
+def test_a_distributed_runs_gathered_pair_layers_are_left_out_of_one_graph(tmp_path, monkeypatch):
+    """Under torchrun the pair layers' bottoms are gathered across ranks (``GatherBottoms``), padding to the
+    ranks' shares read at run time: Dynamo cannot make one graph of that (``fullgraph=True`` failed on the
+    first step), so ``compile_net`` compiles the rest of the net with graph breaks there, the data layers
+    still ahead of it."""
+    from caffe_compat.net import DataAheadOfGraph, compile_net, graph_breaking_step, traces_whole
+    from caffe_compat.solver.distributed import gather_loss_bottoms
+
+    net = _label_shuffling_net(tmp_path)
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **options: seen.append(options) or model)
+    compile_net(net)
+    assert seen[-1] == {"fullgraph": True}  # the data layer runs ahead: the rest is one graph
+    assert gather_loss_bottoms(net) == ["cosine", "loss"]  # (the loss gathers the labels)
+    assert not traces_whole(net) and graph_breaking_step(net.steps, net.layers).name == "data"
+    assert graph_breaking_step(net.steps[1:], net.layers).name == "cosine"
+    compiled = compile_net(net)
+    assert isinstance(compiled, DataAheadOfGraph) and seen[-1] == {"fullgraph": False}

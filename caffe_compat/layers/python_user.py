@@ -309,6 +309,7 @@ class UserPythonLayer(CaffeLayer):
     bottoms = ANY
     tops = ANY
     couples_batch = True  # a Python layer may compute over the whole batch
+    breaks_graph = True  # the user's NumPy code, through an autograd adapter
     param_message = "python_param"
 
     @classmethod

@@ -33,6 +33,8 @@ everything else (no table restates them; see :mod:`caffe_compat.layers.facts`):
   distributed run gathers its bottoms across ranks;
 * ``reads_source``: a bottomless layer reading a data set (export stands an ``Input`` in for it), with
   ``input_facts(layer)`` describing its image input;
+* ``breaks_graph``: its forward runs code ``torch.compile`` cannot take into a graph (a user's Python
+  layer), so a net holding it is not compiled as one graph;
 * ``in_caffe_1_0``: BVLC Caffe 1.0 registers this type;
 * ``param_message``: the LayerParameter field holding its parameters (by Caffe's naming convention,
   ``Convolution`` → ``convolution_param``, unless the port names another, e.g. Deconvolution's
@@ -98,6 +100,8 @@ class CaffeLayer(nn.Module):
     couples_batch: bool = False
     #: A bottomless layer that reads a data set (export replaces it by an Input; see ``input_facts``).
     reads_source: bool = False
+    #: ``torch.compile`` cannot take its forward into a graph (see ``net_run.graph_breaking_step``).
+    breaks_graph: bool = False
     #: BVLC Caffe 1.0 registers this type.
     in_caffe_1_0: bool = False
     #: The LayerParameter field of its parameters (None: none; set from the type name by convention).

@@ -187,7 +187,10 @@ def average_gradients_hook(solver) -> None:
 class GatherBottoms(nn.Module):
     """Wraps a layer port so that its batch bottoms are gathered across ranks first (``gather[k]`` says
     which): floating bottoms that require grad with :func:`all_gather_with_grad`, others (labels, float in
-    Caffe) with :func:`all_gather`."""
+    Caffe) with :func:`all_gather`.  ``breaks_graph``: the gather pads to the ranks' shares, whose sizes it
+    reads at run time, so ``torch.compile`` breaks the graph around it (one graph failed under torchrun)."""
+
+    breaks_graph = True
 
     def __init__(self, layer: nn.Module, gather: tuple[bool, ...]):
         super().__init__()
