@@ -113,6 +113,8 @@ def make_jpeg_lmdb(folder: Path, size: int) -> str:
 #: ``--clock thread``: the main thread's CPU time (what a shared, oversubscribed machine cannot inflate; it
 #: leaves out the prefetch threads' work and any wait for them, so read it beside a wall-clock run).
 CLOCK = {"clock": time.perf_counter}
+#: ``--amp`` names of the autocast dtypes.
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _ours(device: str, batch: int, amp=None, channels_last=False, compile=False, size: int = 224,
@@ -124,7 +126,7 @@ def _ours(device: str, batch: int, amp=None, channels_last=False, compile=False,
         solver.net.to(memory_format=torch.channels_last)
         solver.memory_format = torch.channels_last
     if amp:
-        solver.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+        solver.autocast_dtype = AMP_DTYPES[amp]
         if amp == "fp16":
             solver.grad_scaler = torch.amp.GradScaler(solver.device.type)
     if compile:
@@ -135,26 +137,24 @@ def _ours(device: str, batch: int, amp=None, channels_last=False, compile=False,
     return (lambda: solver.step(1)), done, solver.net
 
 
-def _handwritten(device: str, batch: int, amp=None, channels_last=False, compile=False, size: int = 224,
-                 weights_from=None):
-    """One iteration of the hand-written peer (:mod:`handwritten_googlenet`) with the same variant, its
-    weights those of the CaffeNet ``weights_from``; also returns the two nets' embedding difference."""
+def _handwritten(device: str, batch: int, weights_from, amp=None, channels_last=False, compile=False):
+    """One iteration of the hand-written peer (:mod:`handwritten_googlenet`, 224² inputs) with the same
+    variant, its weights those of the CaffeNet ``weights_from``; also returns the two nets' embedding
+    difference."""
     from handwritten_googlenet import HandWrittenGoogLeNet, copy_caffe_weights, max_embedding_difference, sgd
 
     param = authors_solver(batch)
     module = HandWrittenGoogLeNet().to(device)
-    inputs = {k: torch.from_numpy(v).to(device) for k, v in batch_inputs(batch, size).items()}
-    difference = None
-    if weights_from is not None:
-        copy_caffe_weights(module, weights_from)
-        difference = max_embedding_difference(module, weights_from, inputs["data"], inputs["label"])
+    inputs = {k: torch.from_numpy(v).to(device) for k, v in batch_inputs(batch).items()}
+    copy_caffe_weights(module, weights_from)
+    difference = max_embedding_difference(module, weights_from, inputs["data"], inputs["label"])
     optimizer = sgd(module, param.base_lr, param.momentum, param.weight_decay)
     data, labels = inputs["data"], inputs["label"]
     if channels_last:
         module.to(memory_format=torch.channels_last)
         data = data.contiguous(memory_format=torch.channels_last)
     forward = torch.compile(module) if compile else module
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    dtype = AMP_DTYPES.get(amp)
     scaler = torch.amp.GradScaler(torch.device(device).type) if amp == "fp16" else None
 
     def step():
@@ -201,7 +201,7 @@ def measure(device: str, batch: int, iters: int, **variant) -> float:
 def measure_with_handwritten(device: str, batch: int, iters: int, **variant) -> tuple[float, float, float]:
     """``(ours, hand-written, embedding difference)``: both nets from the same fillers, timed in turn."""
     ours, _, net = _ours(device, batch, **variant)
-    peer, difference = _handwritten(device, batch, weights_from=net, **variant)
+    peer, difference = _handwritten(device, batch, net, **variant)
     return (*time_alternately(device, [ours, peer], iters), difference)
 
 

@@ -284,21 +284,23 @@ def traces_whole(net) -> bool:
     return graph_breaking_step(net.steps, net.layers) is None
 
 
+def _reads_batches(step) -> bool:
+    """A bottomless layer other than ``Input`` (Data, ImageData, HDF5Data, the label-shuffling layer, ...):
+    it reads its batches in Python."""
+    return step.module_key is not None and not step.bottoms and step.type != "Input"
+
+
 def data_steps(net) -> list:
-    """The net's bottomless layers other than ``Input`` (Data, ImageData, HDF5Data, the label-shuffling
-    layer, ...): the layers that read batches in Python."""
-    return [s for s in net.steps if s.module_key is not None and not s.bottoms and s.type != "Input"]
+    """The net's layers that read their batches in Python (:func:`_reads_batches`), in net order."""
+    return [s for s in net.steps if _reads_batches(s)]
 
 
 def graph_breaking_step(steps, layers):
     """The first of ``steps`` (``layers``: the net's modules by key) that keeps them from being one graph
     (see :func:`traces_whole`), or None."""
     for step in steps:
-        if step.module_key is None:
-            continue
-        if not step.bottoms and step.type != "Input":
-            return step
-        if getattr(layers[step.module_key], "breaks_graph", False):
+        if _reads_batches(step) or (step.module_key is not None
+                                    and getattr(layers[step.module_key], "breaks_graph", False)):
             return step
     return None
 

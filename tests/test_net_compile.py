@@ -276,6 +276,7 @@ def test_fed_data_tops_skip_the_data_layer_and_an_input_net_is_the_plain_compile
     torch._dynamo.reset()
     net = _label_shuffling_net(tmp_path)
     compiled = compile_net(net, backend=CompileCounterWithBackend("eager"))
+
     def refuse():
         raise AssertionError("the data layer ran although its tops were fed")
 

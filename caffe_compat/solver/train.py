@@ -17,7 +17,8 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
   kernels sum in another order (the authors' GoogLeNet embeddings: 3.7e-7 relative).
 * ``compile``: the net's forward through ``torch.compile``, as one graph (``fullgraph=True``): the data
   layers reading their own files run eagerly ahead of it and feed it their tops
-  (:func:`caffe_compat.net.compile_net`; only user Python layers break the graph around them: the FAPPY
+  (:func:`caffe_compat.net.compile_net`; only user Python layers, and under torchrun the pair layers'
+  cross-rank gathers, break the graph around them: the FAPPY
   fixture net fed by the authors' label-shuffling layer, 2 iterations on the CPU: 28.4 s with the data
   layer inside the graph, 5.5 s ahead of it, compilation included).  Meant for CUDA: on a CPU device it
   warns once (:class:`~caffe_compat.hardware.CompileSlowerWarning`: the compiled step was 2-3x slower).
