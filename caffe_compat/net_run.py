@@ -18,8 +18,10 @@ eager in-place writes (``Blobs`` counting storages by ``data_ptr``, :meth:`NetEx
 is inactive and every layer returns a new tensor, as with autograd on: Caffe's in-place semantics are
 the *values* (a blob shows the last in-place layer's output; its diff is taken at the chain's first
 output), and those are what the traced graph computes; the compiler plans buffer reuse itself.  The
-run plan (:meth:`NetExecution._plan`) is built once per net, so a traced forward reads plain tuples and
-the compiled net does not recompile from one step to the next at the same shapes.
+steps are built once per net (plain frozen records), so the compiled net does not recompile from one
+step to the next at the same shapes.  :func:`compile_net` makes one graph where the net allows and
+``fullgraph`` graphs between the layers that do not (data layers ahead, :class:`DataAheadOfGraph`;
+user Python layers and torchrun's gathers between, :class:`GraphSegments`).
 
 Loss: a loss layer's top 0 has loss_weight 1 unless the prototxt says otherwise; any top with an
 explicit non-zero ``loss_weight`` counts.  ``net.objective(blobs) = Σ loss_weight · sum(top)``.
@@ -35,8 +37,8 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 
-__all__ = ["Blobs", "DataAheadOfGraph", "LayerStep", "NetExecution", "compile_net", "data_steps", "graph_breaking_step",
-           "traces_whole"]
+__all__ = ["Blobs", "DataAheadOfGraph", "GraphSegments", "LayerStep", "NetExecution", "compile_net", "data_steps",
+           "graph_breaking_step", "traces_whole"]
 
 
 @dataclass(frozen=True)
@@ -101,19 +103,25 @@ class NetExecution:
         """Run layers ``start`` .. ``end`` (Caffe layer names, inclusive; default all).  ``inputs`` feed
         tops of bottomless layers; with ``start`` they may name any blob the run reads.  ``input_grad``
         (default: the net's ``force_backward``) makes fed floating-point tensors require grad."""
-        inputs = dict(inputs or {})
         names = [s.name for s in self.steps]
         first = 0 if start is None else self._step_index(start, names)
         last = len(self.steps) - 1 if end is None else self._step_index(end, names)
-        allowed = set(self.feedable_names) if start is None else set(self.blob_shapes)
-        unknown = [n for n in inputs if n not in allowed]
-        if unknown:
-            raise FormatError(f"net '{self.name}': cannot feed {unknown}; feedable blobs are "
-                              f"{sorted(allowed) if start is not None else self.feedable_names}")
         # A compiled graph cannot make new leaf tensors: under torch.compile the caller's inputs keep their
         # requires_grad (pass them requiring grad for their diffs) and data-layer tops get no diff.
         want_grad = ((self.force_backward if input_grad is None else input_grad) and torch.is_grad_enabled()
                      and not torch.compiler.is_compiling())
+        inputs = self._checked_inputs(inputs, start is None, want_grad)
+        return self._run_steps(inputs, inputs if start is not None else {}, first, last, want_grad)
+
+    def _checked_inputs(self, inputs: dict | None, from_start: bool, want_grad: bool) -> dict:
+        """``inputs`` as tensors on the net's device (requiring grad when ``want_grad``), after checking their
+        names: the feedable blobs for a run from the start, any blob for a run from a later layer."""
+        inputs = dict(inputs or {})
+        allowed = set(self.feedable_names) if from_start else set(self.blob_shapes)
+        unknown = [n for n in inputs if n not in allowed]
+        if unknown:
+            raise FormatError(f"net '{self.name}': cannot feed {unknown}; feedable blobs are "
+                              f"{self.feedable_names if from_start else sorted(allowed)}")
         device = self._device()
         for n, value in list(inputs.items()):
             if not torch.is_tensor(value):
@@ -121,11 +129,17 @@ class NetExecution:
             if want_grad and value.is_floating_point() and not value.requires_grad:
                 value = value.detach().requires_grad_()
             inputs[n] = value
-        blobs = Blobs()
-        if start is not None:
-            for n, value in inputs.items():
-                blobs[n] = value
-                blobs.diff_targets[n] = value
+        return inputs
+
+    def _run_steps(self, inputs: dict, seeded: dict, first: int, last: int, want_grad: bool,
+                   blobs: Blobs | None = None) -> Blobs:
+        """Steps ``first`` .. ``last`` (indices, inclusive) into ``blobs`` (default: a new table), after the
+        ``seeded`` blobs (values of blobs made before ``first``); ``inputs`` feed the tops of bottomless
+        layers.  What :meth:`run` does once it has checked and converted its arguments."""
+        blobs = Blobs() if blobs is None else blobs
+        for n, value in seeded.items():
+            blobs[n] = value
+            blobs.diff_targets[n] = value
         for index, step in enumerate(self.steps[first:last + 1], first):
             outs = self._run_step(step, blobs, inputs, want_grad)
             if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # for backward ranges only
@@ -310,19 +324,22 @@ def compile_net(net, **options):
     graphs and whole-step fusion need):
 
     * :func:`traces_whole`: ``torch.compile(net, fullgraph=True, **options)``;
-    * else, when it has data layers (the authors' train nets: a Data or label-shuffling layer ahead of
-      everything), a :class:`DataAheadOfGraph`: the data layers run eagerly, then the rest of the net
-      compiled and fed their tops (a forward fed a data layer's tops skips that layer), as one graph
-      unless a layer ``breaks_graph`` (a user Python layer; under torchrun, the gathers of the pair layers);
-    * else ``torch.compile(net, **options)``, with graph breaks around such layers.
+    * else the data layers (the authors' train nets: a Data or label-shuffling layer ahead of everything)
+      run eagerly ahead of the rest (:class:`DataAheadOfGraph`; a forward fed a data layer's tops skips
+      that layer), and the rest is one compiled graph fed their tops, or, where layers ``breaks_graph``
+      (a user Python layer; under torchrun, the gathers of the pair layers), :class:`GraphSegments`: one
+      ``fullgraph`` graph for each run of layers between them, those layers eagerly in between.
 
-    Compiling the whole net with its data layers inside broke the graph at each of them, and Dynamo then
-    compiled the blob table's ``__setitem__`` once per blob name until its recompile limit (8)."""
+    Compiling the whole net with such layers inside broke the graph at each of them, and Dynamo then
+    compiled the blob table's ``__setitem__`` once per blob name until its recompile limit (8): under
+    torchrun the pair layers' gathers made every step recompile and fall back to eager code."""
     if traces_whole(net):
         return torch.compile(net, fullgraph=True, **options)
     sources = data_steps(net)
-    rest_whole = graph_breaking_step([s for s in net.steps if s not in sources], net.layers) is None
-    graph = torch.compile(net, fullgraph=rest_whole, **options)
+    if graph_breaking_step([s for s in net.steps if s not in sources], net.layers) is None:
+        graph = torch.compile(net, fullgraph=True, **options)
+    else:
+        graph = GraphSegments(net, **options)
     return DataAheadOfGraph(net, graph, sources) if sources else graph
 
 
@@ -340,3 +357,67 @@ class DataAheadOfGraph:
             if not all(top in fed for top in step.tops):
                 fed.update(zip(step.tops, self.net._run_step(step, Blobs(), {}, False)))
         return self.graph(**fed)
+
+
+def _breaks_graph(step, layers) -> bool:
+    return step.module_key is not None and getattr(layers[step.module_key], "breaks_graph", False)
+
+
+class GraphSegments:
+    """A net's forward as compiled graphs between the layers that ``breaks_graph``, which run eagerly in
+    between: called like the net (``**inputs``, the data layers' tops fed or read as the net would), it
+    returns the same :class:`Blobs`.  Each graph is ``torch.compile(..., fullgraph=True, **options)`` of
+    one run of layers, fed the blobs it reads from earlier layers (a fixed set of names, so the graphs do
+    not recompile from one step to the next); ``parts`` lists ``(first, last, graph or None)`` step ranges.
+    As in one compiled graph, fed inputs keep their ``requires_grad`` and no layer writes its bottom in place."""
+
+    def __init__(self, net, **options):
+        self.net = net
+        self.parts: list[tuple[int, int, object]] = []
+        self._reads: list[tuple[str, ...]] = []
+        start = 0
+        for index in [i for i, step in enumerate(net.steps) if _breaks_graph(step, net.layers)] + [len(net.steps)]:
+            if start < index:
+                self.parts.append((start, index - 1, torch.compile(self._runner(start, index - 1), fullgraph=True,
+                                                                   **options)))
+                self._reads.append(self._read_before_made(start, index - 1))
+            if index < len(net.steps):
+                self.parts.append((index, index, None))
+                self._reads.append(())
+            start = index + 1
+
+    def _runner(self, first: int, last: int):
+        net = self.net
+
+        def run_part(inputs: dict, seeded: dict) -> Blobs:
+            return net._run_steps(inputs, seeded, first, last, False)
+        return run_part
+
+    def _read_before_made(self, first: int, last: int) -> tuple[str, ...]:
+        """The blobs steps ``first`` .. ``last`` read before one of them makes them (made by earlier steps)."""
+        made, reads = set(), []
+        for step in self.net.steps[first:last + 1]:
+            reads.extend(b for b in step.bottoms if b not in made and b not in reads)
+            made.update(step.tops)
+        return tuple(reads)
+
+    def __call__(self, **inputs) -> Blobs:
+        net = self.net
+        inputs = net._checked_inputs(inputs, True, False)
+        blobs = Blobs()
+        for (first, last, graph), reads in zip(self.parts, self._reads):
+            if graph is None:
+                net._run_steps(inputs, {}, first, last, False, blobs=blobs)
+                continue
+            missing = [name for name in reads if name not in blobs]
+            if missing:
+                raise FormatError(f"net '{net.name}': blob '{missing[0]}' has no value when layer "
+                                  f"'{net.steps[first].name}' and those after it run (feed it)")
+            part = graph(inputs, {name: blobs[name] for name in reads})
+            for name, value in part.items():
+                blobs[name] = value
+            for name, value in part.diff_targets.items():
+                blobs.diff_targets.setdefault(name, value)
+            blobs.loss_terms.extend(part.loss_terms)
+            blobs.source_tops.update(part.source_tops)
+        return blobs

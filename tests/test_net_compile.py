@@ -15,6 +15,7 @@ blob is compared with ``atol = 4 · sqrt(K) · eps32 · max|blob|`` ≈ 6.4e-5 �
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -287,21 +288,79 @@ def test_fed_data_tops_skip_the_data_layer_and_an_input_net_is_the_plain_compile
     assert not isinstance(compile_net(net), type(compiled))  # Inputs only: the plain compiled module
 
 
-def test_a_distributed_runs_gathered_pair_layers_are_left_out_of_one_graph(tmp_path, monkeypatch):
+def test_a_distributed_runs_gathered_pair_layers_split_the_net_into_fullgraph_segments(tmp_path, monkeypatch):
     """Under torchrun the pair layers' bottoms are gathered across ranks (``GatherBottoms``), padding to the
     ranks' shares read at run time: Dynamo cannot make one graph of that (``fullgraph=True`` failed on the
-    first step), so ``compile_net`` compiles the rest of the net with graph breaks there, the data layers
-    still ahead of it."""
-    from caffe_compat.net import DataAheadOfGraph, compile_net, graph_breaking_step, traces_whole
+    first step), so ``compile_net`` runs the gathering layers (here the last two: the cosines and the loss,
+    which gathers the labels) eagerly after one ``fullgraph`` graph of the layers before them, the data
+    layer still ahead of it all."""
+    from caffe_compat.net import DataAheadOfGraph, GraphSegments, compile_net, graph_breaking_step, traces_whole
     from caffe_compat.solver.distributed import gather_loss_bottoms
 
     net = _label_shuffling_net(tmp_path)
     seen = []
     monkeypatch.setattr(torch, "compile", lambda model, **options: seen.append(options) or model)
     compile_net(net)
-    assert seen[-1] == {"fullgraph": True}  # the data layer runs ahead: the rest is one graph
+    assert seen == [{"fullgraph": True}]  # the data layer runs ahead: the rest is one graph
     assert gather_loss_bottoms(net) == ["cosine", "loss"]  # (the loss gathers the labels)
     assert not traces_whole(net) and graph_breaking_step(net.steps, net.layers).name == "data"
     assert graph_breaking_step(net.steps[1:], net.layers).name == "cosine"
+    seen.clear()
     compiled = compile_net(net)
-    assert isinstance(compiled, DataAheadOfGraph) and seen[-1] == {"fullgraph": False}
+    assert isinstance(compiled, DataAheadOfGraph) and isinstance(compiled.graph, GraphSegments)
+    names = [s.name for s in net.steps]
+    parts = [(names[first], names[last], graph is not None) for first, last, graph in compiled.graph.parts]
+    assert parts == [("data", names[names.index("cosine") - 1], True), ("cosine", "cosine", False),
+                     ("loss", "loss", False)] and names[-1] == "loss"
+    assert seen == [{"fullgraph": True}]
+
+
+def _user_layer_net(module) -> CaffeNet:
+    """Convolution, ReLU, the user's ``ChannelScale`` Python layer (its NumPy code), 1x1 convolution, ReLU and
+    a Euclidean loss: a user layer between two runs of native layers."""
+    from caffe_compat.layers.python_user import register_python_layer
+
+    register_python_layer("user_layers", "ChannelScale", module.ChannelScale)
+    conv = 'convolution_param {{ num_output: 4 kernel_size: {} pad: {} weight_filler {{ type: "gaussian" std: 0.3 }} }}'
+    return CaffeNet(
+        'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 5 } } }\n'
+        'layer { name: "t" type: "Input" top: "t" input_param { shape { dim: 2 dim: 4 dim: 5 dim: 5 } } }\n'
+        f'layer {{ name: "conv" type: "Convolution" bottom: "x" top: "c" {conv.format(3, 1)} }}\n'
+        'layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }\n'
+        'layer { name: "scale" type: "Python" bottom: "c" top: "y" python_param { module: "user_layers" '
+        'layer: "ChannelScale" param_str: "init: 1.5" } }\n'
+        f'layer {{ name: "conv2" type: "Convolution" bottom: "y" top: "z" {conv.format(1, 0)} }}\n'
+        'layer { name: "relu2" type: "ReLU" bottom: "z" top: "z" }\n'
+        'layer { name: "loss" type: "EuclideanLoss" bottom: "z" bottom: "t" top: "loss" }\n', phase="train", seed=1)
+
+
+def test_a_user_python_layer_splits_the_net_into_graphs_that_do_not_recompile(monkeypatch):
+    """A user Python layer runs eagerly between two ``fullgraph`` graphs (Dynamo cannot trace the user's NumPy
+    code): the eager net's blobs, diff targets, objective and gradients at every step, two graphs compiled
+    once for three steps (the whole net compiled with graph breaks recompiled the blob table's
+    ``__setitem__`` once per blob name)."""
+    from caffe_compat.layers import python_user
+    from caffe_compat.net import GraphSegments, compile_net
+
+    monkeypatch.syspath_prepend(str(fixture_path("python_layers/user_layers.py").parent))
+    import user_layers
+
+    torch._dynamo.reset()
+    try:
+        net = _user_layer_net(user_layers)
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = compile_net(net, backend=counter)
+        assert isinstance(compiled, GraphSegments)
+        assert [(first, last, graph is not None) for first, last, graph in compiled.parts] == [
+            (0, 3, True), (4, 4, False), (5, 7, True)]
+        for step in range(3):
+            inputs = _inputs(net, seed=step)
+            _compare(net, compiled, inputs)
+            fed = {n: v.clone().requires_grad_() for n, v in inputs.items()}  # as _compare feeds them
+            blobs = compiled(**fed)
+            assert list(blobs.diff_targets) == list(net(**fed).diff_targets)
+            assert [(name, weight) for name, weight, _ in blobs.loss_terms] == [("loss", 1.0)]
+        assert counter.frame_count == 2
+    finally:
+        python_user._REGISTERED.clear()
+        sys.modules.pop("user_layers", None)

@@ -47,7 +47,8 @@ def register(sub) -> None:
     p.add_argument("--channels-last", action="store_true",
                    help="NHWC memory order (the convolutions round their sums differently: ~4e-7 relative)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the net's forward (one graph, fullgraph; the data layers run ahead of it); "
+                   help="torch.compile the net's forward (fullgraph; the data layers run ahead of the graph, user "
+                        "Python layers and torchrun's gathers eagerly between graphs); "
                         "meant for CUDA: slower than eager on the CPU (warns)")
     p.add_argument("--seed", type=int, help="seed of torch's generator (fillers, dropout); with --deterministic also "
                                            "numpy's and random's")

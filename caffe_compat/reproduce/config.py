@@ -27,7 +27,7 @@ class ReproduceConfig:
     ``workers`` (data-loading processes: 0 for the toy set, 2 otherwise), ``snapshot_every`` (also snapshot
     every N iterations), ``batch_size`` / ``per_label`` (override the paper's batch, e.g. a small one for a
     CPU smoke run), ``progress`` (say what happens on the terminal), ``fresh`` (discard the requested
-    runs' directories and retrain them), ``compile`` (``torch.compile`` the training net as one graph:
+    runs' directories and retrain them), ``compile`` (``torch.compile`` the training net, fullgraph:
     :func:`caffe_compat.net.compile_net`; the same numbers to float32 round-off, not part of the run's
     settings).
     """

@@ -17,8 +17,8 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
   kernels sum in another order (the authors' GoogLeNet embeddings: 3.7e-7 relative).
 * ``compile``: the net's forward through ``torch.compile``, as one graph (``fullgraph=True``): the data
   layers reading their own files run eagerly ahead of it and feed it their tops
-  (:func:`caffe_compat.net.compile_net`; only user Python layers, and under torchrun the pair layers'
-  cross-rank gathers, break the graph around them: the FAPPY
+  (:func:`caffe_compat.net.compile_net`; user Python layers, and under torchrun the pair layers'
+  cross-rank gathers, run eagerly between graphs, one per run of layers between them: the FAPPY
   fixture net fed by the authors' label-shuffling layer, 2 iterations on the CPU: 28.4 s with the data
   layer inside the graph, 5.5 s ahead of it, compilation included).  Meant for CUDA: on a CPU device it
   warns once (:class:`~caffe_compat.hardware.CompileSlowerWarning`: the compiled step was 2-3x slower).
@@ -295,7 +295,7 @@ def _configure(solver: Solver, amp, channels_last: bool, compile: bool) -> None:
         for net in [solver.net] + solver.test_nets:
             net.to(memory_format=torch.channels_last)
     if compile:
-        solver.forward_fn = compile_net(solver.net)  # one graph (fullgraph), the data layers ahead of it
+        solver.forward_fn = compile_net(solver.net)  # fullgraph graphs, the data layers ahead of them
 
 
 def _solve(solver: Solver, total: int, to_max_iter: bool, run: DistributedRun | None) -> None:
