@@ -68,6 +68,8 @@ level-independent work done once.  On CUDA the whole caffe-mode computation (cos
 gradient) is recorded once per batch shape as a CUDA graph (fixed B − 1 slots per row, every level,
 no host synchronisation) and replayed: ~150 kernels launched at once instead of one by one from
 Python (``USE_CUDA_GRAPHS = False`` turns it off; the graphs: :mod:`caffe_compat.losses.cuda_graph`).
+Under ``torch.compile`` both modes take that static form (B − 1 slots, every level; the paper mode's
+``C`` a tensor), so ``FAPPYLoss`` traces as one graph, its bounds check an assertion in the graph.
 """
 
 from __future__ import annotations
@@ -250,6 +252,8 @@ def _embeddings_static(x: torch.Tensor, labels: torch.Tensor, levels: list[float
 
 def _paper(s: torch.Tensor, labels: torch.Tensor, levels: list[float], like: torch.Tensor) -> torch.Tensor:
     """Algorithm 1 on the symmetric (B,B) float64 cosines ``s`` (autograd), in ``like``'s dtype."""
+    if torch.compiler.is_compiling() and labels.numel() >= 2:
+        return _paper_static(s, labels, levels, like)
     rows = _rows(s, labels)
     if rows is None:
         return like[:0].sum()  # 0, attached to the graph
@@ -258,6 +262,18 @@ def _paper(s: torch.Tensor, labels: torch.Tensor, levels: list[float], like: tor
     n = len(levels)      # L <- (L + R_d / C) / 2, unrolled: R_d weighs 2^-(levels from d to the end) / C
     weight = torch.tensor([0.5 ** (n - k) / count for k in range(n)], dtype=torch.float64, device=s.device)
     return (_levels(rows, levels).level_sums() * weight).sum().to(like.dtype)
+
+
+def _paper_static(s: torch.Tensor, labels: torch.Tensor, levels: list[float], like: torch.Tensor) -> torch.Tensor:
+    """``_paper`` with fixed shapes and no host synchronisation (what ``torch.compile(fullgraph=True)``
+    traces): B − 1 slots per row, ``C`` a tensor, 0 without a positive pair (every level's sum is 0 then),
+    the bounds check an assertion in the graph."""
+    rows = _rows(s, labels, k=labels.numel() - 1)
+    torch._assert_async(~_unreadable(rows, levels[-1]), _UNREADABLE)
+    count = (rows.slot_ok.sum() // 2).clamp_min(1).to(torch.float64)
+    n = len(levels)
+    halvings = torch.tensor([0.5 ** (n - k) for k in range(n)], dtype=torch.float64, device=s.device)
+    return (_levels(rows, levels).level_sums() * (halvings / count)).sum().to(like.dtype)
 
 
 def fappy_caffe_forward_backward(cosine: torch.Tensor, labels: torch.Tensor, delta: float

@@ -53,6 +53,10 @@ class MarginLoss(torch.nn.Module):
         cutoff: distance clamp of the sampler (default 0.5).
         nonzero_loss_cutoff: the sampler's upper distance bound (default 1.4).
         miner: any pair miner instead (e.g. ``EasyPositiveMiner``: EPS + margin).
+
+    Under ``torch.compile`` the loss is one graph (``fullgraph=True``) with ``distance_weighted=False``,
+    the per-class β's label check an assertion in the graph; Wu's sampler draws a number of negatives
+    that depends on the batch (its index tuples), which Dynamo cannot hold in one graph.
     """
 
     def __init__(
@@ -81,10 +85,12 @@ class MarginLoss(torch.nn.Module):
         if self.num_classes is None:
             return self.beta.expand(labels.shape[0])
         index = labels.long()
-        if bool((index.to(labels.dtype) != labels).any()) or bool(((index < 0) | (index >= self.num_classes)).any()):
-            raise LossInputError(
-                f"MarginLoss: labels must be integers in [0, {self.num_classes}) to index the per-class beta"
-            )
+        bad = (index.to(labels.dtype) != labels).any() | ((index < 0) | (index >= self.num_classes)).any()
+        message = f"MarginLoss: labels must be integers in [0, {self.num_classes}) to index the per-class beta"
+        if torch.compiler.is_compiling():  # no host synchronisation in a graph: the check is an assertion there
+            torch._assert_async(~bad, message)
+        elif bool(bad):
+            raise LossInputError(message)
         return self.beta[index]
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple=None, ref_emb=None,
