@@ -31,7 +31,7 @@ synthetic-input step at S×S measured in the same run (the layer does not crop: 
 
 Usage: ``python benchmarks/bench_train.py [--device cpu|cuda|all] [--batch N] [--iters 3] [--compile]
 [--no-handwritten] [--lmdb-size 256] [--prefetch-workers 2]``.
-Defaults: CUDA batch 128 (the authors'); CPU batch 8 with one thread (the team machine has 2 shared
+Defaults: CUDA batch 128 (the authors'), TF32 off; CPU batch 8 with one thread (the team machine has 2 shared
 cores: batch 128 at 224² would take minutes per iteration there).
 """
 
@@ -229,7 +229,8 @@ def main() -> None:
     parser.add_argument("--lmdb-size", type=int, default=256, help="side of the LMDB's JPEGs (0: no data-layer rows)")
     parser.add_argument("--prefetch-workers", type=int, default=2)
     parser.add_argument("--variants", default="all", choices=["all", "fp32", "none"],
-                        help="which synthetic-input variant rows to time (none: the data-layer rows only)")
+                        help="which synthetic-input variant rows to time (fp32: the baseline, and its compiled "
+                             "twin with --compile; none: the data-layer rows only)")
     parser.add_argument("--handwritten", action=argparse.BooleanOptionalAction, default=True,
                         help="time the hand-written nn.Module peer (handwritten_googlenet.py) beside each variant, "
                              "in turn with ours (default: on)")
@@ -256,12 +257,15 @@ def main() -> None:
         variants = [("fp32", {}), ("fp32 channels_last", {"channels_last": True}), ("bf16 autocast", {"amp": "bf16"})]
         if device == "cpu":
             torch.set_num_threads(1)
-        else:
+        else:  # float32 is float32: no TF32 in cuDNN's convolutions (on by default) nor in matrix products
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+            print(f"{torch.cuda.get_device_name()}: TF32 off (cuDNN and cuBLAS)")
             variants += [("fp16 autocast + GradScaler", {"amp": "fp16"}),
                          ("bf16 autocast + channels_last", {"amp": "bf16", "channels_last": True})]
         if args.compile:
             variants += [(name + " + compile", dict(kw, compile=True)) for name, kw in list(variants)]
-        variants = {"all": variants, "fp32": variants[:1], "none": []}[args.variants]
+        variants = {"all": variants, "fp32": [v for v in variants if v[0] in ("fp32", "fp32 + compile")],
+                    "none": []}[args.variants]
         base = None
         for name, kwargs in variants:
             if args.handwritten:
