@@ -279,7 +279,7 @@ class NetExecution:
 
 
 def _autocasting(tensor: torch.Tensor) -> bool:
-    return torch.is_autocast_enabled(tensor.device.type)
+    return tensor.device.type != "meta" and torch.is_autocast_enabled(tensor.device.type)  # (meta: no autocast)
 
 
 def _in_float32(layer, bottoms: list) -> tuple:

@@ -232,6 +232,65 @@ def test_paper_googlenet_and_vgg_nets_trace_without_graph_break(path):
         assert torch.isfinite(net.objective(blobs))
 
 
+def _paper_net_with_inputs(path: str, batch: int) -> CaffeNet:
+    """A paper prototxt in its phase, its data layer stood in by Inputs of ``batch`` 224² images and labels."""
+    from caffe_compat.io import read_net
+
+    param = read_net(str(REPO / path))
+    for layer in param.layer:
+        if not layer.bottom and layer.type != "Input":
+            tops = list(layer.top)
+            layer.Clear()
+            layer.name, layer.type = tops[0], "Input"
+            layer.top.extend(tops)
+            layer.input_param.shape.add().dim.extend([batch, 3, 224, 224])
+            if len(tops) > 1:
+                layer.input_param.shape.add().dim.extend([batch])
+    return CaffeNet(param, phase="train" if "/train_" in path else "test", seed=1)
+
+
+PAPER_NETS = sorted(str(p.relative_to(REPO)) for p in (REPO / "prototxt").glob("*/*.prototxt")
+                    if p.name.startswith(("train_", "deploy")))
+
+
+def _meta_step(net: CaffeNet, inputs: dict) -> None:
+    """Forward, objective (a probe for a deploy net), backward and Caffe's SGD update on the meta device."""
+    from caffe_compat.solver.updates import SGD
+
+    net.to("meta")
+    fed = {n: (v.to("meta").requires_grad_() if v.is_floating_point() and n not in ("label", "idx") else v.to("meta"))
+           for n, v in inputs.items()}
+    blobs = net(**fed)
+    target = net.objective(blobs) if blobs.loss_terms else sum(
+        (b.float().sum() for b in blobs.values() if b.is_floating_point() and b.requires_grad),
+        torch.zeros((), device="meta"))
+    target.backward()
+    SGD(list(net.parameters()), lr=0.01, momentum=0.9, weight_decay=2e-4).step()
+    assert all(p.grad is not None and p.grad.device.type == "meta" for p in net.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", PAPER_NETS + sorted(FIXTURES))
+def test_a_training_step_reads_nothing_on_the_host_on_the_device_path(name):
+    """CUDA graph capture of a whole step needs a step that never reads a value on the host: every paper
+    net and fixture net runs its forward, backward and Caffe's SGD update on the meta device, whose tensors
+    have no values (a ``.item()``, ``bool()`` or data-dependent shape there raises).  The device path is the
+    one CUDA takes (the CPU's NumPy kernels are not used on meta); the layers that branch on values take
+    their static forms there (``caffe_compat.losses.static_form``), as under capture."""
+    net = _fixture_net(name) if name in FIXTURES else _paper_net_with_inputs(name, batch=8)
+    _meta_step(net, _inputs(net))
+
+
+def test_the_eager_fappy_layout_would_read_the_host(monkeypatch):
+    """The meta step catches a host read: FAPPY's eager row layout (the number of positive partners read
+    on the host) fails there, which is why it takes its static form under capture."""
+    from caffe_compat.losses import fappy
+
+    monkeypatch.setattr(fappy, "static_form", lambda t: False)
+    net = _paper_net_with_inputs("prototxt/digits/train_fappy.prototxt", batch=8)
+    with pytest.raises(RuntimeError, match="meta"):
+        _meta_step(net, _inputs(net))
+
+
 def _label_shuffling_net(tmp_path, seed: int = 0) -> CaffeNet:
     """The FAPPY fixture net fed by the authors' label-shuffling layer over 32 PNGs (a data layer reading its
     files in Python ahead of everything, as in their train prototxt)."""

@@ -15,6 +15,7 @@ from caffe_compat.layers.caffe_backward import caffe_abs
 from caffe_compat.layers.facts import NONE, ONE, BlobCount, Shapes, canonical_axis, count, same_as_bottom
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
+from caffe_compat.losses.static_form import static_form
 from caffe_compat.proto import caffe_pb2
 
 _Eltwise = caffe_pb2.EltwiseParameter
@@ -251,7 +252,7 @@ class Embed(CaffeLayer):
 
     def forward(self, x):
         index = x.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
-        if torch.compiler.is_compiling():  # the same check, without a host sync in the graph
+        if static_form(index):  # the same check, without a host sync in the graph
             torch._assert_async(((index >= 0) & (index < self.input_dim)).all(),
                                 f"layer '{self.layer_name}': an Embed index is outside [0, {self.input_dim})")
         elif index.numel() and (bool((index < 0).any()) or bool((index >= self.input_dim).any())):

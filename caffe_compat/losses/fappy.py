@@ -86,6 +86,7 @@ from caffe_compat.losses.cuda_graph import GraphCache, can_replay
 from caffe_compat.losses.fappy_rows import (_flat_inputs, _pair_geometry, _from_vector, _from_matrix, _Rows, _rows, _unreadable, _check_readable, _levels)
 from caffe_compat.losses.loss_errors import LossInputError
 from caffe_compat.losses.pairwise import cosine_matrix, matmul_lifting_subnormals
+from caffe_compat.losses.static_form import static_form
 
 #: The finest bin width supported: below it Caffe's ``int`` bin index and histogram size overflow.
 MIN_BIN_WIDTH = 2.0 ** -29
@@ -218,7 +219,7 @@ def _caffe_matrix(sim: torch.Tensor, labels: torch.Tensor, levels: list[float]
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``_caffe(_from_matrix(sim), labels, levels)``; on CUDA through a cached CUDA graph; under
     ``torch.compile`` the static form, its bounds check an assertion in the graph (no host sync)."""
-    if torch.compiler.is_compiling() and levels and labels.numel() >= 2:
+    if static_form(sim) and levels and labels.numel() >= 2:
         loss, h, unreadable = _caffe_static(sim, labels, levels)
         torch._assert_async(~unreadable, _UNREADABLE)
         return loss, h
@@ -252,7 +253,7 @@ def _embeddings_static(x: torch.Tensor, labels: torch.Tensor, levels: list[float
 
 def _paper(s: torch.Tensor, labels: torch.Tensor, levels: list[float], like: torch.Tensor) -> torch.Tensor:
     """Algorithm 1 on the symmetric (B,B) float64 cosines ``s`` (autograd), in ``like``'s dtype."""
-    if torch.compiler.is_compiling() and labels.numel() >= 2:
+    if static_form(s) and labels.numel() >= 2:
         return _paper_static(s, labels, levels, like)
     rows = _rows(s, labels)
     if rows is None:
@@ -334,7 +335,7 @@ class _FAPPYCaffeEmbeddings(_SavedGradient):
     def forward(ctx, x, labels, delta):
         levels = caffe_levels(delta)
         grad = None
-        if torch.compiler.is_compiling() and levels and labels.numel() >= 2:
+        if static_form(x) and levels and labels.numel() >= 2:
             loss, grad, unreadable = _embeddings_static(x, labels, levels)
             torch._assert_async(~unreadable, _UNREADABLE)
         elif _graph_applies(x, labels, levels):

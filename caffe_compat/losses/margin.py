@@ -30,6 +30,7 @@ from caffe_compat.losses.loss_errors import LossInputError
 from caffe_compat.losses.batch_input import pair_inputs
 from caffe_compat.losses.miners import DistanceWeightedMiner
 from caffe_compat.losses.pairwise import euclidean_matrix
+from caffe_compat.losses.static_form import static_form
 
 
 class MarginLoss(torch.nn.Module):
@@ -87,7 +88,7 @@ class MarginLoss(torch.nn.Module):
         index = labels.long()
         bad = (index.to(labels.dtype) != labels).any() | ((index < 0) | (index >= self.num_classes)).any()
         message = f"MarginLoss: labels must be integers in [0, {self.num_classes}) to index the per-class beta"
-        if torch.compiler.is_compiling():  # no host synchronisation in a graph: the check is an assertion there
+        if static_form(labels):  # no host synchronisation in a graph: the check is an assertion there
             torch._assert_async(~bad, message)
         elif bool(bad):
             raise LossInputError(message)
