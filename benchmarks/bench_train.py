@@ -8,7 +8,8 @@ replaced by two Input layers, ``data`` (N, 3, 224, 224) and ``label`` (N,) in ru
 so that every batch has negatives).  Weights come from Caffe's fillers (seed 0); inputs are Gaussian.
 
 Rows: the baseline (float32, NCHW, eager) and its variants on the same device — bf16/fp16 autocast,
-channels_last, optionally torch.compile — each as iterations/s and the ratio to the baseline measured
+channels_last, on CUDA the iterations recorded as CUDA graphs (``Solver.step_graphs``), optionally
+torch.compile — each as iterations/s and the ratio to the baseline measured
 in the same run.  Reference, not re-measured: real Caffe (CPU, 1 thread) needs 1.659 s for
 forward+backward of the GoogLeNet part at N=8 and 6.272 s at N=32 on a 2-vCPU AMD EPYC, 3.201 s at N=8 on
 a 2-vCPU Intel Xeon (FAPPY and the update excluded; its CosineSimilarityBatch+FAPPY at B=128, delta 1e-4
@@ -53,6 +54,7 @@ from _common import add_malloc_option, apply_malloc_option, caffe_reference, fmt
 from caffe_compat.io import read_net  # noqa: E402
 from caffe_compat.proto import caffe_pb2  # noqa: E402
 from caffe_compat.solver import Solver  # noqa: E402
+from caffe_compat.solver.step_graphs import WARMUP_ITERATIONS, StepGraphs  # noqa: E402
 
 #: Our copy of the authors' CUB-200 train net (tests/zoo proves it equal to theirs, data layer aside).
 AUTHORS_NET = Path(__file__).resolve().parents[1] / "prototxt" / "cub200" / "train_fappy.prototxt"
@@ -118,8 +120,10 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _ours(device: str, batch: int, amp=None, channels_last=False, compile=False, size: int = 224,
-          lmdb: str | None = None, prefetch: tuple[int, int] = (0, 0)):
-    """One Solver iteration of the authors' net as a callable, and what to call when done."""
+          lmdb: str | None = None, prefetch: tuple[int, int] = (0, 0), cuda_graphs=False):
+    """One Solver iteration of the authors' net as a callable, and what to call when done (``cuda_graphs``:
+    the iterations recorded as CUDA graphs, :mod:`caffe_compat.solver.step_graphs`; the warm-up and the
+    recording happen here, before any timing)."""
     solver = Solver(authors_solver(batch, size=size, lmdb=lmdb, prefetch=prefetch), device=device)
     inputs = {k: torch.from_numpy(v).to(device) for k, v in batch_inputs(batch, size).items()}
     if channels_last:
@@ -134,13 +138,21 @@ def _ours(device: str, batch: int, amp=None, channels_last=False, compile=False,
     if lmdb is None:
         solver.data_source = iter(lambda: inputs, None)
     done = solver.net.layer("data").reset_prefetch if lmdb is not None else (lambda: None)
+    if cuda_graphs:
+        solver.step_graphs = StepGraphs(solver)
+        if not solver.step_graphs.active:
+            raise SystemExit(f"CUDA graphs: {solver.step_graphs.reason}")
+        solver.step(WARMUP_ITERATIONS + 1)
+        assert solver.step_graphs.recorded
     return (lambda: solver.step(1)), done, solver.net
 
 
-def _handwritten(device: str, batch: int, weights_from, amp=None, channels_last=False, compile=False):
+def _handwritten(device: str, batch: int, weights_from, amp=None, channels_last=False, compile=False,
+                 cuda_graphs=False):
     """One iteration of the hand-written peer (:mod:`handwritten_googlenet`, 224² inputs) with the same
     variant, its weights those of the CaffeNet ``weights_from``; also returns the two nets' embedding
-    difference."""
+    difference.  ``cuda_graphs``: the whole iteration (forward, backward, ``optimizer.step()``) recorded as
+    one CUDA graph after three warm-up iterations on a side stream, PyTorch's documented recipe."""
     from handwritten_googlenet import HandWrittenGoogLeNet, copy_caffe_weights, max_embedding_difference, sgd
 
     param = authors_solver(batch)
@@ -168,6 +180,21 @@ def _handwritten(device: str, batch: int, weights_from, amp=None, channels_last=
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
+    if cuda_graphs:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None, cache_enabled=False):
+                loss = forward(data, labels)
+            loss.backward()
+            optimizer.step()
+        return graph.replay, difference
     return step, difference
 
 
@@ -261,7 +288,10 @@ def main() -> None:
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
             print(f"{torch.cuda.get_device_name()}: TF32 off (cuDNN and cuBLAS)")
             variants += [("fp16 autocast + GradScaler", {"amp": "fp16"}),
-                         ("bf16 autocast + channels_last", {"amp": "bf16", "channels_last": True})]
+                         ("bf16 autocast + channels_last", {"amp": "bf16", "channels_last": True}),
+                         ("fp32 + CUDA graphs", {"cuda_graphs": True}),
+                         ("bf16 autocast + channels_last + CUDA graphs",
+                          {"amp": "bf16", "channels_last": True, "cuda_graphs": True})]
         if args.compile:
             variants += [(name + " + compile", dict(kw, compile=True)) for name, kw in list(variants)]
         variants = {"all": variants, "fp32": [v for v in variants if v[0] in ("fp32", "fp32 + compile")],

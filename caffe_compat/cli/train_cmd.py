@@ -50,6 +50,11 @@ def register(sub) -> None:
                    help="torch.compile the net's forward (fullgraph; the data layers run ahead of the graph, user "
                         "Python layers and torchrun's gathers eagerly between graphs); "
                         "meant for CUDA: slower than eager on the CPU (warns)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="record each iteration (forward and backward, Caffe's update) as CUDA graphs and replay "
+                        "them: thousands of kernel launches at once on a fast GPU; where a graph cannot hold the "
+                        "iteration (not CUDA, iter_size > 1, clip_gradients, fp16, Adam, user Python layers, "
+                        "torchrun) it warns and trains eagerly")
     p.add_argument("--seed", type=int, help="seed of torch's generator (fillers, dropout); with --deterministic also "
                                            "numpy's and random's")
     p.add_argument("--deterministic", action="store_true",
@@ -93,7 +98,7 @@ def run(args) -> int:
         summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
                         amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
                         tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
-                        distributed=args.distributed, strict_weights=args.strict)
+                        distributed=args.distributed, strict_weights=args.strict, cuda_graphs=args.cuda_graphs)
     main = ddp.is_main_process()
     ddp.shutdown_distributed()
     if not main:

@@ -151,6 +151,7 @@ class Solver(SolverSetup, SolverSnapshots):
         self.resumed_loss_window: tuple[list[float], float, int] | None = None
         self._window_start = 0
         self.forward_fn = None  # e.g. torch.compile(self.net); default: self.net
+        self.step_graphs = None  # a StepGraphs: the iterations recorded as CUDA graphs (solver.step_graphs)
         self.memory_format = torch.contiguous_format  # 4-D inputs are converted to it (channels_last)
         self.last_loss = float("nan")
         self.outputs: dict[str, torch.Tensor] = {}
@@ -208,6 +209,10 @@ class Solver(SolverSetup, SolverSnapshots):
 
     def forward_backward(self) -> float:
         """Caffe's ``Net::ForwardBackward`` on the next inputs: the objective's value; diffs accumulate."""
+        if self.step_graphs is not None:
+            value = self.step_graphs.forward_backward()
+            if value is not None:
+                return value
         with self._autocast():
             notify(self, "before_forward", self.net)
             # `is not None`: a torch.compile'd module must not be truth-tested (bool() on it raises TypeError)
@@ -257,7 +262,7 @@ class Solver(SolverSetup, SolverSnapshots):
         if self.grad_scaler is not None:
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
-        else:
+        elif self.step_graphs is None or not self.step_graphs.update():
             self.optimizer.step()
         if self.optimizer.last_clip is not None:
             norm, scale = self.optimizer.last_clip
@@ -280,7 +285,8 @@ class Solver(SolverSetup, SolverSnapshots):
         self._display_clock, self._iterations_last = time.perf_counter(), self.iter
         iter_size = int(self.param.iter_size)
         while self.iter < stop_iter:
-            self.optimizer.zero_grad(set_to_none=True)
+            if self.step_graphs is None or not self.step_graphs.recorded:  # (a replay writes every diff anew)
+                self.optimizer.zero_grad(set_to_none=True)
             if (self.param.test_interval and self.iter % self.param.test_interval == 0
                     and (self.iter > 0 or self.param.test_initialization)):
                 self.test_all()

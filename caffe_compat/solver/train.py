@@ -22,6 +22,10 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
   fixture net fed by the authors' label-shuffling layer, 2 iterations on the CPU: 28.4 s with the data
   layer inside the graph, 5.5 s ahead of it, compilation included).  Meant for CUDA: on a CPU device it
   warns once (:class:`~caffe_compat.hardware.CompileSlowerWarning`: the compiled step was 2-3x slower).
+* ``cuda_graphs``: each iteration's forward and backward, and Caffe's update, recorded as CUDA graphs
+  and replayed (:mod:`caffe_compat.solver.step_graphs`: a few thousand kernel launches per iteration at
+  once; the eager numbers); where a graph cannot hold the iteration (not CUDA, ``iter_size`` > 1,
+  ``clip_gradients``, fp16, Adam, user Python layers, torchrun) it warns and trains eagerly.
 * ``deterministic``: seeds (torch, numpy, random), ``torch.use_deterministic_algorithms``, no cuDNN
   autotuning: two runs with the same seed give the same weights.
 * a tqdm bar with loss and lr, a CSV log (``iter, loss, smoothed_loss, lr, clip_scale, seconds``),
@@ -85,12 +89,13 @@ import logging
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
+from caffe_compat.errors import CaffeCompatError, CaffeCompatWarning, FormatError, TrainingDiverged
 from caffe_compat.hardware import warn_if_bf16_slow, warn_if_compile_slow
 from caffe_compat.net import compile_net
 from caffe_compat.solver import distributed as ddp
@@ -99,6 +104,7 @@ from caffe_compat.solver.distributed_run import (ALONE, DistributedRun, RankZero
 from caffe_compat.solver.feed import Feed
 from caffe_compat.solver.recorder import Recorder
 from caffe_compat.solver.solver import Solver
+from caffe_compat.solver.step_graphs import StepGraphs
 from caffe_compat.solver.trainstate import TrainStateWriter, load_train_state, train_state_path
 
 __all__ = ["TrainSummary", "load_train_state", "set_deterministic", "train", "train_state_path"]
@@ -155,7 +161,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
           amp: str | None = None, channels_last: bool = False, compile: bool = False, progress: bool = True,
           csv_log=None, tensorboard=None, deterministic: bool = False, seed: int | None = None,
           test_data=None, distributed: bool | None = None, shard_data: bool | None = None,
-          strict_weights: bool = False) -> TrainSummary:
+          strict_weights: bool = False, cuda_graphs: bool = False) -> TrainSummary:
     """Train ``solver`` (a :class:`Solver` or a solver prototxt path) — see the module docstring.
 
     ``iters``: iterations to run (default: up to ``max_iter``).  ``weights``/``resume``: a caffemodel to
@@ -173,7 +179,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
         return _train(solver, data, ALONE, iters=iters, weights=weights, resume=resume, device=device, amp=amp,
                       channels_last=channels_last, compile=compile, progress=progress, csv_log=csv_log,
                       tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data,
-                      strict_weights=strict_weights)
+                      strict_weights=strict_weights, cuda_graphs=cuda_graphs)
     device = rank_device(solver, device)
     ddp.init_distributed(device=device)
     filt = RankZeroOnly()
@@ -185,7 +191,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
         return _train(solver, data, shard_data, iters=iters, weights=weights, resume=resume, device=device,
                       amp=amp, channels_last=channels_last, compile=compile, progress=progress, csv_log=csv_log,
                       tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data,
-                      strict_weights=strict_weights)
+                      strict_weights=strict_weights, cuda_graphs=cuda_graphs)
     except BaseException as exc:
         if ddp.is_distributed():
             log.error("rank %d: training stopped: %s: %s", ddp.rank(), type(exc).__name__, exc)
@@ -199,7 +205,8 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
 
 
 def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, channels_last, compile, progress,
-           csv_log, tensorboard, deterministic, seed, test_data, strict_weights=False) -> TrainSummary:
+           csv_log, tensorboard, deterministic, seed, test_data, strict_weights=False,
+           cuda_graphs=False) -> TrainSummary:
     distributed = shard_data is not ALONE and ddp.is_distributed() and ddp.world_size() > 1
     main = not distributed or ddp.is_main_process()
     if deterministic:
@@ -227,6 +234,8 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     # the .trainstate after each snapshot's solverstate, then the record (the run records on rank 0 only)
     observers = [TrainStateWriter(feeds), recorder if run is None else run]
     solver.observers.extend(observers)
+    if cuda_graphs:
+        _record_iterations(solver)
     start_iter, start = solver.iter, time.perf_counter()
     diverged = None
     try:
@@ -296,6 +305,15 @@ def _configure(solver: Solver, amp, channels_last: bool, compile: bool) -> None:
             net.to(memory_format=torch.channels_last)
     if compile:
         solver.forward_fn = compile_net(solver.net)  # fullgraph graphs, the data layers ahead of them
+
+
+def _record_iterations(solver: Solver) -> None:
+    """The iterations as CUDA graphs (:mod:`caffe_compat.solver.step_graphs`), or a warning saying why not."""
+    graphs = StepGraphs(solver)
+    if graphs.active:
+        solver.step_graphs = graphs
+    else:
+        warnings.warn(f"cuda_graphs: {graphs.reason}; the iterations run eagerly", CaffeCompatWarning, stacklevel=4)
 
 
 def _solve(solver: Solver, total: int, to_max_iter: bool, run: DistributedRun | None) -> None:
