@@ -34,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the training net (one graph: its data comes in through Input layers); meant "
                         "for CUDA: slower than eager on the CPU (warns)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="record each training iteration as CUDA graphs and replay them (the eager numbers; warns "
+                        "and trains eagerly off CUDA)")
     p.add_argument("--out", help="run directory (default runs/<dataset>)")
     p.add_argument("--fresh", action="store_true",
                    help="discard what the requested runs' directories hold (snapshots, metrics) and retrain them")
@@ -51,7 +54,7 @@ def run(args) -> int:
                              weights=args.weights, delta_min=args.delta_min, device=device, max_iter=args.max_iter,
                              out_dir=args.out, workers=args.workers, snapshot_every=args.snapshot_every,
                              batch_size=args.batch_size, per_label=args.per_label, fresh=args.fresh,
-                             compile=args.compile)
+                             compile=args.compile, cuda_graphs=args.cuda_graphs)
     with cli_warnings("reproduce"):
         summary = reproduce(config)
     print()

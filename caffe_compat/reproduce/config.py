@@ -29,7 +29,8 @@ class ReproduceConfig:
     CPU smoke run), ``progress`` (say what happens on the terminal), ``fresh`` (discard the requested
     runs' directories and retrain them), ``compile`` (``torch.compile`` the training net, fullgraph:
     :func:`caffe_compat.net.compile_net`; the same numbers to float32 round-off, not part of the run's
-    settings).
+    settings), ``cuda_graphs`` (each iteration recorded as CUDA graphs and replayed:
+    :mod:`caffe_compat.solver.step_graphs`; the eager numbers, not part of the run's settings).
     """
 
     dataset: str
@@ -48,6 +49,7 @@ class ReproduceConfig:
     progress: bool = True
     fresh: bool = False
     compile: bool = False
+    cuda_graphs: bool = False
 
 
 def resolve(config: ReproduceConfig) -> tuple[ReproduceConfig, ReproduceSetup]:

@@ -266,7 +266,7 @@ def _one_run(setup, config: ReproduceConfig, loss: str, seed: int, run_dir: Path
     train = train_run(setup, loss, seed, data.records, run_dir, device=config.device, max_iter=max_iter,
                       weights=config.weights, delta_min=config.delta_min, workers=config.workers,
                       snapshot_every=config.snapshot_every, progress=config.progress, settings=settings,
-                      compile=config.compile)
+                      compile=config.compile, cuda_graphs=config.cuda_graphs)
     if train["iterations"] != max_iter:
         raise CaffeCompatError(f"{run_dir}: training ended at iteration {train['iterations']}, not {max_iter}")
     metrics = evaluate_run(setup, train["caffemodel"], run_dir, data.root, config.device, progress=config.progress)

@@ -287,7 +287,7 @@ def _segments(run_dir: Path) -> list[dict]:
 def train_run(setup, loss: str, seed: int, records, run_dir: Path, *, device: str = "cpu", max_iter: int,
               weights: str | None = None, delta_min: float | None = None, workers: int = 0,
               snapshot_every: int = 0, progress: bool = True, settings: dict | None = None,
-              compile: bool = False) -> dict:
+              compile: bool = False, cuda_graphs: bool = False) -> dict:
     """Train one run with :func:`caffe_compat.solver.train.train`; returns ``{"caffemodel", "iterations",
     "final_loss", "seconds" (all segments), "segments", "resumed_from" (iteration or None), "log"}``.
 
@@ -322,7 +322,7 @@ def train_run(setup, loss: str, seed: int, records, run_dir: Path, *, device: st
     start_iter, started, finished = solver.iter, time.perf_counter(), False
     try:
         summary = train(solver, data=batches(setup, records, seed, solver.iter, workers), progress=progress,
-                        csv_log=str(log_path), seed=seed, compile=compile)
+                        csv_log=str(log_path), seed=seed, compile=compile, cuda_graphs=cuda_graphs)
         finished = True
     finally:
         segments.append({"from_iter": int(start_iter), "to_iter": int(solver.iter), "finished": finished,

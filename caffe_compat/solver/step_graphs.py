@@ -136,10 +136,13 @@ class StepGraphs:
         return self._fb is not None
 
     def _give_up(self, why: str) -> None:
+        """Warn (once) and run every following iteration eagerly; the graphs go (the diffs are no longer
+        theirs: the solver clears them before each iteration again)."""
         if not self._warned:
             warnings.warn(f"CUDA graphs: {why}; the iterations run eagerly", CaffeCompatWarning, stacklevel=3)
             self._warned = True
         self.reason = why
+        self._fb = self._inputs = self._update = None
 
     # ------------------------------------------------------------------------ forward and backward
 

@@ -185,3 +185,18 @@ def test_bad_data_root_exits_2_before_creating_the_run_folder(damage, tmp_path, 
     if damage == "missing test list":
         assert "test_list_2400.txt" in err
     assert not out.exists()
+
+
+def test_cuda_graphs_off_a_gpu_warn_and_train_the_same_runs(digits_run, tmp_path, capsys):
+    """``reproduce --cuda-graphs`` on the CPU: the reason on stderr, then the runs eager training makes
+    (the same weights, hence the same metrics as the shared digits run's)."""
+    out, _ = digits_run
+    code = main(["reproduce", "digits", "--loss", "fappy", "--seeds", "0", "--max-iter", "6", "--device", "cpu",
+                 "--out", str(tmp_path / "graphs"), "--cuda-graphs"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "cuda_graphs: the device is cpu, CUDA graphs need a CUDA device; the iterations run eagerly" in err
+    ours = json.loads((tmp_path / "graphs" / "fappy" / "seed0" / "metrics.json").read_text())["metrics"]
+    shared = json.loads((out / "fappy" / "seed0" / "metrics.json").read_text())["metrics"]
+    assert ours.pop("onnx") != shared.pop("onnx")  # (each run's own file)
+    assert ours == shared and ours["recall_at_k"]

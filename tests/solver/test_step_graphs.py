@@ -22,6 +22,21 @@ from tests.solver.caffe_cases import case_dir as solver_case_dir, feed, make_sol
 ITERATIONS = 8  # lr_policy "step", stepsize 2: the rate changes at iterations 2, 4 and 6
 
 
+class FailingUpdate:
+    """A stand-in whose update graph cannot be recorded (the forward-backward graph can)."""
+
+    def __new__(cls):
+        backend = Rerun()
+        record = backend.record
+
+        def record_or_fail(fn, pool=None):
+            if fn.__name__ == "apply_update":
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return record(fn, pool)
+        backend.record = record_or_fail
+        return backend
+
+
 class Rerun:
     """Stand-in backend: recording keeps the function, a replay runs it again (no CUDA needed).  As a CUDA
     graph holds the scalars of the Python code it was recorded from, a replay runs with the rates the
@@ -125,6 +140,17 @@ def test_a_failed_recording_warns_once_and_training_goes_on_eagerly():
         graphed = _train(case, Rerun(fail=True))
     _same(graphed, _train(case))
     assert not graphed[0].step_graphs.active
+
+
+def test_a_failed_update_recording_leaves_the_diffs_to_the_solver_again():
+    """The forward-backward graph's diffs are not cleared between iterations; when the update cannot be
+    recorded the graphs go, and the following eager iterations clear their diffs again (else they would
+    accumulate onto the graph's)."""
+    case = "sgd_step_momentum"
+    with pytest.warns(CaffeCompatWarning, match="recording Caffe's update failed"):
+        graphed = _train(case, FailingUpdate())
+    _same(graphed, _train(case))
+    assert not graphed[0].step_graphs.active and not graphed[0].step_graphs.recorded
 
 
 def test_what_a_graph_cannot_hold_is_refused_with_the_reason():
