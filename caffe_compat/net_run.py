@@ -38,7 +38,7 @@ import torch
 from caffe_compat.errors import CaffeCompatError, FormatError
 
 __all__ = ["Blobs", "DataAheadOfGraph", "GraphSegments", "LayerStep", "NetExecution", "compile_net", "data_steps",
-           "graph_breaking_step", "traces_whole"]
+           "graph_breaking_step", "traces_whole", "with_data_tops"]
 
 
 @dataclass(frozen=True)
@@ -313,10 +313,24 @@ def graph_breaking_step(steps, layers):
     """The first of ``steps`` (``layers``: the net's modules by key) that keeps them from being one graph
     (see :func:`traces_whole`), or None."""
     for step in steps:
-        if _reads_batches(step) or (step.module_key is not None
-                                    and getattr(layers[step.module_key], "breaks_graph", False)):
+        if _reads_batches(step) or _breaks_graph(step, layers):
             return step
     return None
+
+
+def _breaks_graph(step, layers) -> bool:
+    """The step's port says ``breaks_graph`` (a user Python layer, a distributed run's gather)."""
+    return step.module_key is not None and getattr(layers[step.module_key], "breaks_graph", False)
+
+
+def with_data_tops(net, inputs: dict, sources=None) -> dict:
+    """``inputs`` with the tops of every data layer (``sources``, default :func:`data_steps`) they do not
+    give, each layer run eagerly, in net order, as the net would run it."""
+    fed = dict(inputs)
+    for step in data_steps(net) if sources is None else sources:
+        if not all(top in fed for top in step.tops):
+            fed.update(zip(step.tops, net._run_step(step, Blobs(), {}, False)))
+    return fed
 
 
 def compile_net(net, **options):
@@ -352,15 +366,7 @@ class DataAheadOfGraph:
         self.net, self.graph, self.sources = net, graph, sources
 
     def __call__(self, **inputs):
-        fed = dict(inputs)
-        for step in self.sources:
-            if not all(top in fed for top in step.tops):
-                fed.update(zip(step.tops, self.net._run_step(step, Blobs(), {}, False)))
-        return self.graph(**fed)
-
-
-def _breaks_graph(step, layers) -> bool:
-    return step.module_key is not None and getattr(layers[step.module_key], "breaks_graph", False)
+        return self.graph(**with_data_tops(self.net, inputs, self.sources))
 
 
 class GraphSegments:

@@ -151,7 +151,7 @@ class Solver(SolverSetup, SolverSnapshots):
         self.resumed_loss_window: tuple[list[float], float, int] | None = None
         self._window_start = 0
         self.forward_fn = None  # e.g. torch.compile(self.net); default: self.net
-        self.step_graphs = None  # a StepGraphs: the iterations recorded as CUDA graphs (solver.step_graphs)
+        self.step_graphs = None  # a StepGraphs: the iterations as CUDA graphs (caffe_compat.solver.step_graphs)
         self.memory_format = torch.contiguous_format  # 4-D inputs are converted to it (channels_last)
         self.last_loss = float("nan")
         self.outputs: dict[str, torch.Tensor] = {}
@@ -213,11 +213,15 @@ class Solver(SolverSetup, SolverSnapshots):
             value = self.step_graphs.forward_backward()
             if value is not None:
                 return value
+        return self._forward_backward_on(self._next_inputs())
+
+    def _forward_backward_on(self, inputs: dict) -> float:
+        """:meth:`forward_backward` eagerly on ``inputs`` (prepared: :meth:`_next_inputs`)."""
         with self._autocast():
             notify(self, "before_forward", self.net)
             # `is not None`: a torch.compile'd module must not be truth-tested (bool() on it raises TypeError)
             forward = self.forward_fn if self.forward_fn is not None else self.net
-            blobs = forward(**self._next_inputs())
+            blobs = forward(**inputs)
             notify(self, "after_forward", self.net, blobs)
             objective = self.net.objective(blobs)
         if objective.requires_grad:

@@ -42,8 +42,7 @@ import warnings
 import torch
 
 from caffe_compat.errors import CaffeCompatWarning
-from caffe_compat.net import Blobs, data_steps, graph_breaking_step
-from caffe_compat.solver.observers import notify
+from caffe_compat.net import data_steps, graph_breaking_step, with_data_tops
 from caffe_compat.solver.updates import Adam
 
 __all__ = ["CudaGraphs", "StepGraphs", "WARMUP_ITERATIONS", "refusal"]
@@ -148,12 +147,7 @@ class StepGraphs:
 
     def _batch(self) -> dict:
         """The iteration's inputs: the fed ones, then the tops of the data layers, run here eagerly."""
-        solver, net = self.solver, self.solver.net
-        fed = dict(solver._next_inputs())
-        for step in data_steps(net):
-            if not all(top in fed for top in step.tops):
-                fed.update(zip(step.tops, net._run_step(step, Blobs(), {}, False)))
-        return fed
+        return with_data_tops(self.solver.net, self.solver._next_inputs())
 
     def _forward_backward_fn(self):
         solver, net, inputs = self.solver, self.solver.net, self._inputs
@@ -200,20 +194,12 @@ class StepGraphs:
         return float(outputs["objective"])
 
     def _eager(self, batch: dict) -> float:
-        """This iteration's forward and backward eagerly, on ``batch`` (its data already drawn)."""
-        solver = self.solver
-        solver.optimizer.zero_grad(set_to_none=True)
-        with solver._autocast():
-            notify(solver, "before_forward", solver.net)
-            blobs = (solver.forward_fn if solver.forward_fn is not None else solver.net)(**batch)
-            notify(solver, "after_forward", solver.net, blobs)
-            objective = solver.net.objective(blobs)
-        if objective.requires_grad:
-            objective.backward()
-        solver.outputs = {name: blobs[name].detach() for name in solver.net.output_names}
-        if self._fb is not None:  # the graph's diffs stay the parameters' diffs
-            self._fb, self._inputs, self._update = None, None, None
-        return float(objective.detach())
+        """This iteration's forward and backward eagerly, on ``batch`` (its data already drawn).  Its diffs
+        are new tensors, not the graph's: a recorded graph goes (recorded again at the next iteration)."""
+        self.solver.optimizer.zero_grad(set_to_none=True)
+        value = self.solver._forward_backward_on(batch)
+        self._fb = self._inputs = self._update = None
+        return value
 
     # ------------------------------------------------------------------------ Caffe's update
 
