@@ -68,7 +68,7 @@ if [ "$DEVICE" = cuda ]; then
 else
   selection=(-k "cuda or CUDA or pinned" --co)  # off a GPU: list what would run
 fi
-stage tests $PY -m pytest -q -p no:cacheprovider -x "${selection[@]}" tests
+stage tests $PY -m pytest -q -rfE -p no:cacheprovider "${selection[@]}" tests
 
 stage fappy $PY benchmarks/bench_fappy.py --device "$DEVICE" --repeats 21
 stage losses $PY benchmarks/bench_metric_losses.py --device "$DEVICE"
