@@ -23,7 +23,7 @@ iterations unchanged (same update rules, lr policy, iter_size, clipping, snapsho
   layer inside the graph, 5.5 s ahead of it, compilation included).  Meant for CUDA: on a CPU device it
   warns once (:class:`~caffe_compat.hardware.CompileSlowerWarning`: the compiled step was 2-3x slower).
 * ``cuda_graphs``: each iteration's forward and backward, and Caffe's update, recorded as CUDA graphs
-  and replayed (:mod:`caffe_compat.solver.step_graphs`: a few thousand kernel launches per iteration at
+  and replayed (:mod:`caffe_compat.solver.step_graphs`: the iteration's thousands of kernel launches at
   once; the eager numbers); where a graph cannot hold the iteration (not CUDA, ``iter_size`` > 1,
   ``clip_gradients``, fp16, Adam, user Python layers, torchrun) it warns and trains eagerly.
 * ``deterministic``: seeds (torch, numpy, random), ``torch.use_deterministic_algorithms``, no cuDNN
