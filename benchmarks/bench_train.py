@@ -171,7 +171,8 @@ def _handwritten(device: str, batch: int, weights_from, amp=None, channels_last=
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None):
+        # no autocast cache: a CUDA graph records this step (it would keep the casts made while recording)
+        with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None, cache_enabled=False):
             loss = forward(data, labels)
         if scaler is None:
             loss.backward()
@@ -188,12 +189,8 @@ def _handwritten(device: str, batch: int, weights_from, amp=None, channels_last=
                 step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        optimizer.zero_grad(set_to_none=True)
         with torch.cuda.graph(graph):
-            with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None, cache_enabled=False):
-                loss = forward(data, labels)
-            loss.backward()
-            optimizer.step()
+            step()  # its zero_grad(set_to_none=True) runs while recording: the backward assigns the grads
         return graph.replay, difference
     return step, difference
 

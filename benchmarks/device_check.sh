@@ -15,7 +15,8 @@
 # Stages: env (versions, GPU); tests (every test that runs on CUDA: device-parametrised [cuda] cases, the
 # CUDA-graph and pinned-memory tests); fappy (bench_fappy on CUDA, B = 128 and 150); losses
 # (bench_metric_losses on CUDA); train (the authors' CUB step at batch 128 against the hand-written
-# nn.Module, fp32 with TF32 off, channels_last, bf16, while nvidia-smi samples the GPU's utilisation);
+# nn.Module, fp32 with TF32 off, channels_last, bf16, each also as CUDA graphs, while nvidia-smi samples
+# the GPU's utilisation);
 # compile (the same step compiled).  ONNX Runtime's CUDA execution provider is not among them: its wheel
 # (~280 MB) is larger than what one call may carry (64 MiB).
 set -uo pipefail

@@ -37,8 +37,8 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 
-__all__ = ["Blobs", "DataAheadOfGraph", "GraphSegments", "LayerStep", "NetExecution", "compile_net", "data_steps",
-           "graph_breaking_step", "traces_whole", "with_data_tops"]
+__all__ = ["Blobs", "DataAheadOfGraph", "GraphSegments", "LayerStep", "NetExecution", "breaking_step", "compile_net",
+           "data_steps", "graph_breaking_step", "traces_whole", "with_data_tops"]
 
 
 @dataclass(frozen=True)
@@ -323,6 +323,12 @@ def _breaks_graph(step, layers) -> bool:
     return step.module_key is not None and getattr(layers[step.module_key], "breaks_graph", False)
 
 
+def breaking_step(net):
+    """The net's first layer whose port ``breaks_graph``, or None: what keeps the net from one graph once
+    its data layers run ahead of it (:func:`with_data_tops`)."""
+    return next((step for step in net.steps if _breaks_graph(step, net.layers)), None)
+
+
 def with_data_tops(net, inputs: dict, sources=None) -> dict:
     """``inputs`` with the tops of every data layer (``sources``, default :func:`data_steps`) they do not
     give, each layer run eagerly, in net order, as the net would run it."""
@@ -350,7 +356,7 @@ def compile_net(net, **options):
     if traces_whole(net):
         return torch.compile(net, fullgraph=True, **options)
     sources = data_steps(net)
-    if graph_breaking_step([s for s in net.steps if s not in sources], net.layers) is None:
+    if breaking_step(net) is None:
         graph = torch.compile(net, fullgraph=True, **options)
     else:
         graph = GraphSegments(net, **options)

@@ -210,21 +210,9 @@ def test_paper_digits_nets_compile_with_eager_objective_and_gradients(which):
 def test_paper_googlenet_and_vgg_nets_trace_without_graph_break(path):
     """The full-size nets (GoogLeNet, VGG-M; their data layers stood in by Inputs) in their phase,
     traced whole (``backend="eager"`` runs the captured graph as is)."""
-    from caffe_compat.io import read_net
-
     torch._dynamo.reset()
-    param = read_net(str(REPO / path))
     train = "train_" in path
-    for layer in param.layer:
-        if not layer.bottom and layer.type != "Input":  # the data layer: Inputs of 2 images and labels
-            tops = list(layer.top)
-            layer.Clear()
-            layer.name, layer.type = tops[0], "Input"
-            layer.top.extend(tops)
-            layer.input_param.shape.add().dim.extend([4, 3, 224, 224])
-            if len(tops) > 1:
-                layer.input_param.shape.add().dim.extend([4])
-    net = CaffeNet(param, phase="train" if train else "test", seed=1)
+    net = _paper_net_with_inputs(path, batch=4)
     counter = CompileCounterWithBackend("eager")
     blobs = torch.compile(net, fullgraph=True, backend=counter)(**_inputs(net))
     assert counter.frame_count == 1

@@ -259,10 +259,7 @@ def _paper(s: torch.Tensor, labels: torch.Tensor, levels: list[float], like: tor
     if rows is None:
         return like[:0].sum()  # 0, attached to the graph
     _check_readable(s, labels, rows, levels[-1])
-    count = int(rows.slot_ok.sum()) // 2     # C: all positive pairs (each has two slots)
-    n = len(levels)      # L <- (L + R_d / C) / 2, unrolled: R_d weighs 2^-(levels from d to the end) / C
-    weight = torch.tensor([0.5 ** (n - k) / count for k in range(n)], dtype=torch.float64, device=s.device)
-    return (_levels(rows, levels).level_sums() * weight).sum().to(like.dtype)
+    return _paper_total(rows, levels, int(rows.slot_ok.sum()) // 2, like)  # C: each positive pair has two slots
 
 
 def _paper_static(s: torch.Tensor, labels: torch.Tensor, levels: list[float], like: torch.Tensor) -> torch.Tensor:
@@ -271,9 +268,14 @@ def _paper_static(s: torch.Tensor, labels: torch.Tensor, levels: list[float], li
     the bounds check an assertion in the graph."""
     rows = _rows(s, labels, k=labels.numel() - 1)
     torch._assert_async(~_unreadable(rows, levels[-1]), _UNREADABLE)
-    count = (rows.slot_ok.sum() // 2).clamp_min(1).to(torch.float64)
+    return _paper_total(rows, levels, (rows.slot_ok.sum() // 2).clamp_min(1).to(torch.float64), like)
+
+
+def _paper_total(rows: _Rows, levels: list[float], count, like: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1's ``L <- (L + R_d / C) / 2`` unrolled: R_d weighs 2^-(levels from d to the end) / C
+    (``count``: C, an int or a 0-d float64 tensor; the division is the same float64 rounding either way)."""
     n = len(levels)
-    halvings = torch.tensor([0.5 ** (n - k) for k in range(n)], dtype=torch.float64, device=s.device)
+    halvings = torch.tensor([0.5 ** (n - k) for k in range(n)], dtype=torch.float64, device=rows.s1.device)
     return (_levels(rows, levels).level_sums() * (halvings / count)).sum().to(like.dtype)
 
 

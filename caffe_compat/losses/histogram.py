@@ -60,10 +60,10 @@ class HistogramLoss(torch.nn.Module):
         pos_w = (pos & upper).to(sim.dtype).reshape(1, -1)
         neg_w = (neg & upper).to(sim.dtype).reshape(1, -1)
         n_pos, n_neg = pos_w.sum(), neg_w.sum()
-        compiling = static_form(sim)
-        if not compiling and (n_pos == 0 or n_neg == 0):
+        static = static_form(sim)
+        if not static and (n_pos == 0 or n_neg == 0):
             return sim.sum() * 0.0
-        if compiling:  # the same values without a data-dependent branch: an empty histogram gives 0
+        if static:  # the same values without a data-dependent branch: an empty histogram gives 0
             n_pos, n_neg = n_pos.clamp_min(1), n_neg.clamp_min(1)
         values = sim.reshape(1, -1)
         h_pos = triangular_histogram(values, pos_w, self.num_bins, -1.0, 1.0)[0] / n_pos

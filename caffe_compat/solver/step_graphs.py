@@ -32,7 +32,8 @@ one runs eagerly too.  When recording fails (a computation that reads the host a
 once and goes on eagerly.
 
 ``backend`` exists for the tests: :class:`CudaGraphs` records and replays CUDA graphs; a stand-in with the
-same three methods runs the recorded functions again at each replay (the CPU tests of the orchestration).
+same methods (``warm_up``, ``record``, ``pool``, ``replay``) runs the recorded functions again at each
+replay (the CPU tests of the orchestration).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import warnings
 import torch
 
 from caffe_compat.errors import CaffeCompatWarning
-from caffe_compat.net import data_steps, graph_breaking_step, with_data_tops
+from caffe_compat.net import breaking_step, with_data_tops
 from caffe_compat.solver.updates import Adam
 
 __all__ = ["CudaGraphs", "StepGraphs", "WARMUP_ITERATIONS", "refusal"]
@@ -55,8 +56,9 @@ WARMUP_ITERATIONS = 3
 class CudaGraphs:
     """The CUDA backend: ``record(fn, pool)`` records ``fn()`` (whose result is a dict of tensors) as a
     ``torch.cuda.CUDAGraph`` in memory pool ``pool`` (None: a new one) and returns it; ``replay(graph)``
-    launches it, its outputs (``graph.outputs``) then hold the new values; ``warm_up()`` is the side
-    stream's context for the eager warm-up iterations."""
+    launches it, its outputs (``graph.outputs``) then hold the new values; ``pool(graph)`` is its memory
+    pool (the update graph shares the forward-backward graph's); ``warm_up()`` is the side stream's
+    context for the eager warm-up iterations."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -101,7 +103,7 @@ def refusal(solver, need_cuda: bool = True) -> str | None:
         return "fp16's GradScaler reads the diffs on the host"
     if isinstance(optimizer, Adam):
         return "Adam's bias correction changes at every iteration"
-    step = graph_breaking_step([s for s in solver.net.steps if s not in data_steps(solver.net)], solver.net.layers)
+    step = breaking_step(solver.net)
     if step is not None:
         return f"layer '{step.name}' ({step.type}) runs code a graph cannot hold (a user Python layer or a gather)"
     watching = [o for o in solver.observers if hasattr(o, "before_forward") or hasattr(o, "after_forward")]
@@ -182,7 +184,6 @@ class StepGraphs:
             try:
                 self._fb = self.backend.record(self._forward_backward_fn())
             except Exception as exc:  # noqa: BLE001 - any failure to record means: run eagerly
-                self._inputs = None
                 self._give_up(f"recording the forward and backward failed ({type(exc).__name__}: {exc})")
                 return self._eager(batch)
         elif any(batch[n].shape != t.shape or batch[n].dtype != t.dtype for n, t in self._inputs.items()):
