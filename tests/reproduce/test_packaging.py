@@ -7,11 +7,15 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli backport (the dev extra)
+    import tomli as tomllib
 
 import caffe_compat
 import caffe_compat.models as models
