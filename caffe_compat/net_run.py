@@ -319,7 +319,7 @@ def graph_breaking_step(steps, layers):
 
 
 def _breaks_graph(step, layers) -> bool:
-    """The step's port says ``breaks_graph`` (a user Python layer, a distributed run's gather)."""
+    """The step's port says ``breaks_graph`` (a user Python layer, HDF5Output, a distributed run's gather)."""
     return step.module_key is not None and getattr(layers[step.module_key], "breaks_graph", False)
 
 
@@ -347,8 +347,9 @@ def compile_net(net, **options):
     * else the data layers (the authors' train nets: a Data or label-shuffling layer ahead of everything)
       run eagerly ahead of the rest (:class:`DataAheadOfGraph`; a forward fed a data layer's tops skips
       that layer), and the rest is one compiled graph fed their tops, or, where layers ``breaks_graph``
-      (a user Python layer; under torchrun, the gathers of the pair layers), :class:`GraphSegments`: one
-      ``fullgraph`` graph for each run of layers between them, those layers eagerly in between.
+      (a user Python layer; HDF5Output's file write; under torchrun, the gathers of the pair layers),
+      :class:`GraphSegments`: one ``fullgraph`` graph for each run of layers between them, those layers
+      eagerly in between.
 
     Compiling the whole net with such layers inside broke the graph at each of them, and Dynamo then
     compiled the blob table's ``__setitem__`` once per blob name until its recompile limit (8): under

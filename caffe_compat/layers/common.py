@@ -15,7 +15,7 @@ from caffe_compat.layers.caffe_backward import caffe_abs
 from caffe_compat.layers.facts import NONE, ONE, BlobCount, Shapes, canonical_axis, count, same_as_bottom
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
-from caffe_compat.losses.static_form import static_form
+from caffe_compat.losses.static_form import asserted_in_graph
 from caffe_compat.proto import caffe_pb2
 
 _Eltwise = caffe_pb2.EltwiseParameter
@@ -252,10 +252,9 @@ class Embed(CaffeLayer):
 
     def forward(self, x):
         index = x.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
-        if static_form(index):  # the same check, without a host sync in the graph
-            torch._assert_async(((index >= 0) & (index < self.input_dim)).all(),
-                                f"layer '{self.layer_name}': an Embed index is outside [0, {self.input_dim})")
-        elif index.numel() and (bool((index < 0).any()) or bool((index >= self.input_dim).any())):
+        inside = ((index >= 0) & (index < self.input_dim)).all()
+        if not asserted_in_graph(inside, f"layer '{self.layer_name}': an Embed index is outside [0, {self.input_dim})") \
+                and not bool(inside):
             bad = x[(index < 0) | (index >= self.input_dim)].flatten()[0].item()
             raise DataError(f"layer '{self.layer_name}': Embed index {bad} is outside [0, {self.input_dim})")
         y = F.embedding(index, self.weight)
@@ -309,8 +308,10 @@ class Accuracy(CaffeLayer):
         s = scores.reshape(count(shape, 0, self.axis), shape[self.axis], count(shape, self.axis + 1))
         lab = labels.detach().reshape(s.shape[0], s.shape[2]).to(torch.int64)
         valid = torch.ones_like(lab, dtype=torch.bool) if self.ignore_label is None else lab != self.ignore_label
-        if bool(((lab < 0) | (lab >= self.num_labels))[valid].any()):
-            raise DataError(f"layer '{self.layer_name}': a label is outside [0, {self.num_labels})")
+        outside = (((lab < 0) | (lab >= self.num_labels)) & valid).any()
+        message = f"layer '{self.layer_name}': a label is outside [0, {self.num_labels})"
+        if not asserted_in_graph(~outside, message) and bool(outside):
+            raise DataError(message)
         safe = torch.where(valid, lab, torch.zeros_like(lab))
         true_score = torch.gather(s, 1, safe.unsqueeze(1))
         better = (s >= true_score).sum(dim=1) - 1
@@ -321,8 +322,9 @@ class Accuracy(CaffeLayer):
         if self.num_tops == 1:
             return (accuracy,)
         classes = torch.zeros(self.num_labels, dtype=scores.dtype, device=scores.device)
-        totals = classes.index_add(0, safe[valid], torch.ones_like(safe[valid], dtype=scores.dtype))
-        hits = classes.index_add(0, safe[correct], torch.ones_like(safe[correct], dtype=scores.dtype))
+        # every position adds its 0/1 (counts of whole numbers: exact in any order), no data-dependent shape
+        totals = classes.index_add(0, safe.flatten(), valid.flatten().to(scores.dtype))
+        hits = classes.index_add(0, safe.flatten(), correct.flatten().to(scores.dtype))
         per_class = torch.where(totals > 0, hits / totals.clamp(min=1), classes)
         return (accuracy, per_class)
 

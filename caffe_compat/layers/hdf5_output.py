@@ -45,6 +45,7 @@ class HDF5Output(CaffeLayer):
     bottoms = BlobCount.exact(2)
     tops = NONE
     in_caffe_1_0 = True
+    breaks_graph = True  # it writes a file (h5py): torch.compile runs it eagerly between graphs
 
     @classmethod
     def infer(cls, layer, bottoms):

@@ -49,6 +49,7 @@ from caffe_compat.layers.caffe_backward import caffe_relu
 from caffe_compat.layers.facts import BlobCount, Shapes, canonical_axis
 from caffe_compat.layers.facts import count as _count
 from caffe_compat.layers.registry import CaffeLayer, register_layer
+from caffe_compat.losses.static_form import asserted_in_graph
 from caffe_compat.proto import caffe_pb2
 
 _Norm = caffe_pb2.LossParameter
@@ -117,10 +118,15 @@ class _LossLayer(CaffeLayer):
 
 
 def _check_class_labels(layer: str, labels: torch.Tensor, num_classes: int, valid: torch.Tensor | None) -> None:
+    """A label outside [0, C) that is not the ignore_label raises DataError naming it (Caffe reads outside its
+    probabilities); in the static form an assertion in the graph."""
     bad = (labels < 0) | (labels >= num_classes)
     if valid is not None:
         bad = bad & valid
-    if bool(bad.any()):
+    fine = ~bad.any()
+    if asserted_in_graph(fine, f"layer '{layer}': a label is outside [0, {num_classes}) (and not the ignore_label)"):
+        return
+    if not bool(fine):
         first = labels[bad][0].item()
         raise DataError(f"layer '{layer}': label {first} is outside [0, {num_classes}) "
                         f"(and not the ignore_label)")

@@ -361,6 +361,9 @@ class SPP(CaffeLayer):
       Pooling CHECK (``pad < kernel``) aborts the net;
     * STOCHASTIC is refused, like Pooling's;
     * the geometry follows the bottom's size at each forward (Caffe re-sets the levels up on reshape).
+
+    The levels of the setup size are built with the port (a forward at that size builds nothing, so
+    ``torch.compile`` traces it as one graph); another size builds its levels at its first forward.
     """
 
     bottoms = tops = ONE
@@ -402,6 +405,7 @@ class SPP(CaffeLayer):
         super().__init__(param, bottom_shapes, phase)
         self._pyramids: dict[tuple[int, int], nn.ModuleList] = {}
         self.rule()
+        self._pyramid(*self.bottom_shapes[0][2:])
 
     def _pyramid(self, height: int, width: int) -> nn.ModuleList:
         key = (height, width)

@@ -34,7 +34,7 @@ everything else (no table restates them; see :mod:`caffe_compat.layers.facts`):
 * ``reads_source``: a bottomless layer reading a data set (export stands an ``Input`` in for it), with
   ``input_facts(layer)`` describing its image input;
 * ``breaks_graph``: its forward runs code ``torch.compile`` cannot take into a graph (a user's Python
-  layer), so a net holding it is not compiled as one graph;
+  layer, HDF5Output's file write), so a net holding it is compiled as graphs around it;
 * ``in_caffe_1_0``: BVLC Caffe 1.0 registers this type;
 * ``param_message``: the LayerParameter field holding its parameters (by Caffe's naming convention,
   ``Convolution`` → ``convolution_param``, unless the port names another, e.g. Deconvolution's

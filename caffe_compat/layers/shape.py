@@ -14,6 +14,7 @@ import torch
 from caffe_compat.errors import DataError, FormatError, ShapeMismatchError
 from caffe_compat.layers.facts import NONE, ONE, BlobCount, Shapes, canonical_axis, count
 from caffe_compat.layers.registry import CaffeLayer, register_layer
+from caffe_compat.losses.static_form import asserted_in_graph
 
 
 @register_layer("Concat")
@@ -365,7 +366,9 @@ class BatchReindex(CaffeLayer):
 
     def forward(self, data, index):
         rows = index.detach().to(torch.int64)  # truncation toward zero, like static_cast<int>
-        if rows.numel() and bool(((rows < 0) | (rows >= data.shape[0])).any()):
+        inside = ((rows >= 0) & (rows < data.shape[0])).all()
+        if not asserted_in_graph(inside, f"layer '{self.layer_name}' (BatchReindex): an index is outside [0, "
+                                 f"{data.shape[0]})") and not bool(inside):
             bad = index[(rows < 0) | (rows >= data.shape[0])].flatten()[0].item()
             raise DataError(f"layer '{self.layer_name}' (BatchReindex): index {bad} is outside [0, {data.shape[0]})")
         return (data.index_select(0, rows),)

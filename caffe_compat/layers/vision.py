@@ -301,7 +301,11 @@ class Im2col(CaffeLayer):
         if x.dim() != axis + 1 + len(self.kernel):
             raise ShapeMismatchError(f"layer '{self.layer_name}' (Im2col): set up for {axis + 1 + len(self.kernel)} "
                                      f"axes, got shape {tuple(x.shape)}")
-        out = self.infer(self.param, [tuple(x.shape)]).tops[0][axis + 1:]
+        out = [conv_out_size(int(size), *geometry) for size, geometry in
+               zip(x.shape[axis + 1:], zip(self.kernel, self.stride, self.pad, self.dilation))]
+        if min(out) < 0:  # (ints only: no protobuf read in forward, which torch.compile cannot trace)
+            raise ShapeMismatchError(f"layer '{self.layer_name}' (Im2col): the kernel extent exceeds the padded input "
+                                     f"{tuple(x.shape)} (output {out})")
         pads = [p for p in reversed(self.pad) for _ in (0, 1)]
         padded = F.pad(x, pads) if any(self.pad) else x
         columns = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["static_form"]
+__all__ = ["asserted_in_graph", "static_form"]
 
 
 def static_form(t: torch.Tensor) -> bool:
@@ -19,3 +19,13 @@ def static_form(t: torch.Tensor) -> bool:
     if torch.compiler.is_compiling() or t.device.type == "meta":
         return True
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def asserted_in_graph(ok: torch.Tensor, message: str) -> bool:
+    """In the static form, assert the 0-d bool ``ok`` inside the graph (``torch._assert_async``: no host
+    sync; a failure names no value) and return True, so that the caller skips its eager check, which reads
+    the host to name the offending value; elsewhere False."""
+    if not static_form(ok):
+        return False
+    torch._assert_async(ok, message)
+    return True
