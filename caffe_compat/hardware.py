@@ -10,20 +10,25 @@ without AVX-512 (hence without bf16 units) even where no flags can be read.
 bf16 matrix units converts every operand and computes in float32 anyway, and measured
 :data:`BF16_SPEED_OF_FP32` of float32's speed on the authors' net (2-vCPU AMD EPYC, AVX2).
 :func:`warn_if_compile_slow` is what ``train(compile=True)`` calls on a CPU device: the compiled training step
-ran at :data:`COMPILED_CPU_TRAINING_SPEED` of eager's speed (see there).
+ran at :data:`COMPILED_CPU_TRAINING_SPEED` of eager's speed (see there).  Before it, :func:`require_cpu_compiler`:
+``torch.compile``'s inductor backend builds its CPU kernels with a C++ compiler, which a fresh machine (a slim
+container) may not have; without one the first compiled step failed deep in inductor with a traceback.
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
+import sys
 import warnings
 from pathlib import Path
 
-from caffe_compat.errors import CaffeCompatWarning
+from caffe_compat.errors import CaffeCompatError, CaffeCompatWarning
 
 __all__ = ["BF16_SPEED_OF_FP32", "COMPILED_CPU_TRAINING_SPEED", "Bf16SlowerWarning", "CompileSlowerWarning",
-           "cpu_model_name", "cpu_flags", "cpu_capability", "cpu_class", "cpu_has_bf16_matmul", "warn_if_bf16_slow",
-           "warn_if_compile_slow"]
+           "cpu_compiler", "cpu_model_name", "cpu_flags", "cpu_capability", "cpu_class", "cpu_has_bf16_matmul",
+           "require_cpu_compiler", "warn_if_bf16_slow", "warn_if_compile_slow"]
 
 #: Iterations/s of ``bf16`` autocast ÷ float32 measured on a CPU without bf16 units (AMD EPYC, AVX2).
 BF16_SPEED_OF_FP32 = 0.78
@@ -146,3 +151,24 @@ def warn_if_compile_slow(device_type: str, compile: bool, stacklevel: int = 3) -
         f"traced forms under compile; compile for CUDA, train without it here (leave out --compile)",
         CompileSlowerWarning, stacklevel=stacklevel)
     return True
+
+
+def cpu_compiler() -> str | None:
+    """The path of the C++ compiler ``torch.compile``'s inductor backend builds CPU kernels with, or None when
+    none is on PATH: the names of inductor's ``cpp.cxx`` setting where inductor is loaded, else its default
+    ($CXX, else g++; clang++ on macOS), without importing inductor (a second)."""
+    config = sys.modules.get("torch._inductor.config")
+    names = [name for name in getattr(getattr(config, "cpp", None), "cxx", ()) if name]
+    if not names:
+        names = [os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")]
+    return next((found for found in map(shutil.which, names) if found), None)
+
+
+def require_cpu_compiler(device_type: str, compile: bool) -> None:
+    """Refuse a compiled step on a CPU device where inductor has no C++ compiler (CaffeCompatError naming
+    what to do), before anything is trained or written."""
+    if compile and device_type == "cpu" and cpu_compiler() is None:
+        raise CaffeCompatError(
+            "--compile on the CPU needs a C++ compiler: torch.compile's inductor backend builds its CPU kernels "
+            "with one (g++ or clang++, or the one $CXX names), and none is on PATH; install one "
+            "(apt-get install g++) or leave out --compile (on the CPU it trains slower anyway)")

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from caffe_compat.hardware import cpu_compiler
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 AUTHORS = FIXTURES / "authors"  # the FAPPY authors' prototxt and solvers (copied from shared/authors)
@@ -104,6 +106,12 @@ def leading_rows(ours: np.ndarray, reference: np.ndarray) -> np.ndarray:
     if reference.ndim and ours.ndim == reference.ndim and reference.shape[0] < ours.shape[0]:
         return ours[: reference.shape[0]]
     return ours
+
+
+#: Inductor (``torch.compile``'s default backend) builds CPU kernels with a C++ compiler, which pip cannot
+#: install; without one (a slim container) these tests skip, and ``train --compile`` refuses with exit 2.
+needs_cxx = pytest.mark.skipif(cpu_compiler() is None, reason="no C++ compiler for torch.compile's inductor "
+                               "(apt-get install g++)")
 
 
 @pytest.fixture

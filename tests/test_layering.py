@@ -43,7 +43,7 @@ ALLOWED = {
     "zoo": CORE | {"io"},
     "pycaffe": CORE | {"io", "layers", "net", "net_graph", "net_weights", "solver", "draw", "data", "torch"},
     "reproduce": CORE | {"io", "data", "evaluate", "export", "solver", "net", "layers", "zoo", "checkpoint",
-                         "caffe_compat", "torch"},
+                         "hardware", "caffe_compat", "torch"},
 }
 
 

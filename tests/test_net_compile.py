@@ -23,7 +23,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from caffe_compat.net import CaffeNet, load_net
-from tests.conftest import REPO, fixture_path
+from tests.conftest import REPO, fixture_path, needs_cxx
 
 EPS32 = float(np.finfo(np.float32).eps)
 RTOL = 4 * math.sqrt(4608) * EPS32
@@ -169,6 +169,7 @@ def test_compiled_inference_with_a_dynamic_batch_is_one_graph_for_every_batch_si
 
 
 @HEAVY
+@needs_cxx
 def test_inductor_compiles_a_fixture_net_with_eager_outputs_and_gradients():
     """Inductor itself: every blob and the objective as eager; gradients of the layers after the last
     max pooling.  Upstream, a max-pooling window of ties (ReLU zeros, then LRN, which passes gradient at 0)

@@ -110,10 +110,13 @@ def _quiet_opencv():
     Yields a function returning (and clearing) the captured text."""
     import cv2
 
+    # cv2.utils.logging where the bindings have it; OpenCV 4.11's wheels export only cv2.getLogLevel/setLogLevel
     log = getattr(getattr(cv2, "utils", None), "logging", None)
-    old_level = log.getLogLevel() if log is not None else None
-    if log is not None:
-        log.setLogLevel(log.LOG_LEVEL_SILENT)
+    get_level = getattr(log, "getLogLevel", None) or getattr(cv2, "getLogLevel", None)
+    set_level = getattr(log, "setLogLevel", None) or getattr(cv2, "setLogLevel", None)
+    old_level = get_level() if get_level is not None and set_level is not None else None
+    if old_level is not None:
+        set_level(getattr(log, "LOG_LEVEL_SILENT", 0))  # 0: cv::utils::logging::LOG_LEVEL_SILENT
     with _STDERR_LOCK, tempfile.TemporaryFile() as sink:
         try:
             saved = os.dup(2)
@@ -147,8 +150,8 @@ def _quiet_opencv():
         finally:
             if saved is not None:
                 os.close(saved)
-            if log is not None:
-                log.setLogLevel(old_level)
+            if old_level is not None:
+                set_level(old_level)
 
 
 class _Skip(Exception):

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from caffe_compat.errors import CaffeCompatError
+from caffe_compat.hardware import require_cpu_compiler
 from caffe_compat.io.atomic import write_text_atomic
 from caffe_compat.reproduce.report import (SPREAD, closing_summary, headline, metric_columns, results_json,
                                            results_markdown, seed_spread, write_figures)
@@ -183,6 +184,7 @@ def reproduce(config: ReproduceConfig | str, **options) -> dict:
     elif options:
         config = replace(config, **options)
     config, setup = resolve(config)
+    require_cpu_compiler(config.device.split(":")[0], config.compile)  # before anything is written
     started = time.perf_counter()
     generated = setup.toy_kind is not None and config.data_root is None
     data = None

@@ -96,7 +96,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, CaffeCompatWarning, FormatError, TrainingDiverged
-from caffe_compat.hardware import warn_if_bf16_slow, warn_if_compile_slow
+from caffe_compat.hardware import require_cpu_compiler, warn_if_bf16_slow, warn_if_compile_slow
 from caffe_compat.net import compile_net
 from caffe_compat.solver import distributed as ddp
 from caffe_compat.solver.distributed_run import (ALONE, DistributedRun, RankZeroOnly, prepare_nets, rank_device,
@@ -221,6 +221,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     feeds = _attach_feeds(solver, data, test_data)
     if amp is not None:
         warn_if_bf16_slow(solver.device.type, amp, stacklevel=4)  # warn_if_bf16_slow <- _train <- train <- caller
+    require_cpu_compiler(solver.device.type, compile)
     warn_if_compile_slow(solver.device.type, compile, stacklevel=4)
     _configure(solver, amp, channels_last, compile)
     if resume is not None:

@@ -35,6 +35,8 @@ def _encode(ext, channels, dtype, height=13, width=21):
     rng = np.random.default_rng(channels)
     top = 255 if dtype == np.uint8 else 65535
     image = rng.integers(0, top, size=(height, width, channels) if channels > 1 else (height, width)).astype(dtype)
+    if not cv2.haveImageWriter(ext):  # e.g. GIF before OpenCV 4.12's encoder (the wheels numpy 1.x gets)
+        pytest.skip(f"OpenCV {cv2.__version__} has no {ext} encoder to make the test image with")
     ok, buf = cv2.imencode(ext, image)
     assert ok
     return buf.tobytes()
@@ -49,7 +51,9 @@ def test_header_agrees_with_what_opencv_decodes(ext, channels, dtype):
         decoded = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
         assert decoded.shape[:2] == (header.height, header.width) == (13, 21)
         assert decoded.nbytes <= decoded_bytes(header, flag)
-        if flag == IMREAD_UNCHANGED and (ext, channels) not in UPPER_BOUND_ONLY:
+        # a 32-bit BMP: OpenCV 4.14 keeps its alpha (exact below), 4.11 drops it (the header is then a bound)
+        dropped_alpha = (ext, channels) == (".bmp", 4) and (decoded.shape + (1,))[2] == 3
+        if flag == IMREAD_UNCHANGED and (ext, channels) not in UPPER_BOUND_ONLY and not dropped_alpha:
             assert (decoded.shape + (1,))[2] == header.channels
             assert decoded.itemsize == header.depth
             assert decoded.nbytes == decoded_bytes(header, flag)

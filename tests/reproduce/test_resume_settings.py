@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 
 import pytest
 
 from caffe_compat.cli import main
 from caffe_compat.reproduce.pipeline import reproduce
 from caffe_compat.reproduce.training import RunSettingsMismatch
+from tests.conftest import REPO
 
 RUN = dict(losses=["fappy"], seeds=[0], progress=False)
 
@@ -34,6 +36,16 @@ def _mtimes(out):
     return {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
 
 
+def _checkout_revision() -> str | None:
+    """HEAD of the checkout under test, read with git itself; None where git or the work tree is missing."""
+    git = shutil.which("git")
+    if git is None or not (REPO / ".git").exists():
+        return None
+    revision = subprocess.run([git, "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{40}", revision)
+    return revision
+
+
 def test_run_dir_records_its_settings_and_run_json_the_run(base):
     out, summary = base
     run_dir = out / "fappy" / "seed0"
@@ -45,7 +57,8 @@ def test_run_dir_records_its_settings_and_run_json_the_run(base):
     assert re.fullmatch(r"[0-9a-f]{64}", s["train_records_sha256"]) and re.fullmatch(r"[0-9a-f]{64}", settings["sha256"])
     assert "device" not in s and "workers" not in s
     run = json.loads((out / "run.json").read_text())
-    assert re.fullmatch(r"[0-9a-f]{40}", run["git_revision"]) and isinstance(run["git_dirty"], bool)
+    assert run["git_revision"] == _checkout_revision()  # None from a tree without git (an archive, no git program)
+    assert isinstance(run["git_dirty"], bool) if run["git_revision"] else run["git_dirty"] is None
     (entry,) = run["runs"]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert entry == {"loss": "fappy", "seed": 0, "iterations": 3, "training_seconds": metrics["train"]["seconds"],

@@ -4,6 +4,7 @@ itself is stood in by the net (what it returns does not matter to the warning), 
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -55,3 +56,35 @@ def test_cli_prints_the_warning_as_one_line(tmp_path, monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(lines) == 1, lines
     assert lines[0].startswith("caffe-compat train: warning: torch.compile makes training on the CPU slower")
+
+
+def test_cpu_compiler_is_the_one_inductor_would_use(tmp_path, monkeypatch):
+    """$CXX names it (inductor's ``cpp.cxx`` default), found on PATH; nothing there: None."""
+    fake = tmp_path / "my-c++"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CXX", "my-c++")
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", None)  # as before inductor is imported
+    assert hardware.cpu_compiler() == str(fake)
+    monkeypatch.setenv("CXX", "g++")
+    assert hardware.cpu_compiler() is None
+
+
+def test_without_a_cxx_compiler_compile_on_the_cpu_is_refused_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """A fresh machine without a C++ compiler (a slim container): ``train --compile`` exits 2 naming what to do,
+    without a traceback, a log or a snapshot (before, the first compiled step failed deep in inductor)."""
+    monkeypatch.chdir(tmp_path)
+    solver = _dummy_solver(tmp_path, max_iter=1, snapshot=1)
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing here"))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", None)
+    before = sorted(tmp_path.iterdir())
+    assert main(["train", solver, "--compile", "--device", "cpu", "--log", str(tmp_path / "log.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--compile on the CPU needs a C++ compiler" in err and "apt-get install g++" in err
+    assert "Traceback" not in err
+    assert sorted(tmp_path.iterdir()) == before
+    hardware.require_cpu_compiler("cuda", True)  # CUDA kernels need no host compiler; no compile: no check
+    hardware.require_cpu_compiler("cpu", False)

@@ -33,6 +33,7 @@ from caffe_compat.losses.pairwise import cosine_matrix, label_masks
 from caffe_compat.solver import SolverObserver
 from caffe_compat.solver.distributed import (all_gather_with_grad, average_gradients, average_gradients_hook,
                                              gather_batch, gather_loss_bottoms)
+from tests.conftest import needs_cxx
 from tests.solver.caffe_cases import case_dir, load_case, make_solver, param_arrays
 
 FAPPY_CASE = "sgd_fappy_authors_setup"
@@ -493,6 +494,7 @@ def test_cli_train_under_torchrun(tmp_path, capsys):
 
 
 
+@needs_cxx
 def test_cli_train_under_torchrun_with_compile(tmp_path, capsys):
     """``train --compile`` under torchrun: the pair layers' gathers run eagerly between compiled graphs
     (:class:`~caffe_compat.net.GraphSegments`), so no step recompiles (compiling the whole net with graph
