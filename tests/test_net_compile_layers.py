@@ -25,6 +25,7 @@ import torch
 from google.protobuf import text_format
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from caffe_compat import hardware
 from caffe_compat.cli import main
 from caffe_compat.errors import DataError
 from caffe_compat.net import CaffeNet, GraphSegments, compile_net
@@ -217,6 +218,7 @@ def test_cli_train_compile_on_a_softmax_with_loss_net_trains_as_eager(tmp_path, 
     used to stop at its first iteration with Dynamo's data-dependent guard error; now its losses are
     eager's (the backend is ``aot_eager`` here: Dynamo's tracing, where it failed, without inductor's C++)."""
     monkeypatch.setattr(train_module, "compile_net", lambda net, **options: compile_net(net, backend="aot_eager"))
+    monkeypatch.setattr(hardware, "cpu_compiler", lambda: "/usr/bin/c++")  # aot_eager builds no C++
     monkeypatch.chdir(tmp_path)
     losses = {}
     for mode, extra in (("eager", []), ("compiled", ["--compile"])):

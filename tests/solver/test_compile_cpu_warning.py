@@ -20,9 +20,14 @@ from tests.solver.test_train import CASE, loader
 from tests.solver.test_train_cli_options import _dummy_solver
 
 
+REAL_CPU_COMPILER = hardware.cpu_compiler
+
+
 @pytest.fixture(autouse=True)
 def _no_compilation(monkeypatch):
+    """No compilation, and a C++ compiler as far as the refusal can tell (these tests hold on machines without)."""
     monkeypatch.setattr(train_module, "compile_net", lambda net, **options: net)
+    monkeypatch.setattr(hardware, "cpu_compiler", lambda: "/usr/bin/c++")
 
 
 def _train_warnings(compile):
@@ -60,6 +65,7 @@ def test_cli_prints_the_warning_as_one_line(tmp_path, monkeypatch, capsys):
 
 def test_cpu_compiler_is_the_one_inductor_would_use(tmp_path, monkeypatch):
     """$CXX names it (inductor's ``cpp.cxx`` default), found on PATH; nothing there: None."""
+    monkeypatch.setattr(hardware, "cpu_compiler", REAL_CPU_COMPILER)
     fake = tmp_path / "my-c++"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
@@ -75,6 +81,7 @@ def test_without_a_cxx_compiler_compile_on_the_cpu_is_refused_before_anything_is
                                                                                         capsys):
     """A fresh machine without a C++ compiler (a slim container): ``train --compile`` exits 2 naming what to do,
     without a traceback, a log or a snapshot (before, the first compiled step failed deep in inductor)."""
+    monkeypatch.setattr(hardware, "cpu_compiler", REAL_CPU_COMPILER)
     monkeypatch.chdir(tmp_path)
     solver = _dummy_solver(tmp_path, max_iter=1, snapshot=1)
     monkeypatch.setenv("PATH", str(tmp_path / "nothing here"))
