@@ -109,11 +109,18 @@ HEAVY = pytest.mark.slow  # minutes of tracing on a shared 2-CPU machine
 @pytest.mark.parametrize("name", [pytest.param(n, marks=HEAVY) if n.startswith("googlenet") else n
                                   for n in sorted(FIXTURES)])
 def test_fixture_net_compiles_as_one_graph_with_eager_outputs_and_gradients(name):
-    torch._dynamo.reset()
     net = _fixture_net(name)
+    compiles_as_one_graph(net, _inputs(net))
+
+
+def compiles_as_one_graph(net: CaffeNet, *input_sets: dict) -> None:
+    """``torch.compile(net, fullgraph=True)`` (``aot_eager``) gives eager's blobs, objective and gradients for
+    each input set, from one graph (no recompilation)."""
+    torch._dynamo.reset()
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(net, fullgraph=True, backend=counter)
-    _compare(net, compiled, _inputs(net))
+    for inputs in input_sets:
+        _compare(net, compiled, inputs)
     assert counter.frame_count == 1
 
 

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 import torch
 from google.protobuf import text_format
-from torch._dynamo.testing import CompileCounterWithBackend
 
 from caffe_compat import hardware
 from caffe_compat.cli import main
@@ -32,7 +31,7 @@ from caffe_compat.net import CaffeNet, GraphSegments, compile_net
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.solver import train as train_module
 from tests.solver.test_train_cli_options import _dummy_solver
-from tests.test_net_compile import _close, _compare, _meta_step
+from tests.test_net_compile import _close, _meta_step, compiles_as_one_graph
 
 # Every layer here is checked for no host read (meta) and one graph (compile); the tops of the layers that
 # are not losses carry a loss weight (Caffe: that top's sum enters the objective), so every parameter and
@@ -123,13 +122,8 @@ def _inputs(net: CaffeNet, seed: int = 0, **given) -> dict:
 
 @pytest.mark.parametrize("text", [LABEL_NET, METRIC_NET], ids=["label_and_index_layers", "metric_losses"])
 def test_the_layers_trace_as_one_graph_with_eager_numbers_and_do_not_recompile(text):
-    torch._dynamo.reset()
     net = _net(text)
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(net, fullgraph=True, backend=counter)
-    _compare(net, compiled, _inputs(net))
-    _compare(net, compiled, _inputs(net, seed=1))
-    assert counter.frame_count == 1
+    compiles_as_one_graph(net, _inputs(net), _inputs(net, seed=1))
 
 
 def test_the_recurrent_layers_carry_their_state_across_compiled_steps_as_eagerly():
