@@ -279,8 +279,7 @@ class Im2col(CaffeLayer):
             raise FormatError(f"{where}: filter dimensions must be nonzero, got kernel {kernel}")
         if min(stride) <= 0:
             raise FormatError(f"{where}: stride dimensions must be nonzero, got stride {stride}")
-        out = [conv_out_size(int(shape[axis + 1 + i]), kernel[i], stride[i], pad[i], dilation[i])
-               for i in range(spatial)]
+        out = _im2col_out(shape[axis + 1:], kernel, stride, pad, dilation)
         if min(out) < 0:
             raise FormatError(f"{where}: the kernel extent exceeds the padded input {tuple(shape)} (output {out})")
         return axis, kernel, stride, pad, dilation, out
@@ -301,8 +300,7 @@ class Im2col(CaffeLayer):
         if x.dim() != axis + 1 + len(self.kernel):
             raise ShapeMismatchError(f"layer '{self.layer_name}' (Im2col): set up for {axis + 1 + len(self.kernel)} "
                                      f"axes, got shape {tuple(x.shape)}")
-        out = [conv_out_size(int(size), *geometry) for size, geometry in
-               zip(x.shape[axis + 1:], zip(self.kernel, self.stride, self.pad, self.dilation))]
+        out = _im2col_out(x.shape[axis + 1:], self.kernel, self.stride, self.pad, self.dilation)
         if min(out) < 0:  # (ints only: no protobuf read in forward, which torch.compile cannot trace)
             raise ShapeMismatchError(f"layer '{self.layer_name}' (Im2col): the kernel extent exceeds the padded input "
                                      f"{tuple(x.shape)} (output {out})")
@@ -316,6 +314,11 @@ class Im2col(CaffeLayer):
             columns.append(padded[tuple(index)])
         stacked = torch.stack(columns, dim=axis + 1)  # (..., C, prod(K), O...)
         return (stacked.reshape(*x.shape[:axis], -1, *out),)
+
+
+def _im2col_out(sizes, kernel, stride, pad, dilation) -> list[int]:
+    """The output size along each spatial axis (Caffe's convolution rule; negative: the kernel does not fit)."""
+    return [conv_out_size(int(size), k, s, p, d) for size, k, s, p, d in zip(sizes, kernel, stride, pad, dilation)]
 
 
 def _offsets(kernel):

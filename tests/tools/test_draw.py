@@ -58,8 +58,8 @@ def test_cub_net_graph_has_every_layer_blob_and_edge_label(tmp_path, capsys):
     out = tmp_path / "cub.raw"  # the DOT source: the command's whole path but graphviz's rendering
     assert main(["draw", str(CUB), str(out)]) == 0
     assert f"{len(net.layer)} of {len(net.layer)} layers drawn" in capsys.readouterr().out
-    assert out.read_text() == draw.get_pydot_graph(net, "LR").to_string()
     graph = draw.get_pydot_graph(net, "LR")
+    assert out.read_text() == graph.to_string()
     names = _names(graph)
     assert {f"{layer.name}_{layer.type}" for layer in net.layer} <= names
     assert {f"{blob}_blob" for layer in net.layer for blob in layer.top} <= names
