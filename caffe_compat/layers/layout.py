@@ -6,24 +6,44 @@ that conversion at ~1.5 GB/s here; ``cv2.transpose`` of each sample's ``(C, H·W
 ``(H·W, C)`` rows of the other layout moves the same bytes ~10x faster (GoogLeNet's ``conv1`` sample,
 64 × 112 × 112 float32: 2.1 → 0.2 ms).  A transpose is a copy: the values are the same bits.  Used in eager
 mode only (:func:`~caffe_compat.layers.cache_blocking.writes_into_views`), for 4-axis contiguous tensors of
-the dtypes OpenCV transposes; otherwise, and under tracing, export or compile, PyTorch's own copy.
+the dtypes the installed OpenCV transposes (:func:`opencv_dtypes`: OpenCV 4.5.4 has no float16 transpose);
+otherwise, and under tracing, export or compile, PyTorch's own copy.
 """
 
 from __future__ import annotations
 
+import functools
+
 import cv2
+import numpy as np
 import torch
 
 from caffe_compat.layers.cache_blocking import is_channels_last, writes_into_views  # noqa: F401 (re-exported)
 
-#: What ``cv2.transpose`` writes into a given array (not int64: OpenCV refuses such a destination).
-_OPENCV_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.uint8, torch.int8, torch.int16,
-                            torch.int32})
+#: The dtypes OpenCV has a matrix type for (not int64, bfloat16 or bool).  OpenCV 4.5.4 refuses to transpose
+#: float16 (``CV_16F``), 4.11 does it: each is tried once on the installed OpenCV (:func:`opencv_dtypes`).
+_CANDIDATE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.uint8, torch.int8, torch.int16, torch.int32)
+
+
+@functools.lru_cache(maxsize=1)
+def opencv_dtypes() -> frozenset:
+    """The candidate dtypes whose 2 x 3 matrix the installed OpenCV transposes into a given array."""
+    accepted = set()
+    for dtype in _CANDIDATE_DTYPES:
+        source = torch.arange(6, dtype=dtype).reshape(2, 3).numpy()
+        target = np.empty((3, 2), dtype=source.dtype)
+        try:
+            cv2.transpose(source, dst=target)
+        except cv2.error:
+            continue
+        if np.array_equal(target, source.T):
+            accepted.add(dtype)
+    return frozenset(accepted)
 
 
 def _opencv_applies(x: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dim() == 4 and x.dtype in _OPENCV_DTYPES and x.numel() > 0
-            and writes_into_views(x))
+    return (x.device.type == "cpu" and x.dim() == 4 and x.numel() > 0 and writes_into_views(x)
+            and x.dtype in opencv_dtypes())
 
 
 def to_channels_last(x: torch.Tensor) -> torch.Tensor:

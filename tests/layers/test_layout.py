@@ -40,3 +40,36 @@ def test_inputs_already_in_the_layout_are_returned_and_others_fall_back():
     assert out.requires_grad and out.is_contiguous(memory_format=torch.channels_last)
     out.sum().backward()
     assert torch.equal(tracked.grad, torch.ones_like(x))
+
+
+def test_dtypes_this_opencv_refuses_take_torchs_copy(monkeypatch):
+    """OpenCV 4.5.4 has no float16 transpose (``cv2.error``: "src data type = 23 is not supported"): the
+    probe leaves such a dtype out and the copy is PyTorch's, so fp16 training runs there too."""
+    import cv2
+    import numpy as np
+
+    from caffe_compat.layers import layout
+
+    real = cv2.transpose
+    calls = []
+
+    def transpose_without_float16(src, dst=None):
+        calls.append(src.dtype)
+        if src.dtype == np.float16:
+            raise cv2.error("src data type = 23 is not supported")
+        return real(src, dst=dst)
+
+    monkeypatch.setattr(layout.cv2, "transpose", transpose_without_float16)
+    layout.opencv_dtypes.cache_clear()
+    try:
+        assert torch.float16 not in layout.opencv_dtypes()
+        assert {torch.float32, torch.float64, torch.uint8} <= layout.opencv_dtypes()
+        x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(2)).half()
+        calls.clear()
+        nhwc = to_channels_last(x)
+        assert calls == [] and torch.equal(_bits(nhwc), _bits(x))
+        assert torch.equal(_bits(to_contiguous(nhwc)), _bits(x)) and calls == []
+        y = torch.randn(2, 3, 4, 5)
+        assert torch.equal(_bits(to_channels_last(y)), _bits(y)) and calls == [np.float32, np.float32]
+    finally:
+        layout.opencv_dtypes.cache_clear()

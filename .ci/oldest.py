@@ -1,0 +1,64 @@
+"""Print pip constraints that pin every lower bound of pyproject.toml: ``name>=X`` becomes ``name==X``.
+
+CI's oldest leg installs the project with them (``pip install -c FILE -e ".[dev]"``), so each ``>=`` the
+project declares is a version the README's test command has passed on, not a guess.  The bounds are read
+from the project's dependencies and its ``dev`` and ``compile`` extras; a requirement without a lower bound
+stays free.  One exception, :data:`KEPT_NEWEST`, says why.
+
+    python3 .ci/oldest.py > constraints.txt
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+#: Lower bounds the test environment cannot hold, with the reason.
+KEPT_NEWEST = {
+    "protobuf": "grpcio-tools of the dev extra needs protobuf 7.35 or newer; the committed caffe_pb2.py on the "
+                "older runtimes down to the bound is checked by tests/proto/runtime_check.py",
+}
+
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
+
+
+def lower_bounds(pyproject: Path) -> dict[str, str]:
+    """``{name: version}`` of every ``>=`` in the dependencies and the dev and compile extras."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in ("dev", "compile"):
+        requirements += project.get("optional-dependencies", {}).get(extra, [])
+    bounds: dict[str, str] = {}
+    for requirement in requirements:
+        match = _REQUIREMENT.match(requirement)
+        if not match:
+            raise SystemExit(f"{pyproject}: cannot read the requirement {requirement!r}")
+        name, specifiers = match.group(1).lower(), match.group(2)
+        for spec in specifiers.split(","):
+            spec = spec.strip()
+            if spec.startswith(">="):
+                version = spec[2:].strip()
+                if bounds.get(name, version) != version:
+                    raise SystemExit(f"{pyproject}: {name} has two lower bounds, {bounds[name]} and {version}")
+                bounds[name] = version
+    return bounds
+
+
+def main() -> int:
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    for name, version in sorted(lower_bounds(pyproject).items()):
+        if name in KEPT_NEWEST:
+            print(f"# {name}>={version} not pinned: {KEPT_NEWEST[name]}")
+        else:
+            print(f"{name}=={version}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
