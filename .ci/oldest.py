@@ -6,6 +6,7 @@ from the project's dependencies and its ``dev`` and ``compile`` extras; a requir
 stays free.  One exception, :data:`KEPT_NEWEST`, says why.
 
     python3 .ci/oldest.py > constraints.txt
+    python3 .ci/oldest.py --bound protobuf      # one package's lower bound (4.21.0)
 """
 
 from __future__ import annotations
@@ -50,9 +51,16 @@ def lower_bounds(pyproject: Path) -> dict[str, str]:
     return bounds
 
 
-def main() -> int:
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-    for name, version in sorted(lower_bounds(pyproject).items()):
+def main(argv: list[str]) -> int:
+    bounds = lower_bounds(Path(__file__).resolve().parents[1] / "pyproject.toml")
+    if argv[:1] == ["--bound"] and len(argv) == 2:
+        if argv[1].lower() not in bounds:
+            raise SystemExit(f"pyproject.toml gives {argv[1]} no lower bound")
+        print(bounds[argv[1].lower()])
+        return 0
+    if argv:
+        raise SystemExit("usage: oldest.py [--bound NAME]")
+    for name, version in sorted(bounds.items()):
         if name in KEPT_NEWEST:
             print(f"# {name}>={version} not pinned: {KEPT_NEWEST[name]}")
         else:
@@ -61,4 +69,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -33,3 +33,10 @@ def test_two_different_lower_bounds_are_refused(tmp_path):
         module["lower_bounds"](pyproject)
     pyproject.write_text('[project]\ndependencies = ["numpy>=1.23.0,<3", "h5py[x] >= 3.6.0 ; python_version>\'3\'"]\n')
     assert module["lower_bounds"](pyproject) == {"numpy": "1.23.0", "h5py": "3.6.0"}
+
+
+def test_one_bound_for_the_protobuf_runtime_checks():
+    run = [sys.executable, str(SCRIPT), "--bound"]
+    assert subprocess.run(run + ["protobuf"], capture_output=True, text=True, check=True).stdout == "4.21.0\n"
+    missing = subprocess.run(run + ["grpcio-tools"], capture_output=True, text=True)
+    assert missing.returncode == 1 and "gives grpcio-tools no lower bound" in missing.stderr
