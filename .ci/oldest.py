@@ -5,15 +5,18 @@ project declares is a version the README's test command has passed on, not a gue
 from the project's dependencies and its ``dev`` and ``compile`` extras; a requirement without a lower bound
 stays free.  One exception, :data:`KEPT_NEWEST`, says why.
 
-    python3 .ci/oldest.py > constraints.txt
-    python3 .ci/oldest.py --bound protobuf      # one package's lower bound (4.21.0)
+Run it with the dev environment's Python (it reads requirements with ``packaging``, which pytest brings):
+
+    python .ci/oldest.py > constraints.txt
+    python .ci/oldest.py --bound protobuf      # one package's lower bound (4.21.0)
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement  # pytest's dependency: in every test venv
 
 try:
     import tomllib
@@ -26,9 +29,6 @@ KEPT_NEWEST = {
                 "older runtimes down to the bound is checked by tests/proto/runtime_check.py",
 }
 
-_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
-
-
 def lower_bounds(pyproject: Path) -> dict[str, str]:
     """``{name: version}`` of every ``>=`` in the dependencies and the dev and compile extras."""
     project = tomllib.loads(pyproject.read_text())["project"]
@@ -36,18 +36,16 @@ def lower_bounds(pyproject: Path) -> dict[str, str]:
     for extra in ("dev", "compile"):
         requirements += project.get("optional-dependencies", {}).get(extra, [])
     bounds: dict[str, str] = {}
-    for requirement in requirements:
-        match = _REQUIREMENT.match(requirement)
-        if not match:
-            raise SystemExit(f"{pyproject}: cannot read the requirement {requirement!r}")
-        name, specifiers = match.group(1).lower(), match.group(2)
-        for spec in specifiers.split(","):
-            spec = spec.strip()
-            if spec.startswith(">="):
-                version = spec[2:].strip()
-                if bounds.get(name, version) != version:
-                    raise SystemExit(f"{pyproject}: {name} has two lower bounds, {bounds[name]} and {version}")
-                bounds[name] = version
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement as exc:
+            raise SystemExit(f"{pyproject}: cannot read the requirement {text!r} ({exc})") from None
+        name = requirement.name.lower()
+        for version in (spec.version for spec in requirement.specifier if spec.operator == ">="):
+            if bounds.get(name, version) != version:
+                raise SystemExit(f"{pyproject}: {name} has two lower bounds, {bounds[name]} and {version}")
+            bounds[name] = version
     return bounds
 
 

@@ -33,6 +33,9 @@ def test_two_different_lower_bounds_are_refused(tmp_path):
         module["lower_bounds"](pyproject)
     pyproject.write_text('[project]\ndependencies = ["numpy>=1.23.0,<3", "h5py[x] >= 3.6.0 ; python_version>\'3\'"]\n')
     assert module["lower_bounds"](pyproject) == {"numpy": "1.23.0", "h5py": "3.6.0"}
+    pyproject.write_text('[project]\ndependencies = ["numpy>>1.23"]\n')
+    with pytest.raises(SystemExit, match=r"pyproject.toml: cannot read the requirement 'numpy>>1.23'"):
+        module["lower_bounds"](pyproject)
 
 
 def test_one_bound_for_the_protobuf_runtime_checks():
