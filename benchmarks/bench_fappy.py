@@ -12,7 +12,9 @@ labels in runs of 10, delta 1e-2 / 1e-3 / 1e-4; B=150, D=1024, runs of 16, delta
   wall-clock;
 * ``C++ layer``: the authors' Caffe layers, recorded single-threaded on 2-vCPU AMD EPYC and Intel Xeon
   VMs (not re-measured here: times on a shared machine are noisy, the ratio is what to read); the column
-  of the CPU class this runs on is used, none on another CPU;
+  of the CPU class this runs on is used, none on another CPU.  On the Intel VM the layer was timed on this
+  script's own batches (section 6: time both sides on the same input), on the AMD VM only on the table's
+  standard-normal features (the header says which);
 * ratios: peer time ÷ our (``caffe`` mode) time, above 1 = ours faster;
 * peak memory: CUDA ``max_memory_allocated`` minus what was allocated before; on CPU the peak of the
   profiler's memory timeline (``profile_memory=True``: every tensor allocation and free during one
@@ -184,7 +186,7 @@ def main(argv=None):
                  "ours = FAPPYLoss(mode='caffe')")
     print(malloc)
     reference, note = caffe_reference()
-    print(note)
+    print(note + (f"; its FAPPY times were taken on {reference['fappy_inputs']}" if reference else ""))
     for device in devices:
         run(device, args.repeats, not args.no_memory, reference["fappy"] if reference else {})
 
