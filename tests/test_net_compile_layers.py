@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 from google.protobuf import text_format
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from caffe_compat import hardware
 from caffe_compat.cli import main
@@ -32,7 +33,7 @@ from caffe_compat.net import CaffeNet, GraphSegments, compile_net
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.solver import train as train_module
 from tests.solver.test_train_cli_options import _dummy_solver
-from tests.test_net_compile import _close, _meta_step, compiles_as_one_graph
+from tests.test_net_compile import _close, _forward_backward, _meta_step, compiles_as_one_graph
 
 # Every layer here is checked for no host read (meta) and one graph (compile); the tops of the layers that
 # are not losses carry a loss weight (Caffe: that top's sum enters the objective), so every parameter and
@@ -78,8 +79,8 @@ layer { name: "multi_similarity" type: "MultiSimilarityLoss" bottom: "scores" bo
 layer { name: "margin" type: "MarginLoss" bottom: "scores" bottom: "label" top: "margin" metric_loss_param { mining: "none" } }
 """
 
-# Layers that trace as one graph but select a data-dependent number of pairs or read a count on the host
-# eagerly (CUDA-graph capture falls back to eager for them, with a warning): compile only.
+# The list-wise losses and RAW (its VTHM miner: the loss reads the mined pair counts, never the index tuple,
+# whose length only the host knows).
 METRIC_NET = """
 name: "metric_losses"
 layer { name: "input" type: "Input" top: "data" top: "label" input_param { shape { dim: 8 dim: 6 } shape { dim: 8 } } }
@@ -88,6 +89,24 @@ layer { name: "ip" type: "InnerProduct" bottom: "data" top: "emb"
 layer { name: "raw" type: "RAWLoss" bottom: "emb" bottom: "label" top: "raw" }
 layer { name: "fastap" type: "FastAPLoss" bottom: "emb" bottom: "label" top: "fastap" }
 layer { name: "smoothap" type: "SmoothAPLoss" bottom: "emb" bottom: "label" top: "smoothap" }
+"""
+
+# Every miner in front of a pair loss, Wu et al.'s distance weighted sampling (MarginLoss's default) among
+# them: it draws from torch's global generator, R draws per anchor in its static form.
+MINED_NET = """
+name: "mined_losses"
+layer { name: "input" type: "Input" top: "data" top: "label" input_param { shape { dim: 8 dim: 6 } shape { dim: 8 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "emb"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "margin" type: "MarginLoss" bottom: "emb" bottom: "label" top: "margin" }
+layer { name: "contrastive_dw" type: "BatchContrastiveLoss" bottom: "emb" bottom: "label" top: "contrastive_dw"
+  metric_loss_param { mining: "distance_weighted" } }
+layer { name: "binomial_vthm" type: "BinomialDevianceLoss" bottom: "emb" bottom: "label" top: "binomial_vthm"
+  metric_loss_param { mining: "vthm" } }
+layer { name: "triplet_eps" type: "TripletLoss" bottom: "emb" bottom: "label" top: "triplet_eps"
+  metric_loss_param { mining: "easy_positive+semihard" } }
+layer { name: "ms_vthm" type: "MultiSimilarityLoss" bottom: "emb" bottom: "label" top: "ms_vthm"
+  metric_loss_param { mining: "vthm" } }
 """
 
 LABELS = [0.0, 1, 2, 3, 4, 0, 1, 4]  # 4 is the ignore_label of SoftmaxWithLoss and Accuracy; positive pairs
@@ -144,10 +163,43 @@ def test_the_recurrent_layers_carry_their_state_across_compiled_steps_as_eagerly
     assert float(expected["lstm"].abs().max()) > 0
 
 
-def test_the_label_and_index_layers_read_nothing_on_the_host():
-    """The static form (what CUDA-graph capture records): forward, backward and Caffe's update on meta."""
-    net = _net(LABEL_NET)
+@pytest.mark.parametrize("text", [LABEL_NET, METRIC_NET, MINED_NET],
+                         ids=["label_and_index_layers", "metric_losses", "mined_losses"])
+def test_the_layers_read_nothing_on_the_host(text):
+    """The static form (what CUDA-graph capture records): forward, backward and Caffe's update on meta.  The
+    metric losses used to read the host there: a miner's index tuple (``torch.nonzero``) that the losses never
+    read, the distance weighted sampler's number of draws, FastAP's and Smooth-AP's boolean indexing and
+    Smooth-AP's largest number of positives."""
+    net = _net(text)
     _meta_step(net, _inputs(net))
+
+
+def test_sampled_pairs_compile_as_one_graph_with_the_numbers_of_the_static_draws(monkeypatch):
+    """``torch.compile(net, fullgraph=True)`` of the mined losses: one graph across batches (it used to stop
+    at Dynamo's data-dependent guard on the sampler's draws); from the same global seed its blobs, objective and
+    gradients are those of the eager net whose sampler takes the static form (eager draws differ)."""
+    from caffe_compat.losses import miners
+
+    torch._dynamo.reset()
+    net = _net(MINED_NET)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(net, fullgraph=True, backend=counter)
+    results = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        results.append(_forward_backward(compiled, net, _inputs(net, seed=seed)))
+    assert counter.frame_count == 1
+    monkeypatch.setattr(miners, "static_form", lambda t: True)
+    for seed, (blobs, target, grads) in zip((0, 1), results):
+        torch.manual_seed(seed)
+        eager_blobs, eager_target, eager_grads = _forward_backward(net, net, _inputs(net, seed=seed))
+        for name, value in eager_blobs.items():
+            _close(blobs[name], value, f"blob {name}")
+        _close(target, eager_target, "objective")
+        assert set(grads) == set(eager_grads) and eager_grads
+        for name, value in eager_grads.items():
+            _close(grads[name], value, name)
+        assert float(eager_blobs["margin"]) > 0 and float(eager_blobs["contrastive_dw"]) > 0
 
 
 @pytest.mark.parametrize("given, eager_message, graph_message", [
@@ -206,6 +258,42 @@ def test_hdf5_output_writes_its_file_between_two_compiled_graphs(tmp_path):
         assert np.array_equal(written["data"][:].reshape(4, 2), blobs["emb"].detach().numpy())
         assert np.array_equal(written["label"][:].reshape(4), inputs["label"].numpy())
     assert torch.equal(blobs["after"], 2 * blobs["emb"])
+
+
+def test_cli_train_compile_on_a_margin_loss_net_trains_as_the_static_draws(tmp_path, monkeypatch):
+    """``caffe-compat train --compile`` on an HDF5Data net trained with MarginLoss (Wu et al.'s sampling, the
+    layer's default) stopped at its first iteration with a traceback (Dynamo's data-dependent guard on the
+    number of draws, exit 1); now it trains, its losses those of an eager run whose sampler takes the static
+    form (same solver seed; backend ``aot_eager``, as above)."""
+    from caffe_compat.losses import miners
+
+    monkeypatch.setattr(train_module, "compile_net", lambda net, **options: compile_net(net, backend="aot_eager"))
+    monkeypatch.setattr(hardware, "cpu_compiler", lambda: "/usr/bin/c++")  # aot_eager builds no C++
+    monkeypatch.chdir(tmp_path)
+    with h5py.File(tmp_path / "data.h5", "w") as out:
+        out["data"] = np.random.default_rng(0).standard_normal((32, 6)).astype(np.float32)
+        out["label"] = (np.arange(32) % 4).astype(np.float32)
+    (tmp_path / "list.txt").write_text(f"{tmp_path / 'data.h5'}\n")
+    (tmp_path / "net.prototxt").write_text(f"""
+    name: "margin"
+    layer {{ name: "data" type: "HDF5Data" top: "data" top: "label"
+      hdf5_data_param {{ source: "{tmp_path / 'list.txt'}" batch_size: 8 }} }}
+    layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "emb"
+      inner_product_param {{ num_output: 5 weight_filler {{ type: "gaussian" std: 0.5 }} }} }}
+    layer {{ name: "loss" type: "MarginLoss" bottom: "emb" bottom: "label" top: "loss" }}
+    """)
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 3\n'
+                                              'snapshot_after_train: false\nrandom_seed: 1\nsolver_mode: CPU\n')
+    losses = {}
+    for mode, extra in (("compiled", ["--compile"]), ("eager, static draws", [])):
+        if not extra:
+            monkeypatch.setattr(miners, "static_form", lambda t: True)
+        log = tmp_path / f"{len(losses)}.csv"
+        assert main(["train", "solver.prototxt", "--log", str(log), *extra]) == 0
+        with open(log, newline="") as fh:
+            losses[mode] = [float(row["loss"]) for row in csv.DictReader(fh)]
+    assert len(losses["compiled"]) == 3 and all(v > 0 for v in losses["compiled"])
+    np.testing.assert_allclose(losses["compiled"], losses["eager, static draws"], rtol=1e-5)
 
 
 def test_cli_train_compile_on_a_softmax_with_loss_net_trains_as_eager(tmp_path, monkeypatch):

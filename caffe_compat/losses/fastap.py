@@ -52,9 +52,11 @@ def fastap_per_anchor(h_pos: torch.Tensor, h_neg: torch.Tensor, n_pos: torch.Ten
 
 
 def _loss_over_valid(ap: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``1 − mean(ap[valid])``, or 0 when no anchor is valid (times the 0/1 flag: the gradient is 0)."""
+    """``1 − mean(ap[valid])``, or 0 when no anchor is valid (times the 0/1 flag: the gradient is 0).
+    The invalid anchors are masked rather than dropped (no boolean indexing: its length would be read on
+    the host, which CUDA-graph capture cannot hold); their terms are zeros either way."""
     n_valid = valid.sum()
-    mean_ap = ap[valid].sum() / n_valid.clamp_min(1)
+    mean_ap = torch.where(valid, ap, 0.0).sum() / n_valid.clamp_min(1)
     return (1.0 - mean_ap) * (n_valid > 0).to(ap.dtype)
 
 

@@ -55,9 +55,10 @@ class MarginLoss(torch.nn.Module):
         nonzero_loss_cutoff: the sampler's upper distance bound (default 1.4).
         miner: any pair miner instead (e.g. ``EasyPositiveMiner``: EPS + margin).
 
-    Under ``torch.compile`` the loss is one graph (``fullgraph=True``) with ``distance_weighted=False``,
-    the per-class β's label check an assertion in the graph; Wu's sampler draws a number of negatives
-    that depends on the batch (its index tuples), which Dynamo cannot hold in one graph.
+    Under ``torch.compile`` the loss is one graph (``fullgraph=True``), the per-class β's label check an
+    assertion in the graph; Wu's sampler then draws in its static form (a fixed number of draws per
+    anchor, of which as many count as eagerly: ``DistanceWeightedMiner._draw``), from torch's global
+    generator (a ``generator=`` object cannot enter a graph).
     """
 
     def __init__(

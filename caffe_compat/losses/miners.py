@@ -44,7 +44,12 @@ Miners:
   − D²/4)``, restricted to ``D < nonzero_loss_cutoff`` = 1.4 (pairs that can have a non-zero margin
   loss).  Per anchor one negative is drawn per positive: Wu's triplets ``(a, p, n_ap)``, so ``neg``
   holds counts.  An anchor whose candidate weights are all zero draws uniformly among its negatives
-  (Wu's MXNet code draws uniformly among *all* samples there; PML leaves such rows NaN).
+  (Wu's MXNet code draws uniformly among *all* samples there; PML leaves such rows NaN).  Under
+  ``torch.compile`` and CUDA-graph capture every anchor draws R times and its first ``|P_a|`` draws count
+  (fixed shapes, no host read): the same distribution, other draws than eagerly from the same seed.
+
+A loss's ``miner=`` reads :meth:`Miner.selection`, the pair counts alone: the index tuple's length is
+known only on the host, which a captured training step cannot read.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from caffe_compat.losses.pairwise import (
     TRIPLET_SETS, PairSelection, euclidean_matrix, in_triplet_set, label_masks, normalized_cosine_matrix,
     pairs_of_counts, select_pairs, selection_from_tuple, squared_euclidean_matrix, unit_rows,
 )
+from caffe_compat.losses.static_form import static_form
 
 __all__ = ["DistanceWeightedMiner", "EasyPositiveMiner", "Mined", "Miner", "PairSelection", "TripletMiner",
            "VTHMMiner", "select_pairs"]
@@ -96,21 +102,40 @@ def _given_ref(ref, ref_labels, normalize: bool):
 
 class Miner:
     """Base class: subclasses implement :meth:`mine`; calling the miner validates, detaches and returns
-    a :class:`Mined` tuple (pairs when :meth:`mine` returns a :class:`PairSelection`)."""
+    a :class:`Mined` tuple (pairs when :meth:`mine` returns a :class:`PairSelection`).
+
+    :meth:`selection` is what a loss's ``miner=`` uses: the same pair counts without the index tuple,
+    whose length depends on the values (``torch.nonzero``), so that a training step reads nothing on the
+    host and CUDA-graph capture can hold it (a miner whose selection itself needs the tuple overrides
+    :meth:`select`)."""
 
     def __call__(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb=None, ref_labels=None) -> Mined:
+        mined = self._checked(self.mine, embeddings, labels, ref_emb, ref_labels)
+        return Mined.from_pairs(mined) if isinstance(mined, PairSelection) else mined
+
+    def selection(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb=None, ref_labels=None
+                  ) -> PairSelection:
+        """The ``(B, R)`` pair counts of ``miner(embeddings, labels, ...)`` (:attr:`Mined.pos` and
+        :attr:`Mined.neg`), without building the index tuple."""
+        return self._checked(self.select, embeddings, labels, ref_emb, ref_labels)
+
+    def _checked(self, method, embeddings, labels, ref_emb, ref_labels):
         name = type(self).__name__
         labels = check_batch(embeddings, labels, name)
         ref_emb, ref_labels = check_reference(embeddings, ref_emb, ref_labels, name)
         with torch.no_grad():
             ref = embeddings.detach() if ref_emb is None else ref_emb.detach()
-            mined = self.mine(embeddings.detach(), labels, ref, ref_labels)
-        return Mined.from_pairs(mined) if isinstance(mined, PairSelection) else mined
+            return method(embeddings.detach(), labels, ref, ref_labels)
 
     def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor,
              ref_labels) -> PairSelection | Mined:
         """``ref`` is the reference rows (the batch itself when ``ref_labels`` is None)."""
         raise NotImplementedError
+
+    def select(self, embeddings: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor, ref_labels) -> PairSelection:
+        """:meth:`mine`'s pair counts (validated and detached inputs, as :meth:`mine` gets them)."""
+        mined = self.mine(embeddings, labels, ref, ref_labels)
+        return mined if isinstance(mined, PairSelection) else mined.selection
 
 
 class VTHMMiner(Miner):
@@ -208,19 +233,42 @@ class DistanceWeightedMiner(Miner):
         return weight / torch.where(total > 0, total, torch.ones_like(total))
 
     def mine(self, embeddings, labels, ref, ref_labels):
+        selection, picks, used = self._draw(embeddings, labels, ref, ref_labels)
+        anchor, positive = torch.nonzero(selection.pos, as_tuple=True)  # row-major: anchor by anchor
+        negative = picks[used]  # the k-th draw of an anchor goes with its k-th positive: (a, p, n_ap)
+        return Mined((anchor, positive, negative), selection)
+
+    def select(self, embeddings, labels, ref, ref_labels):
+        return self._draw(embeddings, labels, ref, ref_labels)[0]
+
+    def _draw(self, embeddings, labels, ref, ref_labels):
+        """``(selection, picks, used)``: each anchor's draws (``picks``, reference rows) and which of them
+        count (``used``: the first ``|P_a|`` of an anchor that has positives and negatives).
+
+        Eagerly the anchors that draw take ``max |P_a|`` draws each (read on the host).  In the static form
+        (``torch.compile``, CUDA-graph capture: :func:`~caffe_compat.losses.static_form.static_form`) every
+        anchor takes R draws, R the reference rows (a bound on ``|P_a|``; an anchor that does not draw
+        samples all rows and counts none): fixed shapes and no host read, the same distribution from
+        another stretch of the generator's stream (so the draws differ from eager ones of the same seed,
+        as PyTorch's compiled random operators' do)."""
         pos, neg = label_masks(labels, ref_labels)
         probs = self.negative_probabilities(embeddings, labels, ref, ref_labels)
         draws_per_anchor = pos.sum(dim=1)
         drawing = (draws_per_anchor > 0) & neg.any(dim=1)
         counts = torch.zeros_like(probs)
         keep_pos = pos & drawing[:, None]
-        anchor, positive = torch.nonzero(keep_pos, as_tuple=True)  # row-major: anchor by anchor
-        negative = torch.empty_like(anchor)
-        if bool(drawing.any()):
+        if static_form(probs):
+            picks = torch.multinomial(torch.where(drawing[:, None], probs, 1.0), probs.shape[1], replacement=True,
+                                      generator=self.generator)
+            used = (torch.arange(probs.shape[1], device=probs.device) < draws_per_anchor[:, None]) & drawing[:, None]
+            counts = counts.scatter_add(1, picks, used.to(probs.dtype))
+        elif bool(drawing.any()):
             anchors = torch.nonzero(drawing).squeeze(1)
             most = int(draws_per_anchor.max())
             picks = torch.multinomial(probs[anchors], most, replacement=True, generator=self.generator)
             used = torch.arange(most, device=probs.device)[None, :] < draws_per_anchor[anchors, None]
             counts[anchors] = counts[anchors].scatter_add(1, picks, used.to(probs.dtype))
-            negative = picks[used]  # the k-th draw of an anchor goes with its k-th positive: (a, p, n_ap)
-        return Mined((anchor, positive, negative), PairSelection(keep_pos.to(probs.dtype), counts))
+        else:  # no anchor draws: no triplet
+            picks = torch.zeros((0, 0), dtype=torch.long, device=probs.device)
+            used = torch.zeros((0, 0), dtype=torch.bool, device=probs.device)
+        return PairSelection(keep_pos.to(probs.dtype), counts), picks, used

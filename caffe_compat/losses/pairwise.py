@@ -191,12 +191,17 @@ class PairSelection:
 
 def select_pairs(miner, embeddings: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor | None = None,
                  ref_labels: torch.Tensor | None = None) -> PairSelection:
-    """The pairs a loss uses: the miner's selection (its count matrices, or those of the index tuple a
-    foreign miner returns), or every positive and negative pair (against ``ref`` when given)."""
+    """The pairs a loss uses: the miner's selection (its count matrices: ``miner.selection`` of our
+    miners, which builds no index tuple; or those of the index tuple a foreign miner returns), or every
+    positive and negative pair (against ``ref`` when given)."""
     if miner is None:
         pos, neg = label_masks(labels, ref_labels)
         return PairSelection(pos.to(embeddings.dtype), neg.to(embeddings.dtype))
-    selection = miner(embeddings, labels) if ref is None else miner(embeddings, labels, ref, ref_labels)
+    from caffe_compat.losses.miners import Miner  # (miners imports this module)
+
+    # our miners hand over the counts alone (no index tuple: nothing read on the host), a foreign one its tuple
+    mine = miner.selection if isinstance(miner, Miner) else miner
+    selection = mine(embeddings, labels) if ref is None else mine(embeddings, labels, ref, ref_labels)
     if not hasattr(selection, "pos"):  # a PML-shaped tuple, e.g. from a pytorch-metric-learning miner
         n_ref = embeddings.shape[0] if ref is None else ref.shape[0]
         return selection_from_tuple(selection, embeddings.shape[0], n_ref, embeddings.dtype)

@@ -1,6 +1,6 @@
-"""``torch.compile(loss, fullgraph=True)``: every loss module whose pairs do not depend on random draws or
-on a data-dependent number of mined tuples traces as one graph (no host synchronisation) and gives the
-eager loss and gradient.
+"""``torch.compile(loss, fullgraph=True)``: every loss module traces as one graph (no host synchronisation)
+and gives the eager loss and gradient; MarginLoss's distance weighted sampler draws in its static form there
+(a fixed number of draws per anchor), so its loss is compared with the eager loss of that form.
 
 Tolerance: a traced graph may sum in another order; each loss is a float32 reduction over at most
 n = B² = 1,024 pair terms here, and a reordered sum of n terms moves by at most about n·u of the sum of
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import caffe_compat.losses as L
+from caffe_compat.losses import miners
 from caffe_compat.losses.loss_errors import LossInputError
 
 B = 32
@@ -89,3 +91,29 @@ def test_traced_input_checks_still_refuse_bad_batches():
         margin(x, labels)
     with pytest.raises(RuntimeError, match="labels must be integers in"):
         torch.compile(margin, fullgraph=True, backend="aot_eager")(x, labels)
+
+
+def test_margin_loss_with_distance_weighted_sampling_traces_as_one_graph(monkeypatch):
+    """MarginLoss's default, Wu et al.'s sampler (torch's global generator), in one graph: its draws take their
+    static form (R per anchor, the first |P_a| counted; ``DistanceWeightedMiner._draw``), so from the same seed
+    the compiled loss and gradient are those of the eager loss with that form, step after step without
+    recompiling.  (Eager draws take another stretch of the stream; a ``generator=`` object cannot enter a
+    graph: Dynamo refuses it.)"""
+    torch._dynamo.reset()
+    module = L.MarginLoss()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(module, fullgraph=True, backend=counter)
+    results = []
+    for seed in (3, 4):
+        x, labels = _batch(4, seed=seed)
+        torch.manual_seed(seed)
+        results.append(_loss_and_grad(compiled, x, labels))
+    assert counter.frame_count == 1
+    monkeypatch.setattr(miners, "static_form", lambda t: True)
+    for seed, (loss, grad) in zip((3, 4), results):
+        x, labels = _batch(4, seed=seed)
+        torch.manual_seed(seed)
+        eager_loss, eager_grad = _loss_and_grad(module, x, labels)
+        torch.testing.assert_close(loss, eager_loss, rtol=RTOL, atol=0.0)
+        torch.testing.assert_close(grad, eager_grad, rtol=RTOL, atol=RTOL * float(eager_grad.abs().max()))
+        assert float(eager_grad.abs().max()) > 0

@@ -1,4 +1,5 @@
-"""Miners: VTHM (= PML's MultiSimilarityMiner), easy positives, distance weighted sampling."""
+"""Miners: VTHM (= PML's MultiSimilarityMiner), easy positives, distance weighted sampling; the pair counts a
+loss uses (``Miner.selection``) and the static form of the distance weighted draws."""
 
 import math
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 from pytorch_metric_learning import miners
 
+from caffe_compat.losses import miners as our_miners
 from caffe_compat.losses.loss_errors import LossInputError
-from caffe_compat.losses.miners import DistanceWeightedMiner, EasyPositiveMiner, VTHMMiner
+from caffe_compat.losses.miners import DistanceWeightedMiner, EasyPositiveMiner, TripletMiner, VTHMMiner
 
 A = 1 / math.sqrt(2)
 
@@ -130,3 +132,45 @@ def test_documented_difference_no_candidate_negative_draws_uniformly(monkeypatch
     expected = 3000 / 7
     chi2 = ((counts[3:] - expected) ** 2 / expected).sum().item()
     assert chi2 < 22.46  # χ²(6 d.o.f.) at p = 0.001
+
+
+def _labelled_batch(seed: int):
+    """24 rows in 6 classes of 1 to 6 samples (one singleton: an anchor without positive that draws nothing)."""
+    x = torch.randn(24, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return x, torch.tensor([0] * 5 + [1] * 4 + [2] * 6 + [3] * 3 + [4] * 5 + [5])
+
+
+@pytest.mark.parametrize("make", [
+    VTHMMiner, EasyPositiveMiner, TripletMiner,
+    lambda: DistanceWeightedMiner(generator=torch.Generator().manual_seed(4)),
+], ids=["vthm", "easy_positive", "triplet", "distance_weighted"])
+def test_selection_is_the_miners_pair_counts_without_its_tuple(make):
+    """What a loss's ``miner=`` reads: the ``pos`` / ``neg`` counts of the tuple, bit for bit, built without
+    it (its length is read on the host: CUDA-graph capture cannot hold that)."""
+    x, y = _labelled_batch(7)
+    mined, selection = make()(x, y), make().selection(x, y)
+    assert torch.equal(selection.pos, mined.pos) and torch.equal(selection.neg, mined.neg)
+    assert float(selection.neg.sum()) > 0
+
+
+def test_distance_weighted_static_form_draws_r_per_anchor_and_counts_the_first_positives(monkeypatch):
+    """In the static form (``torch.compile``, CUDA-graph capture) every anchor draws R = 24 times (a bound on
+    its positives, so no count is read on the host) from its probabilities, an anchor that draws nothing
+    from all rows; its first |P_a| draws count, one per positive, in the tuple's row-major order."""
+    monkeypatch.setattr(our_miners, "static_form", lambda t: True)
+    x, y = _labelled_batch(8)
+    mined = DistanceWeightedMiner(generator=torch.Generator().manual_seed(9))(x, y)
+    probs = DistanceWeightedMiner().negative_probabilities(x, y)
+    positives = (y[:, None] == y[None, :]).sum(1) - 1
+    drawing = positives > 0
+    picks = torch.multinomial(torch.where(drawing[:, None], probs, 1.0), 24, replacement=True,
+                              generator=torch.Generator().manual_seed(9))
+    expected, negatives = torch.zeros(24, 24, dtype=torch.float64), []
+    for a in range(24):
+        for k in range(int(positives[a])):
+            expected[a, picks[a, k]] += 1
+            negatives.append(int(picks[a, k]))
+    assert torch.equal(mined.neg, expected)
+    assert mined[2].tolist() == negatives and mined[0].tolist() == sorted(mined[0].tolist())
+    assert not drawing[23] and float(mined.neg[23].sum()) == 0 and float(mined.pos[23].sum()) == 0
+    assert ((mined.neg > 0) <= (probs > 0)).all()
