@@ -79,13 +79,16 @@ layer { name: "multi_similarity" type: "MultiSimilarityLoss" bottom: "scores" bo
 layer { name: "margin" type: "MarginLoss" bottom: "scores" bottom: "label" top: "margin" metric_loss_param { mining: "none" } }
 """
 
-# The list-wise losses and RAW (its VTHM miner: the loss reads the mined pair counts, never the index tuple,
-# whose length only the host knows).
-METRIC_NET = """
-name: "metric_losses"
+# A batch of 8 embeddings of 5 values, and their labels: what the metric losses below read.
+EMBEDDINGS = """
 layer { name: "input" type: "Input" top: "data" top: "label" input_param { shape { dim: 8 dim: 6 } shape { dim: 8 } } }
 layer { name: "ip" type: "InnerProduct" bottom: "data" top: "emb"
   inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
+"""
+
+# The list-wise losses and RAW (its VTHM miner: the loss reads the mined pair counts, never the index tuple,
+# whose length only the host knows).
+METRIC_NET = 'name: "metric_losses"' + EMBEDDINGS + """
 layer { name: "raw" type: "RAWLoss" bottom: "emb" bottom: "label" top: "raw" }
 layer { name: "fastap" type: "FastAPLoss" bottom: "emb" bottom: "label" top: "fastap" }
 layer { name: "smoothap" type: "SmoothAPLoss" bottom: "emb" bottom: "label" top: "smoothap" }
@@ -93,11 +96,7 @@ layer { name: "smoothap" type: "SmoothAPLoss" bottom: "emb" bottom: "label" top:
 
 # Every miner in front of a pair loss, Wu et al.'s distance weighted sampling (MarginLoss's default) among
 # them: it draws from torch's global generator, R draws per anchor in its static form.
-MINED_NET = """
-name: "mined_losses"
-layer { name: "input" type: "Input" top: "data" top: "label" input_param { shape { dim: 8 dim: 6 } shape { dim: 8 } } }
-layer { name: "ip" type: "InnerProduct" bottom: "data" top: "emb"
-  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
+MINED_NET = 'name: "mined_losses"' + EMBEDDINGS + """
 layer { name: "margin" type: "MarginLoss" bottom: "emb" bottom: "label" top: "margin" }
 layer { name: "contrastive_dw" type: "BatchContrastiveLoss" bottom: "emb" bottom: "label" top: "contrastive_dw"
   metric_loss_param { mining: "distance_weighted" } }
