@@ -86,12 +86,15 @@ layer { name: "ip" type: "InnerProduct" bottom: "data" top: "emb"
   inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
 """
 
-# The list-wise losses and RAW (its VTHM miner: the loss reads the mined pair counts, never the index tuple,
-# whose length only the host knows).
+# The list-wise losses, RAW (its VTHM miner: the loss reads the mined pair counts, never the index tuple,
+# whose length only the host knows) and the port of madkn's histogram-loss Python layer.
 METRIC_NET = 'name: "metric_losses"' + EMBEDDINGS + """
 layer { name: "raw" type: "RAWLoss" bottom: "emb" bottom: "label" top: "raw" }
 layer { name: "fastap" type: "FastAPLoss" bottom: "emb" bottom: "label" top: "fastap" }
 layer { name: "smoothap" type: "SmoothAPLoss" bottom: "emb" bottom: "label" top: "smoothap" }
+layer { name: "cosine" type: "CosineSimilarityBatch" bottom: "emb" bottom: "label" top: "cosine" top: "pair_label" }
+layer { name: "distribution" type: "Python" bottom: "cosine" bottom: "pair_label" top: "distribution" loss_weight: 1
+  python_param { module: "distribution_loss_layer" layer: "DistributionLossLayer" param_str: "grid_delta: 0.1" } }
 """
 
 # Every miner in front of a pair loss, Wu et al.'s distance weighted sampling (MarginLoss's default) among
@@ -167,8 +170,8 @@ def test_the_recurrent_layers_carry_their_state_across_compiled_steps_as_eagerly
 def test_the_layers_read_nothing_on_the_host(text):
     """The static form (what CUDA-graph capture records): forward, backward and Caffe's update on meta.  The
     metric losses used to read the host there: a miner's index tuple (``torch.nonzero``) that the losses never
-    read, the distance weighted sampler's number of draws, FastAP's and Smooth-AP's boolean indexing and
-    Smooth-AP's largest number of positives."""
+    read, the distance weighted sampler's number of draws, FastAP's, Smooth-AP's and the histogram-loss
+    port's boolean indexing, and Smooth-AP's largest number of positives."""
     net = _net(text)
     _meta_step(net, _inputs(net))
 

@@ -82,6 +82,7 @@ from caffe_compat.errors import CaffeCompatError, DataError, FormatError
 from caffe_compat.io.param_str import parse_param_str  # noqa: F401 (also importable from here)
 from caffe_compat.layers.facts import NONE, BlobCount, InputFacts, Shapes
 from caffe_compat.layers.registry import CaffeLayer, register_layer
+from caffe_compat.losses.static_form import asserted_in_graph
 
 def _required(params: dict, key: str, layer: str):
     if key not in params:
@@ -333,15 +334,19 @@ def distribution_loss_matrix(grid: torch.Tensor, kind: str, margin: float, alpha
     return torch.log(torch.exp(alpha * (margin + gj - gi)) + 1)
 
 
-def interpolated_histogram(values: torch.Tensor, grid: torch.Tensor, delta: float) -> torch.Tensor:
-    """The layer's histogram of ``values`` (float64, already clipped) on ``grid`` (see the module docstring)."""
+def interpolated_histogram(values: torch.Tensor, grid: torch.Tensor, delta: float, of_kind: torch.Tensor
+                           ) -> torch.Tensor:
+    """The layer's histogram of the ``values`` (float64, already clipped) where ``of_kind`` (bool) is set, on
+    ``grid`` (see the module docstring).  The other values, and those above the last node, add zeros in
+    place of being dropped (the same sums: the kept ones are added in the same order), so that no length is
+    read on the host (``torch.compile``, CUDA-graph capture)."""
     place = torch.searchsorted(grid, values.detach(), side="left").clamp(min=1)
-    inside = place < grid.numel()
-    place, kept = place[inside], values[inside]
+    binned = of_kind & (place < grid.numel())
+    place = place.clamp(max=grid.numel() - 1)  # an index for every value; the unbinned add nothing there
     hist = torch.zeros_like(grid)
-    hist = hist.index_add(0, place, kept - grid[place - 1])
-    hist = hist.index_add(0, place - 1, grid[place] - kept)
-    return hist / (values.numel() * delta)
+    hist = hist.index_add(0, place, torch.where(binned, values - grid[place - 1], 0.0))
+    hist = hist.index_add(0, place - 1, torch.where(binned, grid[place] - values, 0.0))
+    return hist / (of_kind.sum().to(values.dtype) * delta)
 
 
 @register_layer("Python:distribution_loss_layer.DistributionLossLayer")
@@ -385,12 +390,13 @@ class DistributionLossLayer(CaffeLayer):
         x = cosine.reshape(-1).to(torch.float64)
         x = x.detach().clamp(-1.0, 1.0) + (x - x.detach())  # the clipped value; the gradient passes through
         labels = pair_label.reshape(-1)
-        pos, neg = x[labels == 1], x[labels == -1]
-        if pos.numel() == 0 or neg.numel() == 0:
-            raise DataError(f"layer '{self.layer_name}' (DistributionLossLayer): needs at least one positive and one "
-                            f"negative pair, got {pos.numel()} and {neg.numel()}")
+        pos, neg = labels == 1, labels == -1
+        both = pos.any() & neg.any()
+        where = f"layer '{self.layer_name}' (DistributionLossLayer): needs at least one positive and one negative pair"
+        if not asserted_in_graph(both, where) and not bool(both):
+            raise DataError(f"{where}, got {int(pos.sum())} and {int(neg.sum())}")
         grid = self.grid.to(x.device)
-        hist_pos = interpolated_histogram(pos, grid, self.delta)
-        hist_neg = interpolated_histogram(neg, grid, self.delta)
+        hist_pos = interpolated_histogram(x, grid, self.delta, pos)
+        hist_neg = interpolated_histogram(x, grid, self.delta, neg)
         loss = hist_pos @ self.loss_matrix.to(x.device) @ hist_neg
         return (loss.reshape(1).to(cosine.dtype),)

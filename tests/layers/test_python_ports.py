@@ -331,6 +331,21 @@ def test_distribution_loss_perfect_separation_and_errors():
         _distribution_loss(r"grid_delta: 0.1 \n loss: square", 4)
 
 
+def test_distribution_loss_without_negative_pairs_stops_eagerly_and_compiled():
+    """Eagerly the error names the counts; in a graph (no host read there) it is an assertion naming the
+    layer.  The histograms mask the pairs of the other kind instead of dropping them (no boolean indexing)."""
+    layer = _distribution_loss(r"grid_delta: 0.5", 4)
+    cos = torch.tensor([0.75, 0.25, -0.75, -0.25]).reshape(4, 1, 1, 1)
+    with pytest.raises(DataError, match="needs at least one positive and one negative pair, got 4 and 0"):
+        layer(cos, torch.ones(4, 1, 1, 1))
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    with pytest.raises(RuntimeError, match=r"layer 'loss' \(DistributionLossLayer\): needs at least one positive"):
+        compiled(cos, torch.ones(4, 1, 1, 1))
+    labels = torch.tensor([1.0, 0.0, -1.0, -1.0]).reshape(4, 1, 1, 1)  # 0: ignored
+    assert compiled(cos, labels)[0].item() == layer(cos, labels)[0].item() == 0.0
+
+
 def test_distribution_loss_in_a_net_after_cosine_similarity_batch():
     net_text = (
         'force_backward: true '
