@@ -21,7 +21,8 @@ similarity 1 (it then ranks first and adds a near-1 term to every AP).
 Any label layout works (the authors' code and PML need equal-size contiguous classes; PML 2.9 also
 groups the batch in blocks of size #classes instead of #samples per class, so it matches only when the
 two are equal).  Work and memory are O(B · P_max · B) with P_max the largest number of positives of a
-query (each query only ranks its own positives), never the B³ tensors of the reference code.
+query (each query only ranks its own positives), not the B³ tensors of the reference code; except in the
+static form (``torch.compile``, CUDA-graph capture), where P_max, read on the host, becomes B: B³ there.
 The gradient with respect to the query is the appendix's Eq. 14 exactly as printed (checked in the
 tests): its Eq. 4 sign (``∂D_ij/∂q = v_i − v_j``) and its reversed quotient rule in Eq. 11 cancel.
 """
