@@ -35,6 +35,8 @@ everything else (no table restates them; see :mod:`caffe_compat.layers.facts`):
   ``input_facts(layer)`` describing its image input;
 * ``breaks_graph``: its forward runs code ``torch.compile`` cannot take into a graph (a user's Python
   layer, HDF5Output's file write), so a net holding it is compiled as graphs around it;
+* ``sizes_follow_values``: its tops' sizes depend on its bottoms' values (Filter), which a CUDA graph,
+  replaying fixed sizes, cannot hold: the solver names it and trains eagerly (``torch.compile`` holds it);
 * ``in_caffe_1_0``: BVLC Caffe 1.0 registers this type;
 * ``param_message``: the LayerParameter field holding its parameters (by Caffe's naming convention,
   ``Convolution`` → ``convolution_param``, unless the port names another, e.g. Deconvolution's
@@ -102,6 +104,8 @@ class CaffeLayer(nn.Module):
     reads_source: bool = False
     #: ``torch.compile`` cannot take its forward into a graph (see ``net_run.graph_breaking_step``).
     breaks_graph: bool = False
+    #: Its tops' sizes depend on its bottoms' values: a CUDA graph cannot hold it (``step_graphs.refusal``).
+    sizes_follow_values: bool = False
     #: BVLC Caffe 1.0 registers this type.
     in_caffe_1_0: bool = False
     #: The LayerParameter field of its parameters (None: none; set from the type name by convention).

@@ -391,6 +391,7 @@ class Filter(CaffeLayer):
     bottoms = BlobCount.at_least(2)
     tops = BlobCount.at_least(1)
     in_caffe_1_0 = True
+    sizes_follow_values = True  # as many rows as the selector has nonzeros
 
     @classmethod
     def check_blob_counts(cls, layer, num_bottoms: int, check_tops: bool = True) -> None:

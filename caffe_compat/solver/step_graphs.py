@@ -26,7 +26,8 @@ Not recorded (:func:`refusal` says why; the iteration then runs eagerly, as with
 other than CUDA, ``iter_size`` > 1 (diffs accumulated over several forwards), ``clip_gradients`` (reads
 the diffs' norm on the host), fp16's GradScaler (reads the diffs for infinities), Adam (its bias
 correction changes at every iteration), a data-parallel run (the gathers read the ranks' shares at run
-time), user Python layers (the user's NumPy code), HDF5Output (it writes a file), and observers acting around each forward
+time), user Python layers (the user's NumPy code), HDF5Output (it writes a file), a layer whose tops' sizes
+follow the values (Filter), and observers acting around each forward
 (``before_forward`` / ``after_forward``: pycaffe's net view).  A batch of another shape than the recorded
 one runs eagerly too.  When recording fails (a computation that reads the host after all) the solver warns
 once and goes on eagerly.
@@ -106,6 +107,10 @@ def refusal(solver, need_cuda: bool = True) -> str | None:
     step = breaking_step(solver.net)
     if step is not None:
         return f"layer '{step.name}' ({step.type}) runs code a graph cannot hold (a user Python layer, a file write or a gather)"
+    step = next((s for s in solver.net.steps if s.module_key is not None
+                 and solver.net.layers[s.module_key].sizes_follow_values), None)
+    if step is not None:
+        return f"layer '{step.name}' ({step.type}) makes tops whose sizes follow the values, a graph replays fixed sizes"
     watching = [o for o in solver.observers if hasattr(o, "before_forward") or hasattr(o, "after_forward")]
     if watching:
         return f"observer {watching[0]!r} acts around each forward"

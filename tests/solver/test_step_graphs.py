@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from caffe_compat.errors import CaffeCompatWarning
-from caffe_compat.solver import SolverObserver
+from caffe_compat.solver import Solver, SolverObserver
 from caffe_compat.solver.step_graphs import WARMUP_ITERATIONS, StepGraphs, refusal
 from tests.solver.caffe_cases import case_dir as solver_case_dir, feed, make_solver, param_arrays
 
@@ -148,6 +148,24 @@ def test_a_failed_update_recording_leaves_the_diffs_to_the_solver_again():
         graphed = _train(case, FailingUpdate())
     _same(graphed, _train(case))
     assert not graphed[0].step_graphs.active and not graphed[0].step_graphs.recorded
+
+
+def test_a_layer_whose_top_sizes_follow_the_values_is_refused_by_name(tmp_path):
+    """Filter keeps as many rows as its selector has nonzeros, and a CUDA graph replays fixed sizes: the
+    solver names the layer (the port's ``sizes_follow_values``) instead of a failed recording's error."""
+    (tmp_path / "net.prototxt").write_text("""
+    name: "filtered"
+    layer { name: "input" type: "Input" top: "data" top: "sel" input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
+    layer { name: "ip" type: "InnerProduct" bottom: "data" top: "emb"
+      inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 } } }
+    layer { name: "keep" type: "Filter" bottom: "emb" bottom: "sel" top: "kept" }
+    layer { name: "loss" type: "Reduction" bottom: "kept" top: "loss" loss_weight: 1 }
+    """)
+    (tmp_path / "solver.prototxt").write_text(f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.1\nlr_policy: "fixed"\n'
+                                              'solver_mode: CPU\n')
+    solver = Solver(tmp_path / "solver.prototxt")
+    assert refusal(solver, need_cuda=False) == (
+        "layer 'keep' (Filter) makes tops whose sizes follow the values, a graph replays fixed sizes")
 
 
 def test_what_a_graph_cannot_hold_is_refused_with_the_reason():
