@@ -108,7 +108,7 @@ def refusal(solver, need_cuda: bool = True) -> str | None:
     if step is not None:
         return f"layer '{step.name}' ({step.type}) runs code a graph cannot hold (a user Python layer, a file write or a gather)"
     step = next((s for s in solver.net.steps if s.module_key is not None
-                 and solver.net.layers[s.module_key].sizes_follow_values), None)
+                 and getattr(solver.net.layers[s.module_key], "sizes_follow_values", False)), None)
     if step is not None:
         return f"layer '{step.name}' ({step.type}) makes tops whose sizes follow the values, a graph replays fixed sizes"
     watching = [o for o in solver.observers if hasattr(o, "before_forward") or hasattr(o, "after_forward")]
