@@ -64,7 +64,8 @@ from caffe_compat.layers import layer_class
 from caffe_compat.layers.registry import blobs_overwritten
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
 from caffe_compat.net_run import (Blobs, DataAheadOfGraph, GraphSegments, LayerStep, NetExecution, breaking_step,
-                                  compile_net, data_steps, graph_breaking_step, traces_whole, with_data_tops)
+                                  compile_net, data_steps, graph_breaking_step, step_whose_port_says, traces_whole,
+                                  with_data_tops)
 from caffe_compat.net_shapes import check_memory_budget
 from caffe_compat.net_weights import CaffemodelWeights, overwritten_layers
 from caffe_compat.proto import caffe_pb2
@@ -72,7 +73,7 @@ from caffe_compat.proto import caffe_pb2
 log = logging.getLogger("caffe_compat.net")
 
 __all__ = ["Blobs", "CaffeNet", "DataAheadOfGraph", "GraphSegments", "LayerStep", "breaking_step", "compile_net",
-           "data_steps", "graph_breaking_step", "load_net", "traces_whole", "with_data_tops"]
+           "data_steps", "graph_breaking_step", "load_net", "step_whose_port_says", "traces_whole", "with_data_tops"]
 
 
 _DEFAULT_SPEC = caffe_pb2.ParamSpec()  # read only

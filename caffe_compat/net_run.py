@@ -38,7 +38,7 @@ import torch
 from caffe_compat.errors import CaffeCompatError, FormatError
 
 __all__ = ["Blobs", "DataAheadOfGraph", "GraphSegments", "LayerStep", "NetExecution", "breaking_step", "compile_net",
-           "data_steps", "graph_breaking_step", "traces_whole", "with_data_tops"]
+           "data_steps", "graph_breaking_step", "step_whose_port_says", "traces_whole", "with_data_tops"]
 
 
 @dataclass(frozen=True)
@@ -320,13 +320,23 @@ def graph_breaking_step(steps, layers):
 
 def _breaks_graph(step, layers) -> bool:
     """The step's port says ``breaks_graph`` (a user Python layer, HDF5Output, a distributed run's gather)."""
-    return step.module_key is not None and getattr(layers[step.module_key], "breaks_graph", False)
+    return _port_says(step, layers, "breaks_graph")
+
+
+def _port_says(step, layers, fact: str) -> bool:
+    """The step has a port and it declares the registry fact ``fact`` (``breaks_graph``, ...) true."""
+    return step.module_key is not None and getattr(layers[step.module_key], fact, False)
+
+
+def step_whose_port_says(net, fact: str):
+    """The net's first layer whose port declares the registry fact ``fact`` true, or None."""
+    return next((step for step in net.steps if _port_says(step, net.layers, fact)), None)
 
 
 def breaking_step(net):
     """The net's first layer whose port ``breaks_graph``, or None: what keeps the net from one graph once
     its data layers run ahead of it (:func:`with_data_tops`)."""
-    return next((step for step in net.steps if _breaks_graph(step, net.layers)), None)
+    return step_whose_port_says(net, "breaks_graph")
 
 
 def with_data_tops(net, inputs: dict, sources=None) -> dict:

@@ -84,6 +84,7 @@ from caffe_compat.layers.facts import NONE, BlobCount, InputFacts, Shapes
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.losses.static_form import asserted_in_graph
 
+
 def _required(params: dict, key: str, layer: str):
     if key not in params:
         raise FormatError(f"layer '{layer}': param_str needs '{key}' (got keys {sorted(params)})")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from caffe_compat.losses.batch_input import check_batch, check_num_bins, reject_pml_arguments
-from caffe_compat.losses.pairwise import label_masks, squared_euclidean_matrix
+from caffe_compat.losses.pairwise import label_masks, one_minus_mean_ap, squared_euclidean_matrix
 from caffe_compat.losses.soft_histogram import bin_coordinates, triangular_histogram
 
 HIGH = 4.0  # squared distance of unit vectors lies in [0, 4]
@@ -51,15 +51,6 @@ def fastap_per_anchor(h_pos: torch.Tensor, h_neg: torch.Tensor, n_pos: torch.Ten
     return ap / n_pos.clamp_min(1.0)
 
 
-def _loss_over_valid(ap: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``1 − mean(ap[valid])``, or 0 when no anchor is valid (times the 0/1 flag: the gradient is 0).
-    The invalid anchors are masked rather than dropped (no boolean indexing: its length would be read on
-    the host, which CUDA-graph capture cannot hold); their terms are zeros either way."""
-    n_valid = valid.sum()
-    mean_ap = torch.where(valid, ap, 0.0).sum() / n_valid.clamp_min(1)
-    return (1.0 - mean_ap) * (n_valid > 0).to(ap.dtype)
-
-
 def _histograms(dist, pos_w, neg_w, num_bins):
     return (
         triangular_histogram(dist, pos_w, num_bins, 0.0, HIGH),
@@ -77,7 +68,7 @@ class _FastAPAnalytic(torch.autograd.Function):
         n_pos = pos_w.sum(dim=1)
         valid = n_pos > 0
         ap = fastap_per_anchor(h_pos, h_neg, n_pos)
-        loss = _loss_over_valid(ap, valid)
+        loss = one_minus_mean_ap(ap, valid)
         ctx.save_for_backward(unit, dist, pos_w, neg_w, h_pos, h_neg, n_pos)
         ctx.num_bins = num_bins
         return loss
@@ -155,4 +146,4 @@ class FastAPLoss(torch.nn.Module):
         n_pos = pos_w.sum(dim=1)
         valid = n_pos > 0
         ap = fastap_per_anchor(h_pos, h_neg, n_pos)
-        return _loss_over_valid(ap, valid)
+        return one_minus_mean_ap(ap, valid)

@@ -189,6 +189,16 @@ class PairSelection:
     neg: torch.Tensor
 
 
+def one_minus_mean_ap(ap: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """A list-wise AP loss (FastAP, Smooth-AP): ``1 − mean(ap[valid])``, or 0 when no anchor is valid (times
+    the 0/1 flag: the gradient is 0 then, the loss still attached to the graph).  The invalid anchors are
+    masked rather than dropped (no boolean indexing: its length would be read on the host, which CUDA-graph
+    capture cannot hold); their terms are zeros either way."""
+    n_valid = valid.sum()
+    mean_ap = torch.where(valid, ap, 0.0).sum() / n_valid.clamp_min(1)
+    return (1.0 - mean_ap) * (n_valid > 0).to(ap.dtype)
+
+
 def select_pairs(miner, embeddings: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor | None = None,
                  ref_labels: torch.Tensor | None = None) -> PairSelection:
     """The pairs a loss uses: the miner's selection (its count matrices: ``miner.selection`` of our

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from caffe_compat.losses.batch_input import check_batch, check_positive, reject_pml_arguments
-from caffe_compat.losses.pairwise import label_masks, normalized_cosine_matrix
+from caffe_compat.losses.pairwise import label_masks, normalized_cosine_matrix, one_minus_mean_ap
 from caffe_compat.losses.static_form import static_form
 
 
@@ -45,7 +45,10 @@ def smooth_ap_per_query(sim: torch.Tensor, pos: torch.Tensor, candidates: torch.
     n_pos = pos.sum(dim=1)
     # slots per query: the largest |P| (read on the host); in the static form every candidate column (no
     # host read: torch.compile, CUDA-graph capture), the extra slots padding like the others
-    most = max(pos.shape[1], 1) if static_form(sim) else max(int(n_pos.max()), 1) if pos.numel() else 1
+    if static_form(sim):
+        most = max(pos.shape[1], 1)
+    else:
+        most = max(int(n_pos.max()), 1) if pos.numel() else 1
     # column indices of each query's positives, padded; `real` marks the non-padding slots
     order = torch.sort(pos.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :most]
     real = torch.arange(most, device=sim.device)[None, :] < n_pos[:, None]
@@ -97,6 +100,4 @@ class SmoothAPLoss(torch.nn.Module):
             pos = pos | eye
         candidates = pos | neg
         ap, has_pos = smooth_ap_per_query(sim, pos, candidates, self.temperature)
-        n_queries = has_pos.sum()
-        mean_ap = torch.where(has_pos, ap, 0.0).sum() / n_queries.clamp_min(1)  # (a query without positive: AP 0)
-        return (1.0 - mean_ap) * (n_queries > 0).to(ap.dtype)  # no positive anywhere: 0, zero gradient
+        return one_minus_mean_ap(ap, has_pos)  # no positive anywhere: 0, zero gradient

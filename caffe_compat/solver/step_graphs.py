@@ -45,7 +45,7 @@ import warnings
 import torch
 
 from caffe_compat.errors import CaffeCompatWarning
-from caffe_compat.net import breaking_step, with_data_tops
+from caffe_compat.net import breaking_step, step_whose_port_says, with_data_tops
 from caffe_compat.solver.updates import Adam
 
 __all__ = ["CudaGraphs", "StepGraphs", "WARMUP_ITERATIONS", "refusal"]
@@ -107,8 +107,7 @@ def refusal(solver, need_cuda: bool = True) -> str | None:
     step = breaking_step(solver.net)
     if step is not None:
         return f"layer '{step.name}' ({step.type}) runs code a graph cannot hold (a user Python layer, a file write or a gather)"
-    step = next((s for s in solver.net.steps if s.module_key is not None
-                 and getattr(solver.net.layers[s.module_key], "sizes_follow_values", False)), None)
+    step = step_whose_port_says(solver.net, "sizes_follow_values")
     if step is not None:
         return f"layer '{step.name}' ({step.type}) makes tops whose sizes follow the values, a graph replays fixed sizes"
     watching = [o for o in solver.observers if hasattr(o, "before_forward") or hasattr(o, "after_forward")]
