@@ -19,7 +19,11 @@ Its matrix is built from the 256 × 256 tile products of the upper triangle only
 The scheme is picked by size: when the stored upper triangle fits the budget (CUB, 5,924 items: ~0.2 GB
 worst case, ~0.14 GB measured), :mod:`caffe_compat.evaluate.stored` keeps it and selects every item's
 candidates in one bound-and-gather pass (no running lists, no column top-k); larger sets (SOP) use the
-panels. Both give bitwise the same results (tests/evaluate/test_eval_stored.py).
+panels. On the CPU, from :data:`ROWS_SCHEME_MIN_K` neighbours on (large classes: MAP@R asks for R of them,
+999 on a CIFAR-10-shaped set of 10 classes × 1,000), each row is ranked over its whole row instead
+(:func:`similarity_blocks`, the lower tiles as transposed copies or products): the column top-k the half
+matrix needs then costs more than the matmul it saves. All give bitwise the same results
+(tests/evaluate/test_eval_stored.py, test_eval_knn.py).
 
 Ties are broken deterministically, the same way on every device and for every chunk size: items are
 ranked by similarity descending, then by reference index ascending. The order is exact: it is that of
@@ -47,6 +51,10 @@ BYTES_PER_ELEMENT = 24  # float32 similarity + worst-case exact-tie path (int64 
 _INDEX_SPAN = 2**31
 TILE_ROWS = 256  # every similarity row comes from a (256, D) @ (D, M) matmul: chunking cannot change a bit
 PANEL_BYTES_PER_ELEMENT = 12  # self_topk: float32 panel + float32 transposed copy of its active columns + slack
+#: :func:`self_topk` on the CPU ranks whole rows from this many neighbours on.  Measured on the team's Intel Xeon VM
+#: (one thread, D = 512; whole rows ÷ half matrix time): k = 100: 1.14 (n = 10,000), 1.15 (20,000); k = 150 to 200:
+#: 0.91 to 1.01 (n = 3,000 to 20,000); k = 300: 0.85, 0.79 (10,000, 20,000); k = 999: 0.60 (n = 10,000).
+ROWS_SCHEME_MIN_K = 192
 
 
 def chunk_rows(n_columns: int, budget_bytes: int = DEFAULT_BUDGET_BYTES, extra_bytes_per_row: int = 0) -> int:
@@ -191,10 +199,16 @@ def self_topk(
 
     Small sets (see :func:`caffe_compat.evaluate.stored.stored_plan`) skip the panels: one part
     ``(0, similarities, columns)`` from :func:`caffe_compat.evaluate.stored.stored_topk`, the same results.
+    So does a large ``k`` on the CPU (:data:`ROWS_SCHEME_MIN_K`): each chunk of :func:`similarity_blocks`, whole
+    rows, ranked by :meth:`SimilarityBlock.topk`, the same results.
     """
     n = x.shape[0]
     if not 1 <= k <= n - 1:
         raise EvaluationInputError(f"k must be in [1, {n - 1}] here, got {k}")
+    if x.device.type == "cpu" and k >= ROWS_SCHEME_MIN_K:  # the column top-k would cost more than the matmul it saves
+        for block in similarity_blocks(x, budget_bytes=budget_bytes, extra_bytes_per_row=16 * k):
+            yield block.start, *block.topk(k)
+        return
     tiles = Tiles(x)
     group = _stored_group(x, n, k, budget_bytes)
     if group is not None:  # small sets (CUB): the stored half matrix, one bound-and-gather pass

@@ -49,7 +49,8 @@ def block_average_precision_at_r(block: SimilarityBlock, r: torch.Tensor, r_max:
 
 def ranking_scores(features, labels, *, device=None, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> dict[str, float]:
     """``{"map_at_r": ..., "precision_at_1": ...}`` from the top-``max(R_q)`` neighbours of every
-    query (:func:`~caffe_compat.evaluate.knn.self_topk`: one pass over half the similarity matrix)."""
+    query (:func:`~caffe_compat.evaluate.knn.self_topk`: one pass over half the similarity matrix, or over whole
+    rows when ``max(R_q)`` is large)."""
     x = as_features(features, device)
     y = as_labels(labels, x.shape[0], x.device)
     r = relevant_counts(y)

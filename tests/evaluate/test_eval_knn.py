@@ -101,11 +101,22 @@ def test_self_similarity_is_exactly_symmetric_and_independent_of_row_grouping():
     assert torch.equal(self_similarity(tiles, 256, 512), whole[256:512])
 
 
+def _scheme(monkeypatch, scheme):
+    """Make :func:`self_topk` take ``scheme`` at every k on the CPU: the half matrix's panels (or the stored
+    half matrix where it fits) or whole rows (:data:`~caffe_compat.evaluate.knn.ROWS_SCHEME_MIN_K`)."""
+    from caffe_compat.evaluate import knn
+
+    monkeypatch.setattr(knn, "ROWS_SCHEME_MIN_K", 1 if scheme == "rows" else 10**9)
+
+
+@pytest.mark.parametrize("scheme", ["panels", "rows"])
 @pytest.mark.parametrize("k", [1, 40, 699])
 @pytest.mark.parametrize("budget", [1, 10**12])
-def test_self_topk_over_panels_equals_exact_topk_of_the_whole_matrix(k, budget):
-    # budget 1: panels of one tile, so rows get candidates handed down from up to two panels above
+def test_self_topk_over_panels_equals_exact_topk_of_the_whole_matrix(k, budget, scheme, monkeypatch):
+    # budget 1: panels (or row chunks) of one tile, so rows get candidates handed down from up to two panels above
     from caffe_compat.evaluate.knn import Tiles, exact_topk, self_similarity, self_topk
+
+    _scheme(monkeypatch, scheme)
 
     x = torch.nn.functional.normalize(torch.from_numpy(np.random.default_rng(8).normal(size=(700, 16)).astype(np.float32)))
     whole = self_similarity(Tiles(x), 0, 700)
@@ -117,8 +128,10 @@ def test_self_topk_over_panels_equals_exact_topk_of_the_whole_matrix(k, budget):
     assert torch.equal(torch.cat([v for _, v, _ in parts]), ref_sims)
 
 
+@pytest.mark.parametrize("scheme", ["panels", "rows"])
 @pytest.mark.parametrize("k", [1, 150, 151, 599])
-def test_massive_ties_across_panels_match_stable_brute_force(k):
+def test_massive_ties_across_panels_match_stable_brute_force(k, scheme, monkeypatch):
+    _scheme(monkeypatch, scheme)
     rng = np.random.default_rng(9)
     prototypes = rng.normal(size=(4, 16))
     which = rng.integers(0, 4, 600)

@@ -76,6 +76,32 @@ def test_metrics_equal_across_schemes_with_lone_queries(kind, monkeypatch):
     assert torch.equal(neighbours[0], ref[0]) and torch.equal(neighbours[1], ref[1])
 
 
+@pytest.mark.parametrize("kind,n", [("random", 700), ("prototypes-4", 600), ("mixed", 800)])
+def test_large_k_ranks_whole_rows_with_the_half_matrix_results(kind, n, monkeypatch):
+    """From ROWS_SCHEME_MIN_K neighbours on, the CPU ranks whole rows (similarity_blocks; the column top-k of
+    the half matrix costs more than the matmul it saves there): the same neighbours, similarities and metrics
+    as the half matrix, bit for bit, ties included, and those of brute force."""
+    from caffe_compat.evaluate import knn
+
+    x = _data(kind, n, seed=5)
+    k = knn.ROWS_SCHEME_MIN_K + 7
+    labels = np.arange(n) % 3  # R = n/3 - 1 >= ROWS_SCHEME_MIN_K: MAP@R takes the whole-row road too
+    blocks = []
+    monkeypatch.setattr(knn, "similarity_blocks", lambda *a, _real=knn.similarity_blocks, **kw: blocks.append(1) or
+                        _real(*a, **kw))
+    starts, sims, idx = _topk(x, k, 1)
+    scores = ranking_scores(x, labels)
+    assert starts == list(range(0, n, 256)) and len(blocks) == 2  # one call each; 256-row chunks at budget 1
+    monkeypatch.setattr(knn, "ROWS_SCHEME_MIN_K", 10**9)
+    _, ref_sims, ref_idx = _topk(x, k, 1)
+    assert torch.equal(idx, ref_idx) and torch.equal(sims, ref_sims)
+    assert ranking_scores(x, labels) == scores and len(blocks) == 2
+    whole = self_similarity(Tiles(as_features(x)), 0, n)
+    whole.fill_diagonal_(float("-inf"))
+    brute_sims, brute_idx = exact_topk(whole, k)
+    assert torch.equal(idx, brute_idx) and torch.equal(sims, brute_sims)
+
+
 def test_tie_heavy_items_dropped_early_still_rank_exactly(monkeypatch):
     # with k = 2 the cap is 20 candidates: the entries of tie-heavy items are dropped while strips are
     # read (more than 2 · n · cap held), their rows then ranked whole
