@@ -52,8 +52,11 @@ _INDEX_SPAN = 2**31
 TILE_ROWS = 256  # every similarity row comes from a (256, D) @ (D, M) matmul: chunking cannot change a bit
 PANEL_BYTES_PER_ELEMENT = 12  # self_topk: float32 panel + float32 transposed copy of its active columns + slack
 #: :func:`self_topk` on the CPU ranks whole rows from this many neighbours on.  Measured on the team's Intel Xeon VM
-#: (one thread, D = 512; whole rows ÷ half matrix time): k = 100: 1.14 (n = 10,000), 1.15 (20,000); k = 150 to 200:
-#: 0.91 to 1.01 (n = 3,000 to 20,000); k = 300: 0.85, 0.79 (10,000, 20,000); k = 999: 0.60 (n = 10,000).
+#: (one thread; whole rows ÷ half matrix time): D = 512: k = 100: 1.14 (n = 10,000), 1.15 (20,000); k = 150 to 200:
+#: 0.91 to 1.01 (n = 3,000 to 20,000); k = 300: 0.85, 0.79 (10,000, 20,000); k = 999: 0.60 (n = 10,000).  At k = 192
+#: with D = 64 or 128: 0.53 to 0.71 (n = 5,924 to 20,000).  Below it the crossover falls with D (the matmul saved
+#: shrinks) but not cleanly: D = 64, k = 30: 0.73 at n = 10,000, 1.42 at 20,000; the stored half matrix wins at
+#: CUB size whatever D (D = 64 to 256, k = 58: 1.68 to 1.90).
 ROWS_SCHEME_MIN_K = 192
 
 
