@@ -6,7 +6,8 @@ Sizes: CUB-200-2011 test (5,924 × 512, 100 classes), Stanford Online Products t
 (60,502 × 512, 11,316 classes) and a set of few large classes shaped like CIFAR-10's test set (10,000 × 512,
 10 classes: R = 999, where ours ranks whole rows, ``knn.ROWS_SCHEME_MIN_K``), random float32 features (seed 0).
 
-Time is the best of 3 runs up to 10,000 items, one run for SOP. Each measurement runs in its own subprocess, so its peak resident memory (``ru_maxrss``) is its own;
+Time is the best of 3 runs up to 10,000 items, one run for SOP. Each measurement runs in its own subprocess, so its
+peak resident memory (``ru_maxrss``) is its own;
 "peak" is the process peak, "extra" the peak minus the resident size right before the evaluation
 (data and imports already loaded). Peers:
   pml          AccuracyCalculator(k="max_bin_count", knn_func=CustomKNN(CosineSimilarity())): the whole
