@@ -50,6 +50,7 @@ DEFAULT_BUDGET_BYTES = 256 * 2**20
 BYTES_PER_ELEMENT = 24  # float32 similarity + worst-case exact-tie path (int64 key + int32 temporaries)
 _INDEX_SPAN = 2**31
 TILE_ROWS = 256  # every similarity row comes from a (256, D) @ (D, M) matmul: chunking cannot change a bit
+#                  (a set of fewer items is its own one tile, see Tiles)
 PANEL_BYTES_PER_ELEMENT = 12  # self_topk: float32 panel + float32 transposed copy of its active columns + slack
 #: :func:`self_topk` on the CPU ranks whole rows from this many neighbours on.  Measured on the team's Intel Xeon VM
 #: (one thread; whole rows ÷ half matrix time): D = 512: k = 100: 1.14 (n = 10,000), 1.15 (20,000); k = 150 to 200:
@@ -133,12 +134,17 @@ def rank_candidates(values: torch.Tensor, columns: torch.Tensor, k: int, full_ro
 
 
 class Tiles:
-    """The fixed-shape ``(TILE_ROWS, D)`` row tiles of a feature matrix, the last one zero-padded."""
+    """The fixed-shape ``(TILE_ROWS, D)`` row tiles of a feature matrix, the last one zero-padded.  A matrix of fewer
+    rows is its own one tile, unpadded: its one product ``(n, D) @ (D, n)`` is the only one any chunking of it makes
+    (and a padded one cost ~0.5 ms, what pytorch-metric-learning takes for a whole evaluation of 20 items)."""
 
     def __init__(self, x: torch.Tensor):
         self.x, self.n = x, x.shape[0]
         self.count = -(-self.n // TILE_ROWS)
         first = (self.count - 1) * TILE_ROWS
+        if self.n < TILE_ROWS:
+            self.last = x
+            return
         self.last = x.new_zeros((TILE_ROWS, x.shape[1]))
         self.last[: self.n - first] = x[first:]
 
@@ -264,7 +270,7 @@ def _stored_group(x: torch.Tensor, n: int, k: int, budget_bytes: int) -> int | N
     from caffe_compat.evaluate import select
     from caffe_compat.evaluate.stored import stored_plan
 
-    if x.device.type != "cpu" or not select.NUMPY_ON_CPU:
+    if x.device.type != "cpu" or not select.NUMPY_ON_CPU or n < TILE_ROWS:  # (its strips are whole padded tiles)
         return None
     return stored_plan(n, k, budget_bytes)
 

@@ -101,6 +101,30 @@ def test_self_similarity_is_exactly_symmetric_and_independent_of_row_grouping():
     assert torch.equal(self_similarity(tiles, 256, 512), whole[256:512])
 
 
+@pytest.mark.parametrize("n", [2, 31, 255])
+def test_a_set_within_one_tile_is_its_own_unpadded_tile(n):
+    """Fewer than 256 items: one (n, D) @ (D, n) product (no 256-row padding: ~0.5 ms, what PML takes to evaluate 20
+    items), symmetrised; every scheme and budget ranks from it.  From 256 items on the last tile is padded."""
+    from caffe_compat.evaluate.knn import TILE_ROWS, Tiles, exact_topk, self_similarity, self_topk
+
+    x = torch.nn.functional.normalize(torch.from_numpy(np.random.default_rng(n).normal(size=(n, 12)).astype(np.float32)))
+    tiles = Tiles(x)
+    assert tiles.count == 1 and tiles[0].shape == (n, 12)
+    product = x @ x.t()
+    whole = product.triu() + product.triu(1).t()
+    assert torch.equal(self_similarity(tiles, 0, n), whole)
+    whole.fill_diagonal_(float("-inf"))
+    k = min(5, n - 1)
+    ref_sims, ref_idx = exact_topk(whole, k)
+    for budget in (1, 10**12):
+        parts = list(self_topk(x, k, budget_bytes=budget))
+        assert torch.equal(torch.cat([i for _, _, i in parts]), ref_idx)
+        assert torch.equal(torch.cat([v for _, v, _ in parts]), ref_sims)
+    for rows in (TILE_ROWS, TILE_ROWS + 1, 2 * TILE_ROWS + 3):
+        padded = Tiles(torch.zeros(rows, 12))
+        assert padded[padded.count - 1].shape == (TILE_ROWS, 12)
+
+
 def _scheme(monkeypatch, scheme):
     """Make :func:`self_topk` take ``scheme`` at every k on the CPU: the half matrix's panels (or the stored
     half matrix where it fits) or whole rows (:data:`~caffe_compat.evaluate.knn.ROWS_SCHEME_MIN_K`)."""
