@@ -22,7 +22,8 @@ candidates in one bound-and-gather pass (no running lists, no column top-k); lar
 panels. On the CPU, from :data:`ROWS_SCHEME_MIN_K` neighbours on (large classes: MAP@R asks for R of them,
 999 on a CIFAR-10-shaped set of 10 classes × 1,000), each row is ranked over its whole row instead
 (:func:`similarity_blocks`, the lower tiles as transposed copies or products): the column top-k the half
-matrix needs then costs more than the matmul it saves. All give bitwise the same results
+matrix needs then costs more than the matmul it saves. A set of fewer than 256 items is its own unpadded
+tile (:class:`Tiles`), ranked by one panel. All give bitwise the same results
 (tests/evaluate/test_eval_stored.py, test_eval_knn.py).
 
 Ties are broken deterministically, the same way on every device and for every chunk size: items are

@@ -1,7 +1,7 @@
 """Self-retrieval k-NN for sets whose half similarity matrix fits the memory budget (CUB size).
 
-:func:`caffe_compat.evaluate.knn.self_topk` picks this scheme by size: on the CPU, for fewer than
-:data:`~caffe_compat.evaluate.knn.ROWS_SCHEME_MIN_K` neighbours, when :func:`stored_plan` finds a group size
+:func:`caffe_compat.evaluate.knn.self_topk` picks this scheme by size: on the CPU, for 256 items or more and
+fewer than :data:`~caffe_compat.evaluate.knn.ROWS_SCHEME_MIN_K` neighbours, when :func:`stored_plan` finds a group size
 and the stored upper triangle with its temporaries fits ``budget_bytes`` (CUB, 5,924 items: ~95 MB; SOP,
 60,502 items, never: it keeps the panel scheme).
 Results are identical to the panel scheme's, bit for bit (tests/evaluate/test_eval_stored.py):
