@@ -142,10 +142,10 @@ class Tiles:
     def __init__(self, x: torch.Tensor):
         self.x, self.n = x, x.shape[0]
         self.count = -(-self.n // TILE_ROWS)
-        first = (self.count - 1) * TILE_ROWS
         if self.n < TILE_ROWS:
             self.last = x
             return
+        first = (self.count - 1) * TILE_ROWS
         self.last = x.new_zeros((TILE_ROWS, x.shape[1]))
         self.last[: self.n - first] = x[first:]
 
@@ -271,7 +271,7 @@ def _stored_group(x: torch.Tensor, n: int, k: int, budget_bytes: int) -> int | N
     from caffe_compat.evaluate import select
     from caffe_compat.evaluate.stored import stored_plan
 
-    if x.device.type != "cpu" or not select.NUMPY_ON_CPU or n < TILE_ROWS:  # (its strips are whole padded tiles)
+    if x.device.type != "cpu" or not select.NUMPY_ON_CPU:
         return None
     return stored_plan(n, k, budget_bytes)
 

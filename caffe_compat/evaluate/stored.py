@@ -47,7 +47,10 @@ _HUGE_PAGE = 2 * 2**20
 
 def stored_plan(n: int, k: int, budget_bytes: int) -> int | None:
     """The group size ``g`` for ``n`` items and ``k`` neighbours, or None when the scheme does not
-    apply (too few groups for a useful bound, or more memory than ``budget_bytes``)."""
+    apply (fewer than 256 items: one unpadded tile, :class:`~caffe_compat.evaluate.knn.Tiles`, where its strips are
+    whole padded tiles; too few groups for a useful bound; or more memory than ``budget_bytes``)."""
+    if n < _TILE:
+        return None
     tiles = -(-n // _TILE)
     padded = tiles * _TILE
     group = MAX_GROUP

@@ -36,6 +36,7 @@ def test_the_scheme_follows_the_size():
     assert stored.stored_plan(60502, 11, DEFAULT_BUDGET_BYTES) is None         # SOP: panels
     assert stored.stored_plan(700, 699, 10**12) is None                         # k too large for a bound
     assert stored.stored_plan(700, 40, 10**12) == 4                             # fewer items: smaller groups
+    assert stored.stored_plan(255, 5, 10**12) is None                           # one unpadded tile: no strips
     assert stored.stored_plan(5924, 59, 64 * 2**20) is None                     # the budget is honoured
     assert stored.stored_plan(stored.MAX_ITEMS, 5, 2**40) == 16                 # indices fit the sort keys
     assert stored.stored_plan(stored.MAX_ITEMS + 1, 5, 2**40) is None
