@@ -81,10 +81,13 @@ def main(argv: list[str] | None = None) -> int:
 def console_main() -> int:
     """The ``caffe-compat`` executable: :func:`main` in a process that keeps freed memory for reuse
     (:func:`caffe_compat.allocator.retain_unless_switched_off`; a caller of :func:`main` in its own
-    process keeps its malloc as it is)."""
+    process keeps its malloc as it is) and whose console streams escape the characters their encoding
+    lacks (:func:`~caffe_compat.cli.output.tolerate_narrow_encodings`)."""
     from caffe_compat.allocator import retain_unless_switched_off
+    from caffe_compat.cli.output import tolerate_narrow_encodings
 
     retain_unless_switched_off()
+    tolerate_narrow_encodings()
     return main()
 
 

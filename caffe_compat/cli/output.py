@@ -6,6 +6,19 @@ import json
 import sys
 
 
+def tolerate_narrow_encodings(*streams) -> None:
+    """Let the console streams print what their encoding cannot hold as ``\\uXXXX`` escapes.
+
+    The reports print ``±``, ``≤``, ``Δ`` and ``→``.  Where ``sys.stdout`` is a pipe or a file on Windows its
+    encoding is the ANSI code page (cp1252 has no ``≤``), and ``PYTHONIOENCODING=ascii`` has none of them;
+    with Python's default ``errors="strict"`` the first such character raised ``UnicodeEncodeError`` after
+    the work was done.  A stream already given an error handler, or not a text wrapper, is left as it is.
+    """
+    for stream in streams or (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def print_table(rows: list[list], headers: list[str], file=None) -> None:
     """A plain aligned text table."""
     file = sys.stdout if file is None else file
