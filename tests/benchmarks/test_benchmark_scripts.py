@@ -54,8 +54,11 @@ def test_benchmark_script_runs_and_prints_its_table(script):
 
 def test_load_benchmark_runs_on_the_nsfw_model(nsfw_dir):
     assert (nsfw_dir / "deploy.prototxt").is_file()  # fetched into REPO/.cache, where the script looks
-    out = run_script("bench_load.py", "--repeats", "1", "--nsfw-cache", nsfw_dir.parent)
+    # one new process per side and model for the first-load table (its default, 5, started 20 processes
+    # that each import torch: a minute of the suite)
+    out = run_script("bench_load.py", "--repeats", "1", "--fresh", "1", "--nsfw-cache", nsfw_dir.parent)
     assert "open_nsfw" in out and "CV÷ours" in out
+    assert "First load in a new process (median of 1 processes per side" in out, out[-2000:]
 
 
 def test_forward_benchmark_takes_the_nsfw_folder_and_says_when_it_is_missing(nsfw_dir, tmp_path):
