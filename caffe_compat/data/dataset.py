@@ -9,7 +9,10 @@ Randomness (crop offsets, mirroring) comes from a ``numpy.random.RandomState`` o
 set: seeded with ``seed`` in the main process; in a ``DataLoader`` worker it is re-seeded from
 ``(seed, worker_info.seed)``, so workers draw different, reproducible streams (the worker seeds are
 derived by PyTorch from the loader's generator: fix ``torch.manual_seed`` or pass ``generator=``).
-The streams with 0 workers and with N workers therefore differ, as every PyTorch loader's do.
+The streams with 0 workers and with N workers therefore differ, as every PyTorch loader's do, unless the
+batch sampler yields :class:`KeyedBatch` lists: each such batch draws from its own ``RandomState`` seeded
+with ``(seed, key)``, so a batch is the same whichever worker makes it, however many workers there are,
+and when a run resumed at batch k asks for batch k first (what ``caffe-compat reproduce`` does).
 
 Batches (``DataLoader(..., batch_size=...)`` or ``batch_sampler=``): ``__getitems__`` transforms every
 image of the batch straight into one ``(N, C, h, w)`` buffer and returns its rows as :class:`BatchRow`
@@ -49,6 +52,23 @@ class BatchRow(tuple):
 
     whole: torch.Tensor
     row: int
+
+
+class KeyedBatch(list):
+    """The indices of one batch and its ``key`` (e.g. the batch's position in the training stream): the
+    data set draws this batch's crop offsets and mirror flips from ``RandomState((seed, key))`` instead of
+    its running generator (a list subclass, so a DataLoader hands it to ``__getitems__`` as it is, through a
+    worker's index queue too)."""
+
+    def __init__(self, indices, key: int):
+        super().__init__(indices)
+        self.key = int(key)
+
+
+def keyed_generator(seed: int, key: int) -> np.random.RandomState:
+    """The ``RandomState`` of the batch ``key`` of a data set seeded with ``seed`` (both taken as 64-bit)."""
+    seed, key = int(seed) & (2 ** 64 - 1), int(key) & (2 ** 64 - 1)
+    return np.random.RandomState([seed & 0xFFFFFFFF, seed >> 32, key & 0xFFFFFFFF, key >> 32, 0x6B6579])
 
 
 def _collate_rows(batch, *, collate_fn_map=None):
@@ -178,10 +198,12 @@ class ImageRecordDataset(Dataset):
         return torch.from_numpy(self.transformer.transform(image, rng=self._generator())), label
 
     def __getitems__(self, indices: Sequence[int]) -> list:
-        """The batch ``indices`` in one buffer (module docstring)."""
+        """The batch ``indices`` in one buffer (module docstring); a :class:`KeyedBatch` draws from its own
+        generator."""
         if type(self).__getitem__ is not ImageRecordDataset.__getitem__:
             return [self[i] for i in indices]  # a subclass with its own items
-        rng, transformer = self._generator(), self.transformer
+        rng = keyed_generator(self.seed, indices.key) if isinstance(indices, KeyedBatch) else self._generator()
+        transformer = self.transformer
 
         def transform(image: np.ndarray, out: np.ndarray | None) -> np.ndarray:
             return transformer.transform(image, rng, out=out, streaming=out is not None)  # a row: past the cache

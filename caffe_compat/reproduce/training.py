@@ -226,10 +226,16 @@ def solver_param(setup, net: caffe_pb2.NetParameter, seed: int, max_iter: int, r
 
 
 def batches(setup, records, seed: int, start: int, workers: int):
-    """Endless ``{"data", "label"}`` batches from the label-shuffling sampler, from batch ``start`` on."""
+    """Endless ``{"data", "label"}`` batches from the label-shuffling sampler, from batch ``start`` on.
+
+    Batch k's crops and mirrors come from its own generator, seeded with ``(seed, k)``
+    (:class:`~caffe_compat.data.dataset.KeyedBatch`): the same batches for any number of ``workers``, and a
+    run resumed at batch k sees what the uninterrupted run saw from there (with the data set's running
+    generator, 0 workers restarted its stream at the resume and N workers drew per worker)."""
     from torch.utils.data import DataLoader
 
     from caffe_compat.data import DataTransformer, ImageRecordDataset, LabelShufflingSampler
+    from caffe_compat.data.dataset import KeyedBatch
 
     transformer = DataTransformer(crop_size=setup.crop if setup.resize else 0, mirror=setup.mirror,
                                   mean_value=setup.mean_value, scale=setup.scale, phase="TRAIN", seed=seed)
@@ -242,7 +248,7 @@ def batches(setup, records, seed: int, start: int, workers: int):
             sampler.set_epoch(epoch)
             for batch in sampler:
                 if position >= start:
-                    yield batch
+                    yield KeyedBatch(batch, position)
                 position += 1
             epoch += 1
 

@@ -194,3 +194,54 @@ def test_a_new_main_process_batch_buffer_is_mapped_in_one_call(monkeypatch):
     del array, whole
     again, _ = dataset_module._batch_buffer((2, 3, 64, 64))           # the spare again: nothing to map
     assert len(asked) == 1 and again.ctypes.data == asked[0][0]
+
+
+def _keyed_loader(dataset, workers, keys):
+    """A DataLoader over the sampler's batches, each a KeyedBatch with the given key."""
+    from caffe_compat.data.dataset import KeyedBatch
+
+    sampler = list(LabelShufflingSampler(dataset.labels, 8, max_per_label=4, seed=2, batches_per_epoch=6))
+    batches = [KeyedBatch(sampler[k], k) for k in keys]
+    return DataLoader(dataset, batch_sampler=batches, num_workers=workers,
+                      generator=torch.Generator().manual_seed(workers))
+
+
+def test_a_keyed_batch_is_the_same_from_any_worker_count_and_any_start(cub):
+    """A KeyedBatch draws from RandomState((seed, key)): the stream of keys 0-5 with 0 or 2 workers, and
+    keys 3-5 alone (a resume at batch 3), give the same crops and mirrors; with the running generator the
+    three differ (they did for ``caffe-compat reproduce``'s real data sets)."""
+    transformer = DataTransformer(crop_size=24, mirror=True, phase="TRAIN")
+    dataset = Cub200(cub, "train", transformer, seed=3)
+    whole = [x for x, _ in _keyed_loader(dataset, 0, range(6))]
+    workers = [x for x, _ in _keyed_loader(dataset, 2, range(6))]
+    resumed = [x for x, _ in _keyed_loader(dataset, 0, range(3, 6))]
+    assert all(torch.equal(a, b) for a, b in zip(whole, workers))
+    assert all(torch.equal(a, b) for a, b in zip(whole[3:], resumed))
+    plain = [x for x, _ in _loader(Cub200(cub, "train", transformer, seed=3), 0, 0)]
+    plain_resumed = list(DataLoader(Cub200(cub, "train", transformer, seed=3), batch_sampler=list(
+        LabelShufflingSampler(dataset.labels, 8, max_per_label=4, seed=2, batches_per_epoch=6))[3:]))
+    assert not all(torch.equal(a, b) for a, b in zip(plain[3:], [x for x, _ in plain_resumed]))
+
+
+def test_keyed_batches_draw_their_own_crops(cub):
+    """The key (and the data set's seed) decide the draws: the same indices under two keys are cropped
+    differently, under one key the same whatever the data set drew before; the key survives pickling (a
+    worker's index queue)."""
+    import pickle
+
+    from caffe_compat.data.dataset import KeyedBatch
+
+    transformer = DataTransformer(crop_size=24, mirror=True, phase="TRAIN")
+    dataset = Cub200(cub, "train", transformer, seed=3)
+    indices = list(range(8))
+
+    def batch(key, data=dataset):
+        return torch.stack([x for x, _ in data.__getitems__(KeyedBatch(indices, key))])
+
+    first = batch(7)
+    dataset.__getitems__(indices)  # the running generator moves; the keyed batch does not follow it
+    assert torch.equal(batch(7), first)
+    assert not torch.equal(batch(8), first)
+    assert not torch.equal(batch(7, Cub200(cub, "train", transformer, seed=4)), first)
+    again = pickle.loads(pickle.dumps(KeyedBatch(indices, 2 ** 40 + 7)))
+    assert type(again) is KeyedBatch and again == indices and again.key == 2 ** 40 + 7

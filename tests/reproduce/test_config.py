@@ -42,3 +42,14 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path, options, m
 def test_unknown_data_set():
     with pytest.raises(CaffeCompatError, match="unknown data set 'mnist'"):
         reproduce(ReproduceConfig("mnist"))
+
+
+@pytest.mark.parametrize("cpus, device, expected", [
+    (1, "cuda", 2), (2, "cuda", 2), (6, "cuda", 5), (64, "cuda:1", 8), (64, "cpu", 2)])
+def test_real_data_loader_workers_follow_the_machine_on_cuda(monkeypatch, cpus, device, expected):
+    from caffe_compat.reproduce import config as config_module
+
+    monkeypatch.setattr(config_module, "usable_cpus", lambda: cpus)
+    assert config_module.loader_workers(device) == expected
+    assert resolve(ReproduceConfig("cub200"))[0].workers == 2  # the CPU default
+    assert resolve(ReproduceConfig("digits"))[0].workers == 0  # the toy set: in this process

@@ -111,6 +111,27 @@ def test_interrupted_run_resumes_from_its_snapshot(tmp_path, monkeypatch):
             np.testing.assert_allclose(np.asarray(bb.data), np.asarray(ba.data), rtol=1e-5, atol=1e-7)
 
 
+def test_training_batches_are_the_same_after_a_resume_and_for_any_worker_count(tmp_path):
+    """The real data sets crop and mirror at random: batch k is the same whether the stream started at 0
+    or resumed at k, with 0 or 2 DataLoader workers (before, a resumed run drew other crops than the
+    uninterrupted one, and the worker count changed every batch)."""
+    import itertools
+    from dataclasses import replace
+
+    from caffe_compat.reproduce.training import batches
+
+    setup = replace(SETUPS["cub200"], resize=40, crop=24, batch_size=8, per_label=2)
+    records = read_cub200(make_toy_data("cub", tmp_path / "cub", seed=0, size=48), "train")
+
+    def stream(start, workers, n):
+        return [b["data"] for b in itertools.islice(batches(setup, records, 5, start, workers), n)]
+
+    whole = stream(0, 0, 5)
+    for got in (stream(3, 0, 2), stream(3, 2, 2)):
+        assert all(torch.equal(a, b) for a, b in zip(whole[3:], got))
+    assert all(torch.equal(a, b) for a, b in zip(whole, stream(0, 2, 5)))
+
+
 def random_init(dataset: str, path):
     """A stand-in for the ImageNet initialisation (VGG_CNN_M_1024's prototxt has no fillers, so Caffe
     would start it from all-zero weights): He-normal weights, zero biases, saved as a caffemodel."""
