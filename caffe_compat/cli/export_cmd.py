@@ -44,8 +44,9 @@ def register(sub) -> None:
     source.add_argument("--weights", metavar="W.caffemodel", help="Caffe weights")
     source.add_argument("--checkpoint", metavar="model.pt", help="caffe-compat checkpoint")
     p.add_argument("-o", dest="path", required=True, metavar="embedder.onnx", help="ONNX file to write")
-    p.add_argument("--output", dest="blob", default="fc_embedding", metavar="BLOB",
-                   help="embedding blob to cut at (default fc_embedding)")
+    p.add_argument("--output", dest="blob", default=None, metavar="BLOB",
+                   help="embedding blob to cut at (default: fc_embedding when the net has it, else the net's "
+                        "only output blob)")
     p.add_argument("--normalize", action="store_true", help="append row-wise L2 normalisation")
     p.add_argument("--opset", type=int, help="ONNX opset (default 17; 18 with --compile)")
     p.add_argument("--strict", action="store_true",
@@ -113,6 +114,7 @@ def run(args) -> int:
     from caffe_compat.cli.output import print_table
     from caffe_compat.export import export_onnx, verify_onnx
     from caffe_compat.export.notices import cli_warnings
+    from caffe_compat.export.metadata import read_metadata
     from caffe_compat.export.onnx_export import default_opset, require_onnxscript
     from caffe_compat.export.verify import check_verify_input_path
     from caffe_compat.io.atomic import require_folder
@@ -147,7 +149,8 @@ def run(args) -> int:
     finally:
         if args.verify and path.exists():
             path.unlink()
-    print(f"wrote {target}: blob '{args.blob}'{' L2-normalised' if args.normalize else ''}, opset {opset}, "
+    blob = read_metadata(target)["output_blob"]
+    print(f"wrote {target}: blob '{blob}'{' L2-normalised' if args.normalize else ''}, opset {opset}, "
           f"batch {args.batch}{', fp16' if args.fp16 else ''}{', fused' if args.fuse else ''}"
           f"{', torch.export' if args.compile else ''}")
     return 0

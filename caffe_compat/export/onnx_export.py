@@ -33,7 +33,8 @@ type (each kept layer is exported alone to find it; with ``compile``, the first 
 failure).  The file is written atomically (temp file + rename) and passes ``onnx.checker`` first: an
 error leaves nothing behind.
 
-Defaults: ``output_blob="fc_embedding"``, ``normalize=False``, ``opset=None`` (17; 18 with ``compile``),
+Defaults: ``output_blob=None`` (``fc_embedding`` when the net has it, else its only output blob:
+:meth:`~caffe_compat.export.source.TestPhaseNet.default_output`), ``normalize=False``, ``opset=None`` (17; 18 with ``compile``),
 ``fp16=False``, ``compile=False``, ``batch="dynamic"``, ``preprocessing=None``: read from the TEST-phase
 data layer the cut reads (its ``transform_param``: crop_size, mean_value, mean_file, scale; mirror off),
 else assumed ("resize to the input size, no crop, no mean") and recorded as such in the metadata
@@ -116,7 +117,7 @@ def _batch_size(batch) -> int | None:
     return size
 
 
-def build_embedder(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
+def build_embedder(prototxt=None, weights=None, checkpoint=None, output_blob: str | None = None,
                    normalize: bool = False, fp16: bool = False, image_size=None, test_net=None,
                    strict: bool = False, fuse: bool = False) -> Embedder:
     """The :class:`Embedder` an export traces (float32 reference when ``fp16`` is False).  ``image_size``
@@ -126,8 +127,10 @@ def build_embedder(prototxt=None, weights=None, checkpoint=None, output_blob: st
     :class:`~caffe_compat.export.source.TestPhaseNet` already read (it carries the prototxt, weights and
     checkpoint; the three arguments are then unused).  An unknown ``output_blob`` raises a FormatError
     listing the blobs (:func:`~caffe_compat.export.embedder.cut_steps`).  ``fuse``: the net folded for
-    inference first (:mod:`caffe_compat.fuse`, contiguous layout; a blob folded away cannot be the output)."""
+    inference first (:mod:`caffe_compat.fuse`, contiguous layout; a blob folded away cannot be the output).
+    ``output_blob`` None: ``fc_embedding``, else the net's only output (:meth:`TestPhaseNet.default_output`)."""
     test_net = test_net or TestPhaseNet(prototxt, checkpoint, weights)
+    output_blob = test_net.default_output() if output_blob is None else output_blob
     net = test_net.build(output_blob, image_size, strict=strict)
     if fuse:
         net = net.fuse_for_inference(keep=(output_blob,) if output_blob in net.blob_shapes else (),
@@ -220,7 +223,7 @@ def _unexportable_layer(embedder: Embedder, example: torch.Tensor, opset: int, c
                        f"{type(cause).__name__}: {first}")
 
 
-def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str = "fc_embedding",
+def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str | None = None,
                 path="embedder.onnx", normalize: bool = False, opset: int | None = None, fp16: bool = False,
                 batch="dynamic", preprocessing: dict | None = None, strict: bool = False, fuse: bool = False,
                 compile: bool = False) -> Path:
@@ -246,6 +249,7 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str =
                                f"{opset}; pass --opset {COMPILE_MIN_OPSET} or export without --compile")
     fixed = _batch_size(batch)
     test_net = TestPhaseNet(prototxt, checkpoint, weights)
+    output_blob = test_net.default_output() if output_blob is None else output_blob
     spec, origin, assumed = preprocessing, "given", []
     if spec is None:
         data_layer = test_net.data_layer(output_blob)

@@ -23,6 +23,12 @@ or 1 for gray; H×W is the crop, else the layer's resize (ImageData's ``new_heig
 ``image_size`` (what the preprocessing yields), else the mean file's
 size; when none of them tells it a :class:`~caffe_compat.errors.FormatError` names the layer and asks for
 the input size.  Loss heads and label inputs are outside the cut, so they are not built either.
+
+The blob to cut at, when none is named (:meth:`TestPhaseNet.default_output`): ``fc_embedding`` (the
+embedding layer of the paper nets and ours) when the net has it, else the net's output blob when it has
+exactly one (Caffe's net outputs: the blobs no later layer reads, an in-place layer rewriting its bottom
+as its own top) and reads no data source: the VehicleID net's ``fc7``, open_nsfw's ``prob``.  Otherwise
+a :class:`~caffe_compat.errors.FormatError` asks for the blob and lists the outputs.
 """
 
 from __future__ import annotations
@@ -34,8 +40,11 @@ from caffe_compat.errors import CaffeCompatError, FormatError
 from caffe_compat.export.cut import cut_indices
 from caffe_compat.io.path_or_text import is_path
 
-__all__ = ["TestPhaseNet", "check_weight_source", "data_layer_facts", "load_test_net", "proto_cut",
-           "reads_source"]
+__all__ = ["EMBEDDING_BLOB", "TestPhaseNet", "check_weight_source", "data_layer_facts", "load_test_net",
+           "proto_cut", "reads_source"]
+
+#: The blob an export cuts at by default when the net has it (the paper nets' embedding layer).
+EMBEDDING_BLOB = "fc_embedding"
 
 
 def reads_source(layer) -> bool:
@@ -129,6 +138,29 @@ class TestPhaseNet:
         self.where = self.path or f"net '{source.name}'"
         self.param = filter_net(source, make_state(source, "test"))
         self.sources = [layer for layer in self.param.layer if reads_source(layer)]
+
+    def outputs(self) -> list[str]:
+        """The TEST-phase net's output blobs, as Caffe's ``Net::Init`` finds them: every top no later layer
+        reads (a bottom is taken when a layer reads it, a top made available again, in place too)."""
+        available: dict[str, None] = {}
+        for layer in self.param.layer:
+            for bottom in layer.bottom:
+                available.pop(bottom, None)
+            for top in layer.top:
+                available[top] = None
+        return list(available)
+
+    def default_output(self) -> str:
+        """The blob an export cuts at when none is named (module docstring)."""
+        if any(EMBEDDING_BLOB in layer.top for layer in self.param.layer):
+            return EMBEDDING_BLOB
+        outputs = self.outputs()
+        if len(outputs) == 1 and not self.sources:
+            return outputs[0]
+        reason = (f"its TEST-phase net reads data layers ({', '.join(repr(l.name) for l in self.sources)})"
+                  if self.sources else f"its outputs are {', '.join(repr(o) for o in outputs) or 'none'}")
+        raise FormatError(f"{self.where}: no blob named '{EMBEDDING_BLOB}' and {reason}; name the blob to cut at "
+                          "(export --output BLOB)")
 
     def cut(self, output_blob: str) -> list:
         known = list(dict.fromkeys(t for layer in self.param.layer for t in layer.top))

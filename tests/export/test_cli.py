@@ -41,6 +41,19 @@ def test_export_with_verify_exit_0(tmp_path, capsys):
     assert np.abs(got - caffe).max() < 1e-6
 
 
+def test_export_without_output_cuts_at_the_nets_only_output(tmp_path, capsys):
+    """The VehicleID net (VGG_CNN_M_1024) has no fc_embedding: its one output, fc7 (rewritten in place by
+    relu7 and drop7), is the default; the model equals real Caffe's fc7."""
+    out = tmp_path / "vgg.onnx"
+    status = main(["export", str(fixture_path(f"{VGG}/deploy.prototxt")), "--weights",
+                   str(fixture_path(f"{VGG}/weights.caffemodel")), "-o", str(out)])
+    assert status == 0 and f"wrote {out}: blob 'fc7'" in capsys.readouterr().out
+    assert read_metadata(out)["output_blob"] == "fc7"
+    blobs = np.load(fixture_path(f"{VGG}/blobs.npz"))
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"data": blobs["data"]})[0]
+    assert np.abs(got - blobs["fc7"]).max() <= 1e-5 * np.abs(blobs["fc7"]).max()
+
+
 def test_export_unknown_blob_exit_2_lists_blobs_and_writes_nothing(tmp_path, capsys):
     status = main(["export", str(fixture_path(f"{VGG}/deploy.prototxt")), "--weights",
                    str(fixture_path(f"{VGG}/weights.caffemodel")), "-o", str(tmp_path / "x.onnx"), "--output", "fc8",

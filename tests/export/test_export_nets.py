@@ -116,6 +116,47 @@ def test_unknown_output_blob_lists_the_blobs_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _test_phase_net(text, tmp_path):
+    from caffe_compat.export.source import TestPhaseNet
+
+    path = tmp_path / "net.prototxt"
+    path.write_text('name: "n" layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 '
+                    'dim: 4 dim: 4 } } }\n' + text)
+    return TestPhaseNet(str(path))
+
+
+IP = 'layer {{ name: "{0}" type: "InnerProduct" bottom: "{1}" top: "{0}" inner_product_param {{ num_output: 2 }} }}\n'
+RELU = 'layer {{ name: "relu_{0}" type: "ReLU" bottom: "{0}" top: "{0}" }}\n'
+
+
+@pytest.mark.parametrize("text, expected", [
+    (IP.format("feat", "data") + RELU.format("feat"), "feat"),                       # rewritten in place: still the output
+    (IP.format("fc_embedding", "data") + IP.format("prob", "fc_embedding"), "fc_embedding"),  # the embedding first
+    (IP.format("a", "data") + IP.format("b", "a") + IP.format("c", "a"), None),       # two outputs: ask
+])
+def test_the_default_output_is_fc_embedding_else_the_nets_only_output(tmp_path, text, expected):
+    net = _test_phase_net(text, tmp_path)
+    if expected is not None:
+        assert net.default_output() == expected
+        return
+    assert net.outputs() == ["b", "c"]
+    with pytest.raises(FormatError, match=r"no blob named 'fc_embedding' and its outputs are 'b', 'c'; name the "
+                                          r"blob to cut at \(export --output BLOB\)"):
+        net.default_output()
+
+
+def test_a_net_that_reads_data_layers_needs_its_output_named(tmp_path):
+    """A training prototxt's outputs are its losses and labels: without fc_embedding nothing is guessed."""
+    from caffe_compat.export.source import TestPhaseNet
+
+    path = tmp_path / "train.prototxt"
+    path.write_text('layer { name: "data" type: "ImageData" top: "data" top: "label" image_data_param { source: '
+                    '"list.txt" batch_size: 2 } transform_param { crop_size: 4 } }\n' + IP.format("feat", "data"))
+    with pytest.raises(FormatError, match=r"no blob named 'fc_embedding' and its TEST-phase net reads data layers "
+                                          r"\('data'\)"):
+        TestPhaseNet(str(path)).default_output()
+
+
 def test_checkpoint_gives_the_same_model_as_the_caffemodel(exported, tmp_path):
     from caffe_compat.checkpoint import save_checkpoint
     from caffe_compat.net import load_net
