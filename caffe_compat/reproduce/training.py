@@ -16,8 +16,9 @@ the training list, and what the caller adds, e.g. the data root; never the devic
 the snapshot interval).  :func:`check_run_dir` refuses (:class:`RunSettingsMismatch`, a CaffeCompatError)
 a directory trained with other settings, or holding a run with no settings record; the remedy is a new
 run directory or discarding it (:func:`clear_run_dir`, ``reproduce --fresh``).  With matching settings a
-restarted run restores its latest snapshot (never one past ``max_iter``), drops the log rows after it
-and skips the batches already consumed.  ``progress.json`` keeps the wall time of every training
+restarted run restores its latest snapshot (never one past ``max_iter``) with its ``.trainstate`` (the RNGs
+and the batch position, :class:`TrainingBatches`: nothing is decoded again), drops the log rows after it
+and ends on the weights of the uninterrupted run.  ``progress.json`` keeps the wall time of every training
 segment (also of an interrupted one, unless the process was killed outright), so the reported training
 time is the total, and whether the run was resumed.
 """
@@ -225,47 +226,73 @@ def solver_param(setup, net: caffe_pb2.NetParameter, seed: int, max_iter: int, r
     return param
 
 
-def batches(setup, records, seed: int, start: int, workers: int):
-    """Endless ``{"data", "label"}`` batches from the label-shuffling sampler, from batch ``start`` on.
+class TrainingBatches:
+    """Endless ``{"data", "label"}`` batches from the label-shuffling sampler, from batch ``position`` on;
+    resumable: ``state_dict()`` is the position of the next batch, which :func:`caffe_compat.solver.train.train`
+    saves in each snapshot's ``.trainstate`` and hands back on ``resume`` (no batch is decoded again).
 
     Batch k's crops and mirrors come from its own generator, seeded with ``(seed, k)``
-    (:class:`~caffe_compat.data.dataset.KeyedBatch`): the same batches for any number of ``workers``, and a
-    run resumed at batch k sees what the uninterrupted run saw from there (with the data set's running
-    generator, 0 workers restarted its stream at the resume and N workers drew per worker)."""
-    from torch.utils.data import DataLoader
+    (:class:`~caffe_compat.data.dataset.KeyedBatch`), and the DataLoader's base seed from a generator of its
+    own: the same batches for any number of ``workers``, the global RNGs (dropout's) left alone, so a run
+    resumed at batch k continues exactly as the uninterrupted run (before, 0 workers restarted the crop
+    stream at the resume, N workers drew per worker, and starting the loader drew from the global RNG)."""
 
-    from caffe_compat.data import DataTransformer, ImageRecordDataset, LabelShufflingSampler
-    from caffe_compat.data.dataset import KeyedBatch
+    def __init__(self, setup, records, seed: int, start: int, workers: int):
+        self.setup, self.records, self.seed, self.workers = setup, records, int(seed), int(workers)
+        self.position = int(start)
 
-    transformer = DataTransformer(crop_size=setup.crop if setup.resize else 0, mirror=setup.mirror,
-                                  mean_value=setup.mean_value, scale=setup.scale, phase="TRAIN", seed=seed)
-    dataset = ImageRecordDataset(records, transformer, new_height=setup.resize, new_width=setup.resize, seed=seed)
-    sampler = LabelShufflingSampler(dataset.labels, setup.batch_size, setup.per_label, seed=seed)
+    def state_dict(self) -> dict:
+        return {"position": self.position}
 
-    def index_batches():
-        epoch, position = 0, 0
-        while True:
-            sampler.set_epoch(epoch)
-            for batch in sampler:
-                if position >= start:
-                    yield KeyedBatch(batch, position)
-                position += 1
-            epoch += 1
+    def load_state_dict(self, state: dict) -> None:
+        self.position = int(state["position"])
 
-    loader = DataLoader(dataset, batch_sampler=index_batches(), num_workers=workers,
-                        persistent_workers=workers > 0, pin_memory=torch.cuda.is_available())
-    for images, labels in loader:
-        yield {"data": images, "label": labels.to(torch.float32)}
+    def __iter__(self):
+        from torch.utils.data import DataLoader
+
+        from caffe_compat.data import DataTransformer, ImageRecordDataset, LabelShufflingSampler
+        from caffe_compat.data.dataset import KeyedBatch
+
+        setup, seed, start = self.setup, self.seed, self.position
+        transformer = DataTransformer(crop_size=setup.crop if setup.resize else 0, mirror=setup.mirror,
+                                      mean_value=setup.mean_value, scale=setup.scale, phase="TRAIN", seed=seed)
+        dataset = ImageRecordDataset(self.records, transformer, new_height=setup.resize, new_width=setup.resize,
+                                     seed=seed)
+        sampler = LabelShufflingSampler(dataset.labels, setup.batch_size, setup.per_label, seed=seed)
+
+        def index_batches():
+            epoch, position = 0, 0
+            while True:
+                sampler.set_epoch(epoch)
+                for batch in sampler:
+                    if position >= start:
+                        yield KeyedBatch(batch, position)
+                    position += 1
+                epoch += 1
+
+        loader = DataLoader(dataset, batch_sampler=index_batches(), num_workers=self.workers,
+                            persistent_workers=self.workers > 0, pin_memory=torch.cuda.is_available(),
+                            generator=torch.Generator().manual_seed(seed))
+        for images, labels in loader:
+            self.position += 1
+            yield {"data": images, "label": labels.to(torch.float32)}
+
+
+def batches(setup, records, seed: int, start: int, workers: int) -> TrainingBatches:
+    """The training batches of a run from batch ``start`` on (:class:`TrainingBatches`)."""
+    return TrainingBatches(setup, records, seed, start, workers)
+
+
+def snapshot_iteration(path: Path) -> int:
+    """N of ``<prefix>_iter_N.solverstate``."""
+    return int(Path(path).stem.rsplit("_", 1)[1])
 
 
 def latest_snapshot(run_dir: Path, max_iter: int | None = None) -> Path | None:
     """The solverstate of the latest snapshot in ``run_dir`` at or before ``max_iter``."""
-    def iteration(p: Path) -> int:
-        return int(p.stem.rsplit("_", 1)[1])
-
     states = sorted((p for p in run_dir.glob("snapshot_iter_*.solverstate")
-                     if p.stem.rsplit("_", 1)[1].isdigit() and (max_iter is None or iteration(p) <= max_iter)),
-                    key=iteration)
+                     if p.stem.rsplit("_", 1)[1].isdigit() and (max_iter is None or snapshot_iteration(p) <= max_iter)),
+                    key=snapshot_iteration)
     return states[-1] if states else None
 
 
@@ -315,20 +342,21 @@ def train_run(setup, loss: str, seed: int, records, run_dir: Path, *, device: st
     param.snapshot = int(snapshot_every)
     solver = Solver(param, weights=weights, device=device)
     resume = latest_snapshot(run_dir, max_iter)
-    if resume is not None:
-        solver.restore(str(resume))
+    start_iter = 0 if resume is None else snapshot_iteration(resume)
     log_path = run_dir / "train_log.csv"
     if resume is None:
         if log_path.exists():
             log_path.unlink()
         segments = []
     else:
-        _truncate_log(log_path, solver.iter)
+        _truncate_log(log_path, start_iter)
         segments = _segments(run_dir)
-    start_iter, started, finished = solver.iter, time.perf_counter(), False
+    started, finished = time.perf_counter(), False
     try:
-        summary = train(solver, data=batches(setup, records, seed, solver.iter, workers), progress=progress,
-                        csv_log=str(log_path), seed=seed, compile=compile, cuda_graphs=cuda_graphs)
+        # resume: Caffe's Restore, then the snapshot's .trainstate (the RNGs, the batch position)
+        summary = train(solver, data=batches(setup, records, seed, start_iter, workers), progress=progress,
+                        csv_log=str(log_path), seed=seed, compile=compile, cuda_graphs=cuda_graphs,
+                        resume=None if resume is None else str(resume))
         finished = True
     finally:
         segments.append({"from_iter": int(start_iter), "to_iter": int(solver.iter), "finished": finished,

@@ -4,6 +4,7 @@ evaluation -> table, plots and run.json; resume; the full-size paper nets on toy
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -69,6 +70,20 @@ def test_rerun_reuses_finished_runs(digits_run, capsys):
     assert again["figures"] == summary["figures"]
 
 
+def _interrupted_at(count: int):
+    """A stand-in for ``training.batches`` whose stream raises when batch ``count`` (0-based) is asked for."""
+    from caffe_compat.reproduce import training
+
+    class Interrupted(training.TrainingBatches):
+        def __iter__(self):
+            for k, batch in enumerate(super().__iter__()):
+                if k == count:
+                    raise RuntimeError("interrupted")
+                yield batch
+
+    return Interrupted
+
+
 def test_interrupted_run_resumes_from_its_snapshot(tmp_path, monkeypatch):
     """A run interrupted during iteration 5, after its iteration-4 snapshot, continues to the same weights
     as an uninterrupted one; the log holds each iteration once and the time of both segments counts."""
@@ -85,18 +100,10 @@ def test_interrupted_run_resumes_from_its_snapshot(tmp_path, monkeypatch):
     whole = train_run(setup, "contrastive", 3, records, tmp_path / "whole", max_iter=6, progress=False)
     assert whole["resumed_from"] is None and len(whole["segments"]) == 1
 
-    real_batches = training.batches
-
-    def interrupted(*args, **kwargs):
-        for count, batch in enumerate(real_batches(*args, **kwargs)):
-            if count == 4:  # the 5th batch: iteration 4 was snapshotted, iteration 5 never finishes
-                raise RuntimeError("interrupted")
-            yield batch
-
-    monkeypatch.setattr(training, "batches", interrupted)
+    monkeypatch.setattr(training, "batches", _interrupted_at(4))  # iteration 4 snapshotted, 5 never finishes
     with pytest.raises(RuntimeError, match="interrupted"):
         train_run(setup, "contrastive", 3, records, tmp_path / "parts", max_iter=6, snapshot_every=4, progress=False)
-    monkeypatch.setattr(training, "batches", real_batches)
+    monkeypatch.undo()
     resumed = train_run(setup, "contrastive", 3, records, tmp_path / "parts", max_iter=6, progress=False)
     assert resumed["iterations"] == 6 and resumed["resumed_from"] == 4
     first, second = resumed["segments"]
@@ -116,7 +123,6 @@ def test_training_batches_are_the_same_after_a_resume_and_for_any_worker_count(t
     or resumed at k, with 0 or 2 DataLoader workers (before, a resumed run drew other crops than the
     uninterrupted one, and the worker count changed every batch)."""
     import itertools
-    from dataclasses import replace
 
     from caffe_compat.reproduce.training import batches
 
@@ -130,6 +136,32 @@ def test_training_batches_are_the_same_after_a_resume_and_for_any_worker_count(t
     for got in (stream(3, 0, 2), stream(3, 2, 2)):
         assert all(torch.equal(a, b) for a, b in zip(whole[3:], got))
     assert all(torch.equal(a, b) for a, b in zip(whole, stream(0, 2, 5)))
+
+
+def test_an_interrupted_paper_net_run_resumes_exactly(tmp_path, monkeypatch):
+    """GoogLeNet on a toy CUB tree (random crops and mirrors, dropout): interrupted after its iteration-2
+    snapshot and resumed, it ends on the uninterrupted run's weights (measured: identical).  Before, the
+    resume restored only Caffe's solverstate: the crops restarted, the DataLoader drew from the global RNG
+    and the dropout masks followed other draws (weights 8.5% apart, relative)."""
+    from caffe_compat.io import read_net
+    from caffe_compat.reproduce import training
+    from caffe_compat.reproduce.training import train_run
+
+    setup = replace(SETUPS["cub200"], batch_size=4, per_label=2)
+    records = read_cub200(make_toy_data("cub", tmp_path / "cub", size=16, num_classes=6, images_per_class=4), "train")
+    weights = str(random_init("cub200", tmp_path / "init.caffemodel"))
+    whole = train_run(setup, "fappy", 0, records, tmp_path / "whole", max_iter=4, weights=weights, progress=False)
+    monkeypatch.setattr(training, "batches", _interrupted_at(3))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        train_run(setup, "fappy", 0, records, tmp_path / "parts", max_iter=4, weights=weights, snapshot_every=2,
+                  progress=False)
+    monkeypatch.undo()
+    resumed = train_run(setup, "fappy", 0, records, tmp_path / "parts", max_iter=4, weights=weights, progress=False)
+    assert resumed["resumed_from"] == 2 and resumed["iterations"] == 4
+    a, b = read_net(whole["caffemodel"]), read_net(resumed["caffemodel"])
+    for la, lb in zip(a.layer, b.layer):
+        for ba, bb in zip(la.blobs, lb.blobs):
+            np.testing.assert_allclose(np.asarray(bb.data), np.asarray(ba.data), rtol=1e-5, atol=1e-7)
 
 
 def random_init(dataset: str, path):
