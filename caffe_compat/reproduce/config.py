@@ -20,15 +20,15 @@ __all__ = ["ReproduceConfig", "resolve"]
 class ReproduceConfig:
     """The options of a ``reproduce`` invocation; ``None`` means the data set's default.
 
-    ``dataset``: a key of :data:`~caffe_compat.reproduce.setups.SETUPS`.  ``data_root``: the data set in
-    its native layout (``digits``: generated under ``out_dir`` when None).  ``losses`` (default: the
-    paper's table), ``seeds`` (0 1 2 for the toy set, 0 otherwise), ``weights`` (initial caffemodel),
-    ``delta_min`` (FAPPY's finest bin width), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"`` or
-    ``"cuda:N"``; checked), ``max_iter`` (iterations per run), ``out_dir`` (default ``runs/<dataset>``),
-    ``workers`` (data-loading processes: 0 for the toy set, else :func:`loader_workers`), ``snapshot_every`` (also snapshot
-    every N iterations), ``batch_size`` / ``per_label`` (override the paper's batch, e.g. a small one for a
-    CPU smoke run), ``progress`` (say what happens on the terminal), ``fresh`` (discard the requested
-    runs' directories and retrain them), ``compile`` (``torch.compile`` the training net, fullgraph:
+    ``dataset``: a key of :data:`~caffe_compat.reproduce.setups.SETUPS`.  ``data_root``: the data set in its
+    native layout (``digits``: generated under ``out_dir`` when None).  ``losses`` (default: the paper's
+    table), ``seeds`` (0 1 2 for the toy set, 0 otherwise), ``weights`` (initial caffemodel), ``delta_min``
+    (FAPPY's finest bin width), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; checked),
+    ``max_iter`` (iterations per run), ``out_dir`` (default ``runs/<dataset>``), ``workers`` (data-loading
+    processes: 0 for the toy set, else :func:`loader_workers`), ``snapshot_every`` (also snapshot every N
+    iterations), ``batch_size`` / ``per_label`` (override the paper's batch, e.g. a small one for a CPU smoke
+    run), ``progress`` (say what happens on the terminal), ``fresh`` (discard the requested runs' directories
+    and retrain them), ``compile`` (``torch.compile`` the training net, fullgraph:
     :func:`caffe_compat.net.compile_net`; the same numbers to float32 round-off, not part of the run's
     settings), ``cuda_graphs`` (each iteration recorded as CUDA graphs and replayed:
     :mod:`caffe_compat.solver.step_graphs`; the eager numbers, not part of the run's settings).
@@ -98,8 +98,9 @@ def loader_workers(device: str) -> int:
     2 to 8: the paper's batches of 256² JPEGs cropped to 224² take a worker ~0.8-0.9 ms an image on the
     team's Xeon (1,145-1,305 images/s, ``bench_input_pipeline.py``), and a full-size CUB or SOP photo
     three times as long (decoding a 500 x 375 JPEG and resizing it to 256² took 1.8 ms there, a 256² JPEG
-    0.6 ms), while an H100 trains ~1,450-2,470 images/s; fewer workers leave the GPU waiting.  On the CPU 2 (the net's compute takes the cores).  The count changes
-    no number: every batch draws from its own generator (:func:`~caffe_compat.reproduce.training.batches`)."""
+    0.6 ms), while an H100 trains ~1,450-2,470 images/s; fewer workers leave the GPU waiting.  On the CPU
+    2 (the net's compute takes the cores).  The count changes no number: every batch draws from its own
+    generator (:class:`~caffe_compat.reproduce.training.TrainingBatches`)."""
     if not device.startswith("cuda"):
         return 2
     return max(2, min(8, usable_cpus() - 1))
