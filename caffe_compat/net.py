@@ -62,7 +62,7 @@ from caffe_compat.io import read_net
 from caffe_compat.io.weights import read_weights
 from caffe_compat.layers import layer_class
 from caffe_compat.layers.registry import blobs_overwritten
-from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state
+from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state, net_outputs
 from caffe_compat.net_run import (Blobs, DataAheadOfGraph, GraphSegments, LayerStep, NetExecution, breaking_step,
                                   compile_net, data_steps, graph_breaking_step, step_whose_port_says, traces_whole,
                                   with_data_tops)
@@ -378,13 +378,8 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
 
     @property
     def output_names(self) -> list[str]:
-        """Blobs no layer consumes afterwards, sorted by name (pycaffe's ``net.outputs``; Caffe keeps them in
-        a ``std::set``)."""
-        available: set[str] = set()
-        for step in self.steps:
-            available.difference_update(step.bottoms)
-            available.update(step.tops)
-        return sorted(available)
+        """Blobs no layer consumes afterwards, sorted by name (:func:`~caffe_compat.net_graph.net_outputs`)."""
+        return net_outputs((step.bottoms, step.tops) for step in self.steps)
 
     def _device(self) -> torch.device:
         for tensor in self.parameters():

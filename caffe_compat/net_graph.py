@@ -88,6 +88,17 @@ def filter_net(net: caffe_pb2.NetParameter, state: caffe_pb2.NetState) -> caffe_
     return out
 
 
+def net_outputs(layers) -> list[str]:
+    """The outputs of a net given as ``(bottoms, tops)`` per layer in order: every blob no later layer reads,
+    an in-place layer making its blob available again, sorted by name (Caffe's ``Net::Init`` keeps them in a
+    ``std::set``; pycaffe's ``net.outputs``)."""
+    available: set[str] = set()
+    for bottoms, tops in layers:
+        available.difference_update(bottoms)
+        available.update(tops)
+    return sorted(available)
+
+
 def split_layer_name(blob: str, producer: str, top_index: int) -> str:
     return f"{blob}_{producer}_{top_index}_split"
 

@@ -34,7 +34,8 @@ failure).  The file is written atomically (temp file + rename) and passes ``onnx
 error leaves nothing behind.
 
 Defaults: ``output_blob=None`` (``fc_embedding`` when the net has it, else its only output blob:
-:meth:`~caffe_compat.export.source.TestPhaseNet.default_output`), ``normalize=False``, ``opset=None`` (17; 18 with ``compile``),
+:meth:`~caffe_compat.export.source.TestPhaseNet.default_output`), ``normalize=False``, ``opset=None``
+(17; 18 with ``compile``),
 ``fp16=False``, ``compile=False``, ``batch="dynamic"``, ``preprocessing=None``: read from the TEST-phase
 data layer the cut reads (its ``transform_param``: crop_size, mean_value, mean_file, scale; mirror off),
 else assumed ("resize to the input size, no crop, no mean") and recorded as such in the metadata

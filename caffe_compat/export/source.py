@@ -140,15 +140,10 @@ class TestPhaseNet:
         self.sources = [layer for layer in self.param.layer if reads_source(layer)]
 
     def outputs(self) -> list[str]:
-        """The TEST-phase net's output blobs, as Caffe's ``Net::Init`` finds them: every top no later layer
-        reads (a bottom is taken when a layer reads it, a top made available again, in place too)."""
-        available: dict[str, None] = {}
-        for layer in self.param.layer:
-            for bottom in layer.bottom:
-                available.pop(bottom, None)
-            for top in layer.top:
-                available[top] = None
-        return list(available)
+        """The TEST-phase net's output blobs (:func:`~caffe_compat.net_graph.net_outputs`)."""
+        from caffe_compat.net_graph import net_outputs
+
+        return net_outputs((layer.bottom, layer.top) for layer in self.param.layer)
 
     def default_output(self) -> str:
         """The blob an export cuts at when none is named (module docstring)."""

@@ -278,9 +278,8 @@ class TrainingBatches:
             yield {"data": images, "label": labels.to(torch.float32)}
 
 
-def batches(setup, records, seed: int, start: int, workers: int) -> TrainingBatches:
-    """The training batches of a run from batch ``start`` on (:class:`TrainingBatches`)."""
-    return TrainingBatches(setup, records, seed, start, workers)
+#: ``batches(setup, records, seed, start, workers)``: a run's training batches from batch ``start`` on.
+batches = TrainingBatches
 
 
 def snapshot_iteration(path: Path) -> int:
@@ -290,8 +289,8 @@ def snapshot_iteration(path: Path) -> int:
 
 def latest_snapshot(run_dir: Path, max_iter: int | None = None) -> Path | None:
     """The solverstate of the latest snapshot in ``run_dir`` at or before ``max_iter``."""
-    states = sorted((p for p in run_dir.glob("snapshot_iter_*.solverstate")
-                     if p.stem.rsplit("_", 1)[1].isdigit() and (max_iter is None or snapshot_iteration(p) <= max_iter)),
+    numbered = (p for p in run_dir.glob("snapshot_iter_*.solverstate") if p.stem.rsplit("_", 1)[1].isdigit())
+    states = sorted((p for p in numbered if max_iter is None or snapshot_iteration(p) <= max_iter),
                     key=snapshot_iteration)
     return states[-1] if states else None
 

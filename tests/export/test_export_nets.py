@@ -130,9 +130,9 @@ RELU = 'layer {{ name: "relu_{0}" type: "ReLU" bottom: "{0}" top: "{0}" }}\n'
 
 
 @pytest.mark.parametrize("text, expected", [
-    (IP.format("feat", "data") + RELU.format("feat"), "feat"),                       # rewritten in place: still the output
-    (IP.format("fc_embedding", "data") + IP.format("prob", "fc_embedding"), "fc_embedding"),  # the embedding first
-    (IP.format("a", "data") + IP.format("b", "a") + IP.format("c", "a"), None),       # two outputs: ask
+    (IP.format("feat", "data") + RELU.format("feat"), "feat"),  # rewritten in place: still the output
+    (IP.format("fc_embedding", "data") + IP.format("prob", "fc_embedding"), "fc_embedding"),  # embedding first
+    (IP.format("a", "data") + IP.format("b", "a") + IP.format("c", "a"), None),  # two outputs: ask
 ])
 def test_the_default_output_is_fc_embedding_else_the_nets_only_output(tmp_path, text, expected):
     net = _test_phase_net(text, tmp_path)
