@@ -8,9 +8,11 @@ module also puts the repository root first on ``sys.path``, so a script run as
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,3 +109,25 @@ def median_time(fn, repeats: int, warmup: int = 1, clock=time.perf_counter) -> f
         fn()
         times.append(clock() - start)
     return statistics.median(times)
+
+
+@contextlib.contextmanager
+def without_profiler_chatter(prefix: bytes = b"USDT:"):
+    """Run the block with the process's standard error (file descriptor 2) caught, then replay every line
+    that does not start with ``prefix``: torch 2.13's profiler writes two ``USDT: ... profiler_start/stop``
+    lines to it from C++ at every ``profile()`` block, whatever the log level, which split the tables."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = b"".join(line for line in caught if not line.startswith(prefix))
+            if kept:
+                sys.stderr.buffer.write(kept)
+                sys.stderr.flush()

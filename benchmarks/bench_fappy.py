@@ -39,7 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import add_malloc_option, apply_malloc_option, caffe_reference, fmt_ratio, print_header  # noqa: E402
+from _common import (  # noqa: E402
+    add_malloc_option, apply_malloc_option, caffe_reference, fmt_ratio, print_header, without_profiler_chatter,
+)
 from caffe_compat.losses.fappy import FAPPYLoss, caffe_levels  # noqa: E402
 from caffe_compat.losses.pairwise import cosine_matrix, upper_pairs  # noqa: E402
 
@@ -128,7 +130,8 @@ def peak_bytes(fn, x, labels, device):
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    with without_profiler_chatter(), profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                                             record_shapes=True, with_stack=True) as prof:
         fwd_bwd(fn, x, labels)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")

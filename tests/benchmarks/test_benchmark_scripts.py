@@ -120,3 +120,23 @@ def test_caffe_reference_figures_are_those_of_section_6(common):
 def test_ratio_is_peer_over_ours(common):
     assert common.fmt_ratio(3.0, 1.5).strip() == "2.00x"
     assert common.fmt_ratio(None, 1.5).strip() == "-"
+
+
+def test_profiler_chatter_is_dropped_and_other_standard_error_kept():
+    script = """if True:
+        import os, sys
+        sys.path.insert(0, sys.argv[1])
+        import _common
+        print("before", file=sys.stderr)
+        with _common.without_profiler_chatter():
+            os.write(2, b"USDT:2026-11-30 15:27:08 5500:5500 SyncActivityProfilerHandler.cpp:52] profiler_start\\n")
+            os.write(2, b"a real warning\\n")
+            print("from python", file=sys.stderr)
+            os.write(2, b"USDT:2026-11-30 15:27:08 5500:5500 SyncActivityProfilerHandler.cpp:59] profiler_stop\\n")
+        os.write(2, b"after\\n")
+        print("out")
+    """
+    done = subprocess.run([sys.executable, "-c", script, str(BENCHMARKS)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stderr.splitlines() == ["before", "a real warning", "from python", "after"]
+    assert done.stdout == "out\n"
