@@ -6,7 +6,9 @@ Reproduced from pycaffe / Caffe:
 * ``data`` and ``diff`` are numpy arrays with a **stable memory**: a net's ``forward()`` copies its results
   into them (what it returns are these very arrays, as in pycaffe).  ``reshape(*shape)`` gives zeros of
   the new shape; on a net input it makes the net re-infer every shape (see :mod:`caffe_compat.pycaffe.net`).
-  ``shape``, ``count`` and the legacy 4-D accessors ``num``/``channels``/``height``/``width``.
+  ``shape``, ``count`` and the legacy 4-D accessors ``num``/``channels``/``height``/``width`` (Caffe's
+  ``LegacyShape``: an axis the blob lacks counts 1, so a (N, C) blob has num N and channels C; on
+  parameter blobs too).
 * A parameter blob's ``data``/``diff`` are, on CPU, numpy views of the torch parameter and of its ``.grad``
   (writing ``data[...] = w`` changes the net; ``.grad`` is created as zeros on first use, as Caffe's diff
   exists from the start).
@@ -30,7 +32,15 @@ from caffe_compat.errors import CaffeCompatError, ShapeMismatchError
 if TYPE_CHECKING:
     from caffe_compat.pycaffe.net import Net
 
-__all__ = ["Blob", "ParamBlob", "reshape_argument", "grad_of"]
+__all__ = ["Blob", "ParamBlob", "legacy_shape", "reshape_argument", "grad_of"]
+
+
+def legacy_shape(name: str, shape: tuple, axis: int) -> int:
+    """Caffe's ``Blob::LegacyShape(axis)`` (``num``/``channels``/``height``/``width``): the axis's size, 1 for
+    an axis the blob lacks (a (N, C) blob has num N, channels C, height and width 1); > 4 axes refused."""
+    if len(shape) > 4:
+        raise CaffeCompatError(f"blob '{name}' has {len(shape)} axes; the legacy accessors need <= 4")
+    return shape[axis] if axis < len(shape) else 1
 
 
 def reshape_argument(name: str, shape: tuple) -> tuple[int, ...]:
@@ -125,15 +135,10 @@ class Blob:
     def count(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
-    def _legacy(self, axis: int) -> int:
-        if len(self.shape) > 4:
-            raise CaffeCompatError(f"blob '{self.name}' has {len(self.shape)} axes; the legacy accessors need <= 4")
-        return ((1,) * 4 + self.shape)[-4:][axis] if len(self.shape) < 4 else self.shape[axis]
-
-    num = property(lambda self: self._legacy(0))
-    channels = property(lambda self: self._legacy(1))
-    height = property(lambda self: self._legacy(2))
-    width = property(lambda self: self._legacy(3))
+    num = property(lambda self: legacy_shape(self.name, self.shape, 0))
+    channels = property(lambda self: legacy_shape(self.name, self.shape, 1))
+    height = property(lambda self: legacy_shape(self.name, self.shape, 2))
+    width = property(lambda self: legacy_shape(self.name, self.shape, 3))
 
     def reshape(self, *shape) -> None:
         """New shape (zeros).  On a net input, the net's shapes are re-inferred (see the module docstring)."""
@@ -194,6 +199,11 @@ class ParamBlob:
     @property
     def count(self) -> int:
         return int(self.tensor.numel())
+
+    num = property(lambda self: legacy_shape(repr(self), self.shape, 0))
+    channels = property(lambda self: legacy_shape(repr(self), self.shape, 1))
+    height = property(lambda self: legacy_shape(repr(self), self.shape, 2))
+    width = property(lambda self: legacy_shape(repr(self), self.shape, 3))
 
     def __repr__(self) -> str:
         return f"ParamBlob({self._key!r}[{self._index}], shape={self.shape})"

@@ -183,3 +183,15 @@ def test_params_and_blobs_outlive_the_net(proto):
     gc.collect()
     assert params["conv"][0].data.sum() == expected and params["conv"][0].diff.shape == (3, 2, 2, 2)
     assert blobs[0].data.shape == (5, 2, 3, 4)
+
+
+def test_legacy_accessors_count_missing_axes_as_one(proto):
+    """Caffe's LegacyShape: an axis a blob lacks is 1, so a (N, C) blob has num N, channels C, height and
+    width 1; a 1-D blob num N; parameter blobs have the accessors too."""
+    net = _fed(proto)
+    legacy = lambda blob: (blob.num, blob.channels, blob.height, blob.width)  # noqa: E731
+    assert legacy(net.blobs["data"]) == (5, 2, 3, 4)
+    assert legacy(net.blobs["ip"]) == (5, 4, 1, 1) and legacy(net.blobs["label"]) == (5, 1, 1, 1)
+    assert legacy(net.blobs["loss"]) == (1, 1, 1, 1)
+    assert legacy(net.params["conv"][0]) == (3, 2, 2, 2) and legacy(net.params["conv"][1]) == (3, 1, 1, 1)
+    assert legacy(net.params["ip"][0]) == (4, 3 * 4 * 5, 1, 1)
