@@ -39,7 +39,8 @@ What is reproduced from pycaffe / Caffe:
   inputs (``end``'s bottoms when given) plus ``diffs``.
 * ``net.params[layer][i].data`` / ``.diff`` (:class:`~caffe_compat.pycaffe.blob.ParamBlob`, valid as long
   as someone holds them, even after the net is gone), ``layers`` (``type``, ``name``, ``blobs``,
-  ``reshape(bottom, top)``), ``layer_dict``, ``_layer_names``, ``top_names``, ``bottom_names``, ``inputs``,
+  ``reshape(bottom, top)``; a user Python layer's also the user object's methods and attributes, as
+  pycaffe hands back that object), ``layer_dict``, ``_layer_names``, ``top_names``, ``bottom_names``, ``inputs``,
   ``outputs``, ``blob_loss_weights``, ``_blob_names``, ``name``, ``phase``.
 * Weights (:mod:`caffe_compat.pycaffe.net_params`): ``copy_from``, ``save``, ``save_hdf5``, ``load_hdf5``,
   ``share_with``, ``clear_param_diffs``, ``set_input_arrays``; batches
@@ -56,6 +57,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
 from caffe_compat.io import read_net
+from caffe_compat.layers.python_user import UserPythonLayer
 from caffe_compat.net import CaffeNet
 from caffe_compat.net_graph import PHASE_NAMES, phase_value
 from caffe_compat.proto import caffe_pb2
@@ -95,15 +97,39 @@ def _parse_net_args(args, phase, weights):
 class NetLayer:
     """pycaffe's ``net.layers[i]``: ``type``, ``name``, ``blobs`` (its parameter blobs) and
     ``reshape(bottom, top)``, which sets the top blobs' shapes from the bottoms' by the layer's shape rule
-    (Caffe's ``Layer::Reshape``)."""
+    (Caffe's ``Layer::Reshape``).
+
+    For a user Python layer pycaffe hands back the user's own ``caffe.Layer`` object, so scripts call its
+    methods and read or set its attributes (``solver.net.layers[0].set_roidb(roidb)``, ``.param_str``):
+    every other attribute is the user object's, read and written there, and ``reshape`` is its own."""
+
+    _OWN = ("_net", "_index", "_user", "name", "type", "blobs")
 
     def __init__(self, net: "Net", index: int):
         step = net._cnet.steps[index]
         self._net, self._index = net, index
         self.name, self.type = step.name, step.type
         self.blobs = net._layer_param_blobs(step)
+        module = net._cnet.layers[step.module_key] if step.module_key is not None else None
+        self._user = module.user if isinstance(module, UserPythonLayer) else None
+
+    def __getattr__(self, name: str):
+        user = self.__dict__.get("_user")
+        if user is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(user, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        user = self.__dict__.get("_user")
+        if name in self._OWN or user is None:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(user, name, value)
 
     def reshape(self, bottom, top) -> None:
+        if self._user is not None:
+            self._user.reshape(bottom, top)
+            return
         step = self._net._cnet.steps[self._index]
         shapes = [tuple(b.shape) for b in bottom]
         if step.module_key is None:  # a Split: every top has the bottom's shape

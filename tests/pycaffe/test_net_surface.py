@@ -1,7 +1,8 @@
 """pycaffe's ``caffe.Net`` surface beyond inference: backward ranges (a slice of the full backward, and
 Caffe's reading of the blobs without a forward), forward from a layer, clear_param_diffs, layer_dict,
 blob_loss_weights, HDF5 weights, share_with, forward_all, layers[i].reshape, constant DummyData tops that
-keep what the script writes, and parameters that outlive their net."""
+keep what the script writes, parameters that outlive their net, Caffe's legacy accessors and a Python layer as
+the user's object."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import caffe_compat as caffe
 from caffe_compat.errors import ShapeMismatchError
+from caffe_compat.layers import python_user
 from caffe_compat.pycaffe import Blob
 
 NET = """name: 'surface' force_backward: true
@@ -195,3 +197,46 @@ def test_legacy_accessors_count_missing_axes_as_one(proto):
     assert legacy(net.blobs["loss"]) == (1, 1, 1, 1)
     assert legacy(net.params["conv"][0]) == (3, 2, 2, 2) and legacy(net.params["conv"][1]) == (3, 1, 1, 1)
     assert legacy(net.params["ip"][0]) == (4, 3 * 4 * 5, 1, 1)
+
+
+class _FeedLayer(caffe.Layer):
+    """A Python data layer fed by the script through its own method (py-faster-rcnn's ``set_roidb`` style)."""
+
+    def setup(self, bottom, top):
+        self.batch = np.zeros((2, 3), np.float32)
+
+    def set_batch(self, batch):
+        self.batch = np.asarray(batch, np.float32)
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*self.batch.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = self.batch * self.scale if hasattr(self, "scale") else self.batch
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+def test_python_layer_is_the_user_object(tmp_path):
+    """pycaffe's ``net.layers[i]`` of a Python layer is the user's own object: its methods run, its
+    attributes (``param_str``, the script's) are read and set there; ``type``/``blobs`` are Caffe's."""
+    path = tmp_path / "feed.prototxt"
+    path.write_text("""name: 'feed'
+layer { name: 'feed' type: 'Python' top: 'x' python_param { module: 'surface_feed' layer: 'Feed' param_str: 'p' } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'y'
+  inner_product_param { num_output: 2 weight_filler { type: 'constant' value: 1 } } }""")
+    caffe.register_python_layer("surface_feed", "Feed", _FeedLayer)
+    try:
+        net = caffe.Net(str(path), caffe.TEST)
+        layer = net.layers[0]
+        assert (layer.type, layer.blobs, layer.param_str, net.layer_dict["feed"].param_str) == ("Python", [], "p", "p")
+        layer.set_batch(np.ones((2, 3)))
+        np.testing.assert_array_equal(net.forward()["y"], np.full((2, 2), 3.0))
+        net.layers[0].scale = 2.0  # set on the user object: the next forward reads it
+        assert net.layer_dict["feed"].scale == 2.0
+        np.testing.assert_array_equal(net.forward()["y"], np.full((2, 2), 6.0))
+        with pytest.raises(AttributeError):
+            net.layers[1].set_batch
+    finally:
+        python_user.unregister_python_layer("surface_feed", "Feed")
