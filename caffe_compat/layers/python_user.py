@@ -20,7 +20,8 @@ The adapter (:class:`UserPythonLayer`) gives the user's class pycaffe's semantic
 
 * the class is instantiated with the LayerParameter (Caffe calls ``cls(param)``; a class whose constructor
   takes no argument is called without it); ``param_str`` and ``phase`` (0 TRAIN, 1 TEST) are set, then
-  ``setup(bottom, top)`` runs once and ``reshape(bottom, top)`` before every forward (and once at build,
+  ``setup(bottom, top)`` runs once (a net rebuilt for new input shapes keeps the object:
+  :func:`keeping_user_objects`) and ``reshape(bottom, top)`` before every forward (and once at build,
   with zero bottoms of the build shapes, as Caffe's ``SetUp``: the tops' shapes then are the net's
   ``blob_shapes``; the type's torch-free shape rule says "unknown": the shapes are the user's code's);
 * ``bottom[i].data``, ``top[i].data``, ``top[i].diff``, ``bottom[i].diff`` are numpy arrays (float32, or
@@ -52,6 +53,7 @@ import importlib.machinery
 import inspect
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +68,7 @@ log = logging.getLogger("caffe_compat.layers.python_user")
 
 __all__ = ["Layer", "HostBlob", "BlobVec", "UserPythonLayer", "register_python_layer", "unregister_python_layer",
            "allow_python_imports", "disallow_python_imports", "allowed_python_paths", "user_layer_port",
-           "unresolved_message"]
+           "unresolved_message", "keeping_user_objects"]
 
 TRAIN, TEST = 0, 1
 
@@ -74,6 +76,7 @@ _REGISTERED: dict[str, type] = {}  # "module.layer" -> class registered by the p
 _ALLOWED: list[str] = []  # folders the user opted in to import layer modules from
 _ADDED_TO_PATH: list[str] = []
 _PORTS: dict[type, type] = {}  # user class -> its adapter subclass
+_KEPT_USERS: dict[str, object] = {}  # layer name -> user object a rebuild keeps (keeping_user_objects)
 
 
 class HostBlob:
@@ -159,6 +162,19 @@ class Layer:
 
     def backward(self, top, propagate_down, bottom):
         raise NotImplementedError(f"{type(self).__name__}.backward is not implemented")
+
+
+@contextmanager
+def keeping_user_objects(users: dict):
+    """While a net is rebuilt for new input shapes (pycaffe's ``net.reshape()``), its Python layers named
+    in ``users`` (layer name -> the user object) take that object, already set up, instead of a new one:
+    Caffe's ``Net::Reshape`` calls each layer's ``reshape``, never ``setup`` again, so the object keeps its
+    state (a data layer's position, what the script set on ``net.layers[i]``)."""
+    _KEPT_USERS.update(users)
+    try:
+        yield
+    finally:
+        _KEPT_USERS.clear()
 
 
 # --------------------------------------------------------------------------------------------- resolution
@@ -319,7 +335,8 @@ class UserPythonLayer(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        self.user = self._instantiate(param)
+        kept = _KEPT_USERS.get(param.name)
+        self.user = kept if kept is not None else self._instantiate(param)
         self.user.param_str = param.python_param.param_str
         self.user.phase = TRAIN if phase == "train" else TEST
         if not isinstance(getattr(self.user, "blobs", None), list):
@@ -328,7 +345,8 @@ class UserPythonLayer(CaffeLayer):
             self.user.blobs = BlobVec(self.user.blobs)
         self.bottom_blobs = [HostBlob(s) for s in self.bottom_shapes]
         self.top_blobs = [HostBlob() for _ in param.top]
-        self._call("setup", self.bottom_blobs, self.top_blobs)
+        if kept is None:
+            self._call("setup", self.bottom_blobs, self.top_blobs)
         self._call("reshape", self.bottom_blobs, self.top_blobs)
         self._built_shapes = [blob.shape for blob in self.top_blobs]
         self.user_blobs = nn.ParameterList(

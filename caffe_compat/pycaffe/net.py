@@ -24,7 +24,8 @@ What is reproduced from pycaffe / Caffe:
   from the blobs (Caffe does not refill them): what a script writes into them (labels) is what the
   following forwards use.
 * ``blob.reshape(*shape)`` on a net input re-infers every shape (the net is rebuilt with the new Input shape,
-  keeping the same parameter tensors); when the inputs are inconsistent for a moment (two inputs reshaped
+  keeping the same parameter tensors and its Python layers' objects, which are reshaped, not set up
+  again, as Caffe's ``Net::Reshape``); when the inputs are inconsistent for a moment (two inputs reshaped
   one after the other) the new shapes are applied at ``net.reshape()`` / the next ``forward()``.
 * ``forward(blobs=None, start=None, end=None, **inputs)`` / ``_forward(start_index, end_index)``: Caffe's
   ``ForwardFromTo``; with ``start`` the layers read the blobs' stored data; returns ``{blob: data}`` for
@@ -57,7 +58,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
 from caffe_compat.io import read_net
-from caffe_compat.layers.python_user import UserPythonLayer
+from caffe_compat.layers.python_user import UserPythonLayer, keeping_user_objects
 from caffe_compat.net import CaffeNet
 from caffe_compat.net_graph import PHASE_NAMES, phase_value
 from caffe_compat.proto import caffe_pb2
@@ -320,7 +321,9 @@ class Net(NetParamsMixin, NetBatchMixin):
                 del layer.input_param.shape[:]
                 for top, dims in zip(layer.top, per_top):
                     layer.input_param.shape.add().dim.extend(shapes.get(top, dims))
-        new = CaffeNet(source, phase=self._phase, level=self._level, stages=self._stages, seed=self._seed)
+        users = {m.layer_name: m.user for m in self._cnet.layers.values() if isinstance(m, UserPythonLayer)}
+        with keeping_user_objects(users):  # Caffe reshapes its layers, it does not set them up again
+            new = CaffeNet(source, phase=self._phase, level=self._level, stages=self._stages, seed=self._seed)
         new = new.to(self._device)
         transplant_state(self._cnet, new)
         self._replace_cnet(new)

@@ -1,8 +1,8 @@
 """pycaffe's ``caffe.Net`` surface beyond inference: backward ranges (a slice of the full backward, and
 Caffe's reading of the blobs without a forward), forward from a layer, clear_param_diffs, layer_dict,
 blob_loss_weights, HDF5 weights, share_with, forward_all, layers[i].reshape, constant DummyData tops that
-keep what the script writes, parameters that outlive their net, Caffe's legacy accessors and a Python layer as
-the user's object."""
+keep what the script writes, parameters that outlive their net, Caffe's legacy accessors, and a Python layer: the
+user's object, kept when an input is reshaped."""
 
 from __future__ import annotations
 
@@ -240,3 +240,43 @@ layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'y'
             net.layers[1].set_batch
     finally:
         python_user.unregister_python_layer("surface_feed", "Feed")
+
+
+class _ScaleLayer(caffe.Layer):
+    """Multiplies by ``self.k``; counts its setups."""
+
+    setups = 0
+
+    def setup(self, bottom, top):
+        type(self).setups += 1
+        self.k = 1.0
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = self.k * bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = self.k * top[0].diff
+
+
+def test_reshaping_an_input_keeps_the_python_layer_object(tmp_path):
+    """Caffe's Net::Reshape reshapes every layer and never runs setup again: a Python layer keeps its state
+    (here what the script set on it) when an input blob is reshaped."""
+    path = tmp_path / "scale.prototxt"
+    path.write_text("""name: 'scale'
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'scale' type: 'Python' bottom: 'data' top: 'y' python_param { module: 'surface_scale' layer: 'S' } }""")
+    caffe.register_python_layer("surface_scale", "S", _ScaleLayer)
+    _ScaleLayer.setups = 0
+    try:
+        net = caffe.Net(str(path), caffe.TEST)
+        user = net.torch_net.layers["scale"].user
+        user.k = 5.0
+        net.blobs["data"].reshape(4, 3)
+        net.blobs["data"].data[...] = 1
+        np.testing.assert_array_equal(net.forward()["y"], np.full((4, 3), 5.0))
+        assert _ScaleLayer.setups == 1 and net.torch_net.layers["scale"].user is user
+    finally:
+        python_user.unregister_python_layer("surface_scale", "S")
