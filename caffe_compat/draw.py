@@ -1,6 +1,6 @@
 """Drawing a Caffe net (a ``NetParameter``) as a graph, with pycaffe's ``caffe.draw`` API names.
 
-``get_pydot_graph(caffe_net, rankdir, label_edges=True, phase=None)`` builds a ``pydot.Dot``:
+``get_pydot_graph(caffe_net, rankdir, label_edges=True, phase=None, display_lrm=False)`` builds a ``pydot.Dot``:
 one node per layer (``<name>_<type>``, labelled with its name and type, convolution and pooling with
 kernel size, stride and pad, pooling with its method; in-place layers in green, convolutions red,
 pooling orange, inner products purple, others blue) and one octagon per blob (``<blob>_blob``), edges
@@ -9,11 +9,13 @@ with the batch size of data layers and the ``num_output`` of convolution and inn
 ``phase`` (``caffe_pb2.TRAIN``/``TEST``, or ``"TRAIN"``/``"TEST"``; ``None``/``"ALL"``: every layer)
 keeps the layers with no ``include`` rule and those whose ``include`` names that phase, minus those
 whose ``exclude`` names it — the filter of Caffe's ``draw.py`` (phase only: levels and stages are not
-considered).  ``rankdir``: graphviz's ``LR``, ``TB``, ``BT`` or ``RL``.
+considered).  ``rankdir``: graphviz's ``LR``, ``TB``, ``BT`` or ``RL``.  ``display_lrm`` (BVLC's
+``draw_net.py --display_lrm``) adds ``lr mult: W, B`` to convolution, deconvolution and inner-product
+labels, the layer's weight and bias ``lr_mult`` (1 when not given), unless both are 0.
 
-``draw_net(caffe_net, rankdir, ext='png', phase=None)`` returns the rendered image bytes;
-``draw_net_to_file(caffe_net, filename, rankdir='LR', phase=None)`` writes them (the format from the
-file's extension; ``.raw`` writes the DOT source), atomically.
+``draw_net(caffe_net, rankdir, ext='png', phase=None, display_lrm=False)`` returns the rendered image
+bytes; ``draw_net_to_file(caffe_net, filename, rankdir='LR', phase=None, display_lrm=False)`` writes them
+(the format from the file's extension; ``.raw`` writes the DOT source), atomically.
 
 Rendering needs ``pydot`` (``pip install pydot``) and graphviz's ``dot`` program (``apt-get install
 graphviz`` / ``brew install graphviz`` / ``conda install graphviz``); without them
@@ -29,7 +31,7 @@ from caffe_compat.errors import CaffeCompatError
 from caffe_compat.proto import caffe_pb2
 
 __all__ = ["GraphvizMissing", "draw_net", "draw_net_to_file", "get_edge_label", "get_layer_label",
-           "get_pydot_graph", "layer_in_phase"]
+           "get_layer_lr_mult", "get_pydot_graph", "layer_in_phase"]
 
 LAYER_STYLE_DEFAULT = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
 NEURON_LAYER_STYLE = {"shape": "record", "fillcolor": "#90EE90", "style": "filled"}
@@ -37,6 +39,7 @@ BLOB_STYLE = {"shape": "octagon", "fillcolor": "#E0E0E0", "style": "filled"}
 LAYER_COLORS = {"Convolution": "#FF5050", "Deconvolution": "#FF5050", "Pooling": "#FF9900",
                 "InnerProduct": "#CC33FF"}
 RANKDIRS = ("LR", "TB", "BT", "RL")
+_LR_MULT_TYPES = ("Convolution", "Deconvolution", "InnerProduct")
 _POOL_METHODS = {v: k for k, v in caffe_pb2.PoolingParameter.PoolMethod.items()}
 
 
@@ -84,9 +87,22 @@ def _first(values, default=None):
     return values[0] if len(values) else default
 
 
-def get_layer_label(layer: caffe_pb2.LayerParameter, rankdir: str) -> str:
+def get_layer_lr_mult(layer: caffe_pb2.LayerParameter) -> tuple[float, float]:
+    """The weight and bias ``lr_mult`` of a convolution, deconvolution or inner-product layer (1 when its
+    ``param`` does not give one); other types and more than two ``param`` are refused, as draw.py's."""
+    if layer.type not in _LR_MULT_TYPES:
+        raise CaffeCompatError(f"{layer.type} layers do not have a learning rate multiplier")
+    if len(layer.param) > 2:
+        raise CaffeCompatError(f"layer '{layer.name}': could not parse the learning rate multiplier "
+                               f"({len(layer.param)} param entries)")
+    mults = [float(spec.lr_mult) for spec in layer.param]
+    return tuple(mults + [1.0] * (2 - len(mults)))
+
+
+def get_layer_label(layer: caffe_pb2.LayerParameter, rankdir: str, display_lrm: bool = False) -> str:
     """``name (type)``, plus kernel size, stride and pad of convolution/pooling layers (and the pooling
-    method); fields one per line when the graph runs left-right, on one line when it runs top-bottom."""
+    method), and with ``display_lrm`` the lr mults of learning layers (module docstring); fields one per
+    line when the graph runs left-right, on one line when it runs top-bottom."""
     separator = " " if rankdir in ("TB", "BT") else "\\n"
     parts = [layer.name, f"({layer.type})"]
     if layer.type in ("Convolution", "Deconvolution"):
@@ -99,6 +115,10 @@ def get_layer_label(layer: caffe_pb2.LayerParameter, rankdir: str) -> str:
         parts += [f"pool type: {_POOL_METHODS.get(p.pool, p.pool)}",
                   f"kernel size: {p.kernel_size or p.kernel_h or ('global' if p.global_pooling else 0)}",
                   f"stride: {p.stride or p.stride_h or 1}", f"pad: {p.pad or p.pad_h or 0}"]
+    if display_lrm and layer.type in _LR_MULT_TYPES:
+        weights, bias = get_layer_lr_mult(layer)
+        if weights or bias:
+            parts.append(f"lr mult: {weights:.1f}, {bias:.1f}")
     return separator.join(str(part) for part in parts)
 
 
@@ -126,7 +146,7 @@ def _as_net(caffe_net) -> caffe_pb2.NetParameter:
     return read_net(caffe_net)
 
 
-def get_pydot_graph(caffe_net, rankdir: str, label_edges: bool = True, phase=None):
+def get_pydot_graph(caffe_net, rankdir: str, label_edges: bool = True, phase=None, display_lrm: bool = False):
     """The ``pydot.Dot`` of ``caffe_net`` (a NetParameter; a prototxt path is read) — module docstring."""
     pydot = _pydot()
     if rankdir not in RANKDIRS:
@@ -143,7 +163,8 @@ def get_pydot_graph(caffe_net, rankdir: str, label_edges: bool = True, phase=Non
         style = dict(NEURON_LAYER_STYLE if inplace else LAYER_STYLE_DEFAULT)
         if not inplace:
             style["fillcolor"] = LAYER_COLORS.get(layer.type, style["fillcolor"])
-        nodes[node] = pydot.Node(_quote(node), label=_quote(get_layer_label(layer, rankdir)), **style)
+        nodes[node] = pydot.Node(_quote(node), label=_quote(get_layer_label(layer, rankdir, display_lrm)),
+                                  **style)
         for blob in layer.bottom:
             nodes.setdefault(f"{blob}_blob", pydot.Node(_quote(f"{blob}_blob"), label=_quote(blob), **BLOB_STYLE))
             edges.append((f"{blob}_blob", node, None))
@@ -164,9 +185,9 @@ def _quote(text: str) -> str:
     return '"' + str(text).replace('"', '\\"') + '"'
 
 
-def draw_net(caffe_net, rankdir: str, ext: str = "png", phase=None) -> bytes:
+def draw_net(caffe_net, rankdir: str, ext: str = "png", phase=None, display_lrm: bool = False) -> bytes:
     """The net drawn by graphviz in format ``ext`` (png, svg, pdf, ...; ``raw``: the DOT source)."""
-    graph = get_pydot_graph(caffe_net, rankdir, phase=phase)
+    graph = get_pydot_graph(caffe_net, rankdir, phase=phase, display_lrm=display_lrm)
     if ext == "raw":
         return graph.to_string().encode("utf-8")
     try:
@@ -184,11 +205,11 @@ def draw_net(caffe_net, rankdir: str, ext: str = "png", phase=None) -> bytes:
             from None
 
 
-def draw_net_to_file(caffe_net, filename, rankdir: str = "LR", phase=None) -> None:
+def draw_net_to_file(caffe_net, filename, rankdir: str = "LR", phase=None, display_lrm: bool = False) -> None:
     """Write the drawing to ``filename`` in the format of its extension (``.raw``: the DOT source)."""
     from caffe_compat.io.atomic import write_bytes_atomic
 
     ext = os.fspath(filename).rpartition(".")[2] if "." in Path(filename).name else ""
     if not ext:
         raise CaffeCompatError(f"{filename}: no extension to choose the image format from (e.g. .png, .svg, .pdf)")
-    write_bytes_atomic(filename, draw_net(caffe_net, rankdir, ext=ext.lower(), phase=phase))
+    write_bytes_atomic(filename, draw_net(caffe_net, rankdir, ext=ext.lower(), phase=phase, display_lrm=display_lrm))

@@ -88,6 +88,25 @@ def test_draw_net_to_file_writes_the_dot_source_as_raw(tmp_path):
     assert (tmp_path / "n.raw").read_text().startswith("digraph phased")
 
 
+def test_display_lrm_labels_the_learning_layers(tmp_path):
+    """BVLC's draw_net.py passes display_lrm (``draw_net_to_file(net, file, rankdir, phase, display_lrm)``):
+    convolution/inner-product labels get their weight and bias lr_mult (1 when not given), none when both
+    are 0; other layers and display_lrm=False are unchanged."""
+    net = text_format.Parse(PHASED + """
+layer { name: "frozen" type: "InnerProduct" bottom: "ip" top: "f" param { lr_mult: 0 } param { lr_mult: 0 }
+        inner_product_param { num_output: 2 } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c" param { lr_mult: 1 } param { lr_mult: 2 }
+        convolution_param { num_output: 2 kernel_size: 1 } }""", caffe_pb2.NetParameter())
+    layers = {layer.name: layer for layer in net.layer}
+    assert draw.get_layer_label(layers["ip"], "TB", display_lrm=True) == "ip (InnerProduct) lr mult: 1.0, 1.0"
+    assert draw.get_layer_label(layers["conv"], "TB", True).endswith("pad: 0 lr mult: 1.0, 2.0")
+    assert draw.get_layer_label(layers["frozen"], "TB", True) == "frozen (InnerProduct)"
+    assert draw.get_layer_label(layers["relu"], "TB", True) == draw.get_layer_label(layers["relu"], "TB")
+    assert "lr mult" not in draw.get_layer_label(layers["ip"], "TB")
+    draw.draw_net_to_file(net, tmp_path / "n.raw", "TB", caffe_pb2.TRAIN, True)  # draw_net.py's call
+    assert "lr mult: 1.0, 2.0" in (tmp_path / "n.raw").read_text()
+
+
 @needs_dot
 def test_draw_net_to_file_formats(tmp_path):
     net = text_format.Parse(PHASED, caffe_pb2.NetParameter())
