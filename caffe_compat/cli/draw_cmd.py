@@ -1,4 +1,4 @@
-"""``caffe-compat draw NET.prototxt OUT.png [--rankdir LR|TB|BT|RL] [--phase TRAIN|TEST|ALL]``: Caffe's
+"""``caffe-compat draw NET.prototxt OUT.png [--rankdir LR|TB|BT|RL] [--phase TRAIN|TEST|ALL] [--display-lrm]``: Caffe's
 ``python/draw_net.py`` (:mod:`caffe_compat.draw`).  The format comes from OUT's extension (png, svg, pdf,
 ...; ``.raw``: the DOT source).  Needs pydot and graphviz (the error says what to install).
 """
@@ -14,6 +14,8 @@ def register(sub) -> None:
                    help="direction of the graph layout: LR left-right, TB top-bottom, ... (default LR)")
     p.add_argument("--phase", type=str.upper, choices=["TRAIN", "TEST", "ALL"], default="ALL",
                    help="draw only the layers of this phase (default ALL)")
+    p.add_argument("--display-lrm", "--display_lrm", action="store_true",
+                   help="label convolution and inner-product layers with their weight and bias lr_mult")
     p.set_defaults(func=run)
 
 
@@ -23,7 +25,7 @@ def run(args) -> int:
 
     net = read_net(args.input_net_proto_file)
     print(f"Drawing net to {args.output_image_file}")
-    draw_net_to_file(net, args.output_image_file, args.rankdir, phase=args.phase)
+    draw_net_to_file(net, args.output_image_file, args.rankdir, phase=args.phase, display_lrm=args.display_lrm)
     drawn = sum(layer_in_phase(layer, args.phase) for layer in net.layer)
     print(f"{net.name or 'net'}: {drawn} of {len(net.layer)} layers drawn (phase {args.phase}, rankdir "
           f"{args.rankdir}) -> {args.output_image_file}")

@@ -48,6 +48,7 @@ copy (other layers do not see it), and ``share_in_parallel`` is ignored.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.machinery
 import inspect
@@ -76,7 +77,8 @@ _REGISTERED: dict[str, type] = {}  # "module.layer" -> class registered by the p
 _ALLOWED: list[str] = []  # folders the user opted in to import layer modules from
 _ADDED_TO_PATH: list[str] = []
 _PORTS: dict[type, type] = {}  # user class -> its adapter subclass
-_KEPT_USERS: dict[str, object] = {}  # layer name -> user object a rebuild keeps (keeping_user_objects)
+#: layer name -> the user object a rebuild keeps (:func:`keeping_user_objects`); per thread and context
+_KEPT_USERS: contextvars.ContextVar[dict] = contextvars.ContextVar("caffe_compat_kept_python_layers", default={})
 
 
 class HostBlob:
@@ -170,11 +172,11 @@ def keeping_user_objects(users: dict):
     in ``users`` (layer name -> the user object) take that object, already set up, instead of a new one:
     Caffe's ``Net::Reshape`` calls each layer's ``reshape``, never ``setup`` again, so the object keeps its
     state (a data layer's position, what the script set on ``net.layers[i]``)."""
-    _KEPT_USERS.update(users)
+    token = _KEPT_USERS.set(dict(users))
     try:
         yield
     finally:
-        _KEPT_USERS.clear()
+        _KEPT_USERS.reset(token)
 
 
 # --------------------------------------------------------------------------------------------- resolution
@@ -335,7 +337,7 @@ class UserPythonLayer(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        kept = _KEPT_USERS.get(param.name)
+        kept = _KEPT_USERS.get().get(param.name)
         self.user = kept if kept is not None else self._instantiate(param)
         self.user.param_str = param.python_param.param_str
         self.user.phase = TRAIN if phase == "train" else TEST

@@ -105,6 +105,13 @@ layer { name: "conv" type: "Convolution" bottom: "data" top: "c" param { lr_mult
     assert "lr mult" not in draw.get_layer_label(layers["ip"], "TB")
     draw.draw_net_to_file(net, tmp_path / "n.raw", "TB", caffe_pb2.TRAIN, True)  # draw_net.py's call
     assert "lr mult: 1.0, 2.0" in (tmp_path / "n.raw").read_text()
+    prototxt = tmp_path / "n.prototxt"
+    prototxt.write_text(text_format.MessageToString(net))
+    for flag in ("--display-lrm", "--display_lrm"):  # draw_net.py spells it with an underscore
+        assert main(["draw", str(prototxt), str(tmp_path / "cli.raw"), "--rankdir", "TB", flag]) == 0
+        assert "lr mult: 1.0, 2.0" in (tmp_path / "cli.raw").read_text()
+    assert main(["draw", str(prototxt), str(tmp_path / "cli.raw")]) == 0
+    assert "lr mult" not in (tmp_path / "cli.raw").read_text()
 
 
 @needs_dot
