@@ -278,19 +278,21 @@ class Transformer:
         self.input_scale[in_] = scale
 
     def set_mean(self, in_, mean):
+        """Mean to subtract (per channel, or per pixel of the input's C x H x W); a shape that does not fit
+        raises :class:`~caffe_compat.errors.ArrayShapeError`, a ValueError, as pycaffe's ``set_mean``."""
         self._check(in_)
         mean = np.asarray(mean, dtype=np.float32)
         shape = self.inputs[in_]
         if mean.ndim == 1:
             if mean.shape[0] != shape[1]:
-                raise CaffeCompatError("Mean channels incompatible with input.")
+                raise ArrayShapeError("Mean channels incompatible with input.")
             mean = mean[:, None, None]
         else:
             ms = mean.shape if mean.ndim == 3 else (1,) + mean.shape
             if len(ms) != 3:
-                raise CaffeCompatError("Mean shape invalid")
+                raise ArrayShapeError("Mean shape invalid")
             if ms != shape[1:]:
-                raise CaffeCompatError(f"Mean shape incompatible with input shape: mean {ms}, input {shape[1:]}")
+                raise ArrayShapeError(f"Mean shape incompatible with input shape: mean {ms}, input {shape[1:]}")
             mean = mean.reshape(ms)
         self.mean[in_] = mean
 

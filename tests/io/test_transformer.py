@@ -37,11 +37,13 @@ def test_preprocess_order_and_deprocess_inverse():
 
 
 def test_mean_shape_checked():
+    """pycaffe raises ValueError here (scripts catch it), ours is also a CaffeCompatError."""
     t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
-    with pytest.raises(CaffeCompatError, match="Mean shape incompatible"):
-        t.set_mean("data", np.zeros((3, 6, 6)))
-    with pytest.raises(CaffeCompatError, match="Mean channels incompatible"):
-        t.set_mean("data", np.zeros(4))
+    for mean, message in ((np.zeros((3, 6, 6)), "Mean shape incompatible"), (np.zeros(4), "Mean channels incompatible"),
+                          (np.zeros((1, 1, 3, 4, 5)), "Mean shape invalid")):
+        with pytest.raises(ValueError, match=message) as raised:
+            t.set_mean("data", mean)
+        assert isinstance(raised.value, CaffeCompatError)
 
 
 def test_resize_to_blob_size_preserves_constant_and_range():
