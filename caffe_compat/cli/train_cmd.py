@@ -1,5 +1,10 @@
 """``caffe-compat train SOLVER.prototxt``: Caffe's ``caffe train`` on PyTorch (CPU or CUDA).
 
+Caffe's flags are taken as ``caffe train`` spells them (gflags: one dash or two, ``-flag=value`` too):
+``-solver SOLVER.prototxt`` (instead of the positional SOLVER; giving both, or neither, exits 2, as Caffe's
+"Need a solver definition to train"), ``-weights``, ``-snapshot`` and ``-gpu ID`` (one device: data-parallel
+training over several GPUs runs under torchrun, see below).
+
 Reads the net relative to the working directory, then to the solver's folder; ``--weights`` copies a
 caffemodel in first (fine-tuning), ``--snapshot`` (or ``--resume``) resumes from a ``.solverstate``: with the
 ``<prefix>_iter_N.trainstate`` written beside it (data-layer positions, RNG states, loss window), the run
@@ -33,15 +38,20 @@ import os
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a Caffe net from its solver prototxt")
-    p.add_argument("solver", help="solver prototxt naming the net (net: \"train.prototxt\")")
-    p.add_argument("--weights", help="caffemodel(s) to start from (comma-separated, like caffe train)")
+    p.add_argument("solver", nargs="?", help="solver prototxt naming the net (net: \"train.prototxt\")")
+    p.add_argument("--solver", "-solver", dest="solver_flag", metavar="SOLVER.prototxt",
+                   help="Caffe's flag for the solver prototxt (instead of the positional SOLVER)")
+    p.add_argument("--weights", "-weights", help="caffemodel(s) to start from (comma-separated, like caffe train)")
     p.add_argument("--strict", action="store_true",
                    help="with --weights: refuse (exit 2) caffemodels whose layer names do not match the train net "
                         "(layers the net lacks, or net layers with blobs none covers); without it, a warning")
-    p.add_argument("--snapshot", "--resume", dest="snapshot", metavar="SOLVERSTATE",
+    p.add_argument("--snapshot", "-snapshot", "--resume", dest="snapshot", metavar="SOLVERSTATE",
                    help="a .solverstate to resume from (with the .trainstate beside it, when train wrote one, the "
                         "run continues exactly as if uninterrupted in --deterministic mode)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the solver's solver_mode when available)")
+    p.add_argument("--gpu", "-gpu", metavar="ID",
+                   help="Caffe's flag: train on CUDA device ID (instead of --device; one device: several GPUs "
+                        "train under torchrun)")
     p.add_argument("--iters", type=int, help="iterations to run (default: up to max_iter)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward/backward")
     p.add_argument("--channels-last", action="store_true",
@@ -74,6 +84,35 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _solver_path(args) -> str:
+    """The solver from the positional SOLVER or Caffe's ``-solver`` (exactly one of them)."""
+    from caffe_compat.errors import CaffeCompatError
+
+    if args.solver and args.solver_flag:
+        raise CaffeCompatError(f"give the solver once: {args.solver} (positional) or -solver {args.solver_flag}")
+    if not (args.solver or args.solver_flag):
+        raise CaffeCompatError("need a solver definition to train: caffe-compat train SOLVER.prototxt "
+                               "(or -solver SOLVER.prototxt)")
+    return args.solver or args.solver_flag
+
+
+def _device(args, parse_device) -> str | None:
+    """``--device``, or Caffe's ``-gpu ID`` (one id; ``all`` on a one-GPU machine), or None (the solver's
+    solver_mode).  Several ids are refused: Caffe trains on all of them, this process would use one."""
+    from caffe_compat.errors import CaffeCompatError
+    from caffe_compat.tools.netsetup import resolve_device, split_list
+
+    if args.gpu is None:
+        return None if args.device is None else str(parse_device(args.device, option="--device", allow_auto=False))
+    import torch
+
+    several = torch.cuda.device_count() > 1 if args.gpu.strip().lower() == "all" else len(split_list(args.gpu)) > 1
+    if several:
+        raise CaffeCompatError(f"-gpu {args.gpu}: train runs on one device per process; train on several GPUs "
+                               f"with torchrun --nproc_per_node N (see caffe-compat train --help)")
+    return str(resolve_device(args.gpu, args.device))
+
+
 def run(args) -> int:
     import contextlib
 
@@ -84,18 +123,19 @@ def run(args) -> int:
     from caffe_compat.solver.train import train
     from caffe_compat.io.glog import caffe_log
 
+    solver = _solver_path(args)
     if args.log:
         require_folder(args.log)
     if args.python_path:
         from caffe_compat.layers.python_user import allow_python_imports
 
         allow_python_imports(args.python_path)
-    device = None if args.device is None else str(parse_device(args.device, option="--device", allow_auto=False))
+    device = _device(args, parse_device)
     with contextlib.ExitStack() as stack:
         stack.enter_context(cli_warnings("train"))
         if args.caffe_log and int(os.environ.get("RANK", "0")) == 0:  # rank 0 alone logs, as train() does
             stack.enter_context(caffe_log(args.caffe_log))
-        summary = train(args.solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
+        summary = train(solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
                         amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
                         tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
                         distributed=args.distributed, strict_weights=args.strict, cuda_graphs=args.cuda_graphs)
