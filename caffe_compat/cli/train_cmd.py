@@ -3,7 +3,9 @@
 Caffe's flags are taken as ``caffe train`` spells them (gflags: one dash or two, ``-flag=value`` too):
 ``-solver SOLVER.prototxt`` (instead of the positional SOLVER; giving both, or neither, exits 2, as Caffe's
 "Need a solver definition to train"), ``-weights``, ``-snapshot`` and ``-gpu ID`` (one device: data-parallel
-training over several GPUs runs under torchrun, see below).
+training over several GPUs runs under torchrun, see below).  ``-snapshot`` with ``-weights`` exits 2, as
+Caffe's "Give a snapshot to resume training or weights to finetune but not both" (the solverstate's
+weights would replace the caffemodel's).
 
 Reads the net relative to the working directory, then to the solver's folder; ``--weights`` copies a
 caffemodel in first (fine-tuning), ``--snapshot`` (or ``--resume``) resumes from a ``.solverstate``: with the
@@ -124,6 +126,11 @@ def run(args) -> int:
     from caffe_compat.io.glog import caffe_log
 
     solver = _solver_path(args)
+    if args.snapshot and args.weights:
+        from caffe_compat.errors import CaffeCompatError
+
+        raise CaffeCompatError("give a snapshot to resume training or weights to fine-tune, not both "
+                               "(-snapshot replaces the weights with the solverstate's)")
     if args.log:
         require_folder(args.log)
     if args.python_path:

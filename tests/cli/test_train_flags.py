@@ -41,10 +41,13 @@ def test_caffe_spellings_of_solver_weights_and_snapshot(solver_dir, capsys):
     ([], "need a solver definition to train: caffe-compat train SOLVER.prototxt (or -solver SOLVER.prototxt)"),
     (["solver.prototxt", "-solver", "solver.prototxt"],
      "give the solver once: solver.prototxt (positional) or -solver solver.prototxt"),
+    (["solver.prototxt", "-snapshot", "snap/s_iter_2.solverstate", "-weights", "w.caffemodel"],
+     "give a snapshot to resume training or weights to fine-tune, not both (-snapshot replaces the weights with "
+     "the solverstate's)"),
     (["solver.prototxt", "-gpu", "0,1"], "-gpu 0,1: train runs on one device per process; train on several GPUs "
                                          "with torchrun --nproc_per_node N (see caffe-compat train --help)"),
 ])
-def test_a_missing_or_doubled_solver_and_several_gpus_are_refused(solver_dir, capsys, argv, message):
+def test_missing_or_doubled_solver_snapshot_with_weights_several_gpus_refused(solver_dir, capsys, argv, message):
     assert main(["train", *argv]) == 2
     assert capsys.readouterr().err == f"caffe-compat train: error: {message}\n"
     assert list((solver_dir / "snap").iterdir()) == []
