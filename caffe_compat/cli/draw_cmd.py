@@ -21,8 +21,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from caffe_compat.draw import draw_net_to_file, layer_in_phase
+    from caffe_compat.cli.output import require_output_folders
     from caffe_compat.io import read_net
 
+    require_output_folders(args.output_image_file)
     net = read_net(args.input_net_proto_file)
     print(f"Drawing net to {args.output_image_file}")
     draw_net_to_file(net, args.output_image_file, args.rankdir, phase=args.phase, display_lrm=args.display_lrm)

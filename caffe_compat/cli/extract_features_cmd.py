@@ -36,11 +36,12 @@ def register(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from caffe_compat.cli.output import dump_json, print_table
+    from caffe_compat.cli.output import dump_json, print_table, require_output_folders
     from caffe_compat.errors import CaffeCompatError
     from caffe_compat.tools.features import check_request, extract_features
     from caffe_compat.tools.netsetup import build_net, load_inputs, resolve_device, split_list
 
+    require_output_folders(*split_list(args.save_feature_dataset_names), args.json)
     gpu = None
     if args.mode == "GPU":
         gpu = str(args.device_id or 0)

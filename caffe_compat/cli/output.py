@@ -37,6 +37,16 @@ def markdown_table(rows: list[list], headers: list[str]) -> str:
     return "\n".join(out)
 
 
+def require_output_folders(*paths) -> None:
+    """Refuse (WriteError, exit 2) an output path whose folder does not exist, before the command does any
+    work, so that a typo never creates folders; ``None`` (not asked) and ``-`` (a standard stream) pass."""
+    from caffe_compat.io.atomic import require_folder
+
+    for path in paths:
+        if path is not None and str(path) != "-":
+            require_folder(path)
+
+
 def dump_json(obj, path=None) -> None:
     text = json.dumps(obj, indent=2, sort_keys=False)
     if path in (None, "-"):

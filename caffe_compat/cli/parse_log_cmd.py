@@ -5,6 +5,8 @@ Writes ``OUTPUT_DIR/<log name>.train`` and ``.test``: CSVs with the columns ``Nu
 LearningRate`` and the net's outputs (:mod:`caffe_compat.tools.parse_log`), from Caffe's logs (glog
 prefixes ``I1124 ...`` and ``I20261124 ...``) and ours (``caffe-compat train --caffe-log``).  ``--plot``
 also draws the training curves (loss; other outputs; learning rate) against iterations or seconds.
+OUTPUT_DIR and the folders of ``--plot``/``--json`` must exist (exit 2 before the log is read), as Caffe's
+script needs its output folder.
 """
 
 from __future__ import annotations
@@ -32,12 +34,17 @@ def _names(columns: list[str]) -> str:
 
 
 def run(args) -> int:
-    from caffe_compat.cli.output import dump_json
+    import os
+    from pathlib import Path
+
+    from caffe_compat.cli.output import dump_json, require_output_folders
     from caffe_compat.errors import CaffeCompatError
     from caffe_compat.tools.parse_log import parse_log, plot_training_log, save_csv_files
 
     if len(args.delimiter) != 1:
         raise CaffeCompatError(f"--delimiter must be one character, got {args.delimiter!r}")
+    table = Path(args.output_dir) / f"{os.path.basename(args.logfile_path)}.train"  # as Caffe's script: it must exist
+    require_output_folders(table, args.plot, args.json)
     log = parse_log(args.logfile_path, year=args.year)
     train_path, test_path = save_csv_files(log, args.logfile_path, args.output_dir, args.delimiter)
     written = [str(train_path), str(test_path)]

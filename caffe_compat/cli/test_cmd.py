@@ -20,10 +20,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from caffe_compat.cli.output import dump_json
+    from caffe_compat.cli.output import dump_json, require_output_folders
     from caffe_compat.tools.netsetup import build_net, load_inputs, resolve_device
     from caffe_compat.tools.score import batch_lines, score_net
 
+    require_output_folders(args.json)
     device = resolve_device(args.gpu, args.device)
     net = build_net(args.model, args.weights, phase="test", level=args.level, stages=args.stage, device=device,
                     require_weights=True)

@@ -29,7 +29,8 @@ lets its ``python_param.module`` be imported from DIR (the user's opt-in, logged
 :mod:`caffe_compat.layers.python_user`).  Without it such a layer is refused (exit 2, naming the layer and
 the flag).
 
-The ``--log`` file's folder must exist (exit 2 before training); ``--tensorboard`` folders are created.
+The ``--log`` and ``--caffe-log`` files' folders must exist (exit 2 before training); ``--tensorboard``
+folders are created.
 """
 
 from __future__ import annotations
@@ -131,8 +132,9 @@ def run(args) -> int:
 
         raise CaffeCompatError("give a snapshot to resume training or weights to fine-tune, not both "
                                "(-snapshot replaces the weights with the solverstate's)")
-    if args.log:
-        require_folder(args.log)
+    for output in (args.log, args.caffe_log):
+        if output and output != "-":
+            require_folder(output)
     if args.python_path:
         from caffe_compat.layers.python_user import allow_python_imports
 

@@ -17,7 +17,8 @@ SOLVER = fixture_path("solvers/nesterov/solver.prototxt")
 
 
 def _commands(missing):
-    """``(command, argv)`` of every command writing a file or a new folder, its output under ``missing``."""
+    """``(command, argv[, the path refused])`` of every command writing a file or a new folder, its output under
+    ``missing`` (the path refused: ``missing/out`` unless given)."""
     out = missing / "out"
     return [
         ("convert", ["convert", NET, WEIGHTS, "-o", out]),
@@ -31,6 +32,15 @@ def _commands(missing):
         ("evaluate", ["evaluate", "m.onnx", "--dataset", "cub200", "--data-root", ".", "--json", out]),
         ("evaluate", ["evaluate", "m.onnx", "--dataset", "cub200", "--data-root", ".", "--plot", out]),
         ("train", ["train", SOLVER, "--log", out]),
+        ("train", ["train", SOLVER, "--caffe-log", out]),
+        ("test", ["test", "-model", NET, "-weights", WEIGHTS, "--json", out]),
+        ("time", ["time", "-model", NET, "--json", out]),
+        ("extract-features", ["extract-features", WEIGHTS, NET, "loss3", out, "1", "npy"]),
+        ("extract-features", ["extract-features", WEIGHTS, NET, "loss3", "f.npy", "1", "npy", "--json", out]),
+        ("parse-log", ["parse-log", "train.log", missing], missing / "train.log.train"),
+        ("parse-log", ["parse-log", "train.log", ".", "--plot", out]),
+        ("parse-log", ["parse-log", "train.log", ".", "--json", out]),
+        ("draw", ["draw", NET, out]),
     ]
 
 
@@ -38,11 +48,12 @@ def _commands(missing):
 def test_an_output_in_a_missing_folder_is_refused_and_no_folder_created(tmp_path, monkeypatch, capsys, case):
     monkeypatch.chdir(tmp_path)
     missing = tmp_path / "missing_dir"
-    command, argv = _commands(missing)[case]
+    command, argv, *refused = _commands(missing)[case]
     assert main([str(a) for a in argv]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == (f"caffe-compat {command}: error: {missing / 'out'}: cannot write (folder {missing} does not "
+    target = refused[0] if refused else missing / "out"
+    assert err == (f"caffe-compat {command}: error: {target}: cannot write (folder {missing} does not "
                    "exist; create it first)\n")
     assert list(tmp_path.iterdir()) == []
 

@@ -67,6 +67,7 @@ def test_caffe_log_both_prefixes_give_the_hand_computed_tables(tmp_path, style, 
     text = LENET.read_text()
     log.write_text(text if style == "MMDD" else _long_dates(text))
     assert text.count("\nI1231") > 10 and "I2025" not in text  # the fixture really is the MMDD form
+    (tmp_path / "out").mkdir()  # as Caffe's script, parse-log writes into an existing folder
     args = ["parse-log", str(log), str(tmp_path / "out"), "--plot", str(tmp_path / "curves.png")]
     assert main(args + (["--year", "2025"] if style == "MMDD" else [])) == 0
     _check_rows(_read_csv(tmp_path / "out" / "lenet.log.train"), ["NumIters", "Seconds", "LearningRate", "loss"],
@@ -150,6 +151,7 @@ def test_our_train_log_parses_like_the_real_caffe_log_of_the_same_run(tmp_path):
 
 def test_our_train_log_with_a_test_net(tmp_path):
     log, solver = _our_log(tmp_path, test=True)
+    (tmp_path / "csv").mkdir()
     assert main(["parse-log", str(log), str(tmp_path / "csv"), "--plot", str(tmp_path / "c.png"), "--x",
                  "seconds"]) == 0
     rows = _read_csv(tmp_path / "csv" / "ours.log.test")
