@@ -1,4 +1,9 @@
-"""``caffe-compat inspect NET.prototxt [--weights W.caffemodel] [--json]``.
+"""``caffe-compat inspect NET.prototxt [--weights W.caffemodel] [--phase TRAIN|TEST] [--json]``.
+
+The net is the one Caffe builds for a phase (``Net::FilterNet``: the layers whose include/exclude rules
+the state ``--phase`` (default TRAIN, as ``caffe time``), ``--level``, ``--stage`` meets), so a
+``train_val.prototxt`` with a Data layer per phase is inspected as Caffe would build it; a deploy net
+(no rules) is the same in either phase.
 
 Exit status: 0 consistent, 1 when the net defines no layers (a warning on stderr: an empty or wrong file)
 or the weights check finds missing or mismatched blobs or cannot check some
@@ -24,6 +29,10 @@ def register(sub) -> None:
                         "caffemodel layers with blobs the net lacks, or net layers with blobs it does not cover")
     p.add_argument("--input-shape", action="append", default=[], metavar="BLOB=N,C,H,W",
                    help="shape of a blob the net cannot infer (e.g. the top of a Python data layer); repeatable")
+    p.add_argument("--phase", "-phase", type=str.upper, choices=["TRAIN", "TEST"], default="TRAIN",
+                   help="the phase whose layers are inspected (include/exclude rules; default TRAIN, as caffe time)")
+    p.add_argument("--level", "-level", type=int, default=None, help="network level (default: the net's own state)")
+    p.add_argument("--stage", "-stage", default="", metavar="S1,S2", help="network stages, comma-separated")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -61,9 +70,17 @@ def run(args) -> int:
     from caffe_compat.io import read_net
     from caffe_compat.net_report import inspect_net
 
-    net = read_net(args.net)
-    weights = read_net(args.weights) if args.weights else None
     from caffe_compat.errors import CaffeCompatError, naming_file
+    from caffe_compat.net_graph import filter_net, make_state
+
+    written = read_net(args.net)
+    weights = read_net(args.weights) if args.weights else None
+    try:
+        state = make_state(written, args.phase, args.level, [s.strip() for s in args.stage.split(",") if s.strip()])
+        net = filter_net(written, state)
+    except CaffeCompatError as exc:
+        raise naming_file(exc, args.net, args.weights) from exc
+    left_out = len(written.layer) - len(net.layer)
 
     from caffe_compat.net_shapes import check_memory_budget
 
@@ -83,7 +100,8 @@ def run(args) -> int:
         print_table(rows, ["layer", "type", "bottoms -> tops", "output", "learnable blobs", "params"])
         unresolved = report["unresolved_layers"]
         bound = "at least " if unresolved else ""
-        print(f"\n{len(report['layers'])} layers, {bound}{report['total_params']:,} parameters, "
+        phase = f" (phase {args.phase}; {left_out} layers of other phases or stages left out)" if left_out else ""
+        print(f"\n{len(report['layers'])} layers{phase}, {bound}{report['total_params']:,} parameters, "
               f"{bound}{report['total_macs']:,} multiply-adds")
         if unresolved:
             print(f"{len(unresolved)} layers have unknown shapes (not in the totals; give --input-shape BLOB=N,C,H,W "
@@ -101,7 +119,7 @@ def run(args) -> int:
             for kind in ("missing", "mismatched", "unchecked", "extra"):
                 for item in check[kind]:
                     print(f"  {kind}: layer '{item['layer']}': {item['reason']}")
-    if not net.layer:
+    if not written.layer:
         print(f"caffe-compat inspect: warning: {args.net} defines no layers (an empty net: is it the right file?)",
               file=sys.stderr)
         return 1

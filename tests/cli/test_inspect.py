@@ -153,3 +153,29 @@ def test_inspect_names_the_types_without_a_shape_rule(tmp_path, capsys):
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert "no shape rule for layer type(s) Python:m.K, Python:m.L" in out
+
+
+TRAIN_VAL = """name: "train_val"
+layer { name: "data" type: "Input" top: "data" top: "label" include { phase: TRAIN }
+  input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
+layer { name: "data" type: "Input" top: "data" top: "label" include { phase: TEST }
+  input_param { shape { dim: 5 dim: 3 dim: 8 dim: 8 } shape { dim: 5 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 4 } }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy" include { phase: TEST } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.mark.parametrize("phase, batch, left_out", [([], 2, 2), (["-phase", "TEST"], 5, 1)])
+def test_a_train_val_net_is_inspected_in_one_phase(tmp_path, capsys, phase, batch, left_out):
+    """Caffe builds a train_val net per phase (FilterNet): its two Data layers, one per phase, are not two
+    producers of ``data``; the default phase is TRAIN, as caffe time's."""
+    path = tmp_path / "train_val.prototxt"
+    path.write_text(TRAIN_VAL)
+    assert main(["inspect", str(path), *phase]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ip = [line.split() for line in lines if line.split()[:1] == ["ip"]]
+    assert ip == [["ip", "InnerProduct", "data", "->", "ip", f"{batch}x4", "4x192", "4", "772"]]
+    name = "TEST" if phase else "TRAIN"
+    assert lines[-1] == (f"{5 - left_out} layers (phase {name}; {left_out} layers of other phases or stages left "
+                         f"out), 772 parameters, {batch * 768:,} multiply-adds")
