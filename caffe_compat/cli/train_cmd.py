@@ -14,6 +14,11 @@ continues as the uninterrupted one would (same losses with ``--deterministic --s
 Caffe snapshot) only Caffe's state is restored and the data layers and RNGs restart, as in Caffe (a
 warning says so).
 
+Signals as ``caffe train`` handles them (:mod:`caffe_compat.cli.signal_effects`): Ctrl-C (SIGINT) stops
+after the current iteration with the snapshot after training and exit 0, SIGHUP writes a snapshot and goes
+on; ``-sigint_effect``/``-sighup_effect`` ``stop|snapshot|none`` change that (not under torchrun, where the
+launcher's signals stop every rank).
+
 Data come from the net's data layers (Data/LMDB, ImageData, HDF5Data, DummyData, the authors'
 LabelShufflingLayer port); a net that reads its batches only from Input layers is refused (exit status
 2): feed those through the Python API (``caffe_compat.solver.train.train(solver, data=...)``).
@@ -38,6 +43,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from caffe_compat.cli.signal_effects import EFFECTS
+
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a Caffe net from its solver prototxt")
@@ -52,6 +59,11 @@ def register(sub) -> None:
                    help="a .solverstate to resume from (with the .trainstate beside it, when train wrote one, the "
                         "run continues exactly as if uninterrupted in --deterministic mode)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the solver's solver_mode when available)")
+    p.add_argument("--sigint-effect", "-sigint_effect", "--sigint_effect", choices=EFFECTS, default="stop",
+                   help="what Ctrl-C (SIGINT) does: stop after the iteration with a snapshot (default, as Caffe), "
+                        "snapshot and go on, or none")
+    p.add_argument("--sighup-effect", "-sighup_effect", "--sighup_effect", choices=EFFECTS, default="snapshot",
+                   help="what SIGHUP does: snapshot and go on (default, as Caffe), stop, or none")
     p.add_argument("--gpu", "-gpu", metavar="ID",
                    help="Caffe's flag: train on CUDA device ID (instead of --device; one device: several GPUs "
                         "train under torchrun)")
@@ -144,15 +156,23 @@ def run(args) -> int:
         stack.enter_context(cli_warnings("train"))
         if args.caffe_log and int(os.environ.get("RANK", "0")) == 0:  # rank 0 alone logs, as train() does
             stack.enter_context(caffe_log(args.caffe_log))
+        effects = None
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or args.distributed is False:
+            from caffe_compat.cli.signal_effects import SignalEffects
+
+            effects = stack.enter_context(SignalEffects(args.sigint_effect, args.sighup_effect).installed())
         summary = train(solver, iters=args.iters, weights=args.weights, resume=args.snapshot, device=device,
                         amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
                         tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
-                        distributed=args.distributed, strict_weights=args.strict, cuda_graphs=args.cuda_graphs)
+                        distributed=args.distributed, strict_weights=args.strict, cuda_graphs=args.cuda_graphs,
+                        action_request=effects)
     main = ddp.is_main_process()
     ddp.shutdown_distributed()
     if not main:
         return 0
     print(f"trained {summary.iterations} iterations in {summary.seconds:.1f} s ({summary.iters_per_s:.2f} it/s) on "
           f"{summary.device}; loss {summary.first_loss:.6g} -> {summary.last_loss:.6g}; "
-          f"snapshots: {', '.join(summary.snapshots) or 'none'}")
+          f"snapshots: {', '.join(summary.snapshots) or 'none'}"
+          + ("; stopped early (Optimization stopped early, as Caffe's -sigint_effect stop)" if summary.stopped_early
+             else ""))
     return 0

@@ -157,6 +157,10 @@ class Solver(SolverSetup, SolverSnapshots):
         self.outputs: dict[str, torch.Tensor] = {}
         self.last_lr = float("nan")
         self.test_scores: list[dict[str, np.ndarray]] = []
+        # Caffe's SetActionFunction: called after each iteration's update, returns "snapshot", "stop" or None
+        # (caffe train's SIGHUP/SIGINT effects); a "stop" ends step() and sets requested_early_exit
+        self.action_request = None
+        self.requested_early_exit = False
 
     # ----------------------------------------------------------------------------- feeding
 
@@ -278,7 +282,8 @@ class Solver(SolverSetup, SolverSnapshots):
         return bool(self.param.display) and self.iter % self.param.display == 0
 
     def step(self, iters: int = 1) -> float:
-        """Run ``iters`` iterations (Caffe's ``Solver::Step``); returns the last smoothed loss."""
+        """Run ``iters`` iterations (Caffe's ``Solver::Step``); returns the last smoothed loss.  After each
+        update, ``action_request()`` (when set) may ask for a snapshot or to stop (``requested_early_exit``)."""
         start_iter, stop_iter = self.iter, self.iter + int(iters)
         if self.resumed_loss_window is not None:
             losses, smoothed, start_iter = self.resumed_loss_window
@@ -315,9 +320,13 @@ class Solver(SolverSetup, SolverSnapshots):
             notify(self, "on_gradients_ready")
             self.apply_update()
             self.iter += 1
-            if self.param.snapshot and self.iter % self.param.snapshot == 0:
+            request = self.action_request() if self.action_request is not None else None
+            if (self.param.snapshot and self.iter % self.param.snapshot == 0) or request == "snapshot":
                 self.snapshot()
             notify(self, "on_iteration")
+            if request == "stop":  # Solver::Step: after the iteration (and its snapshot), out of the loop
+                self.requested_early_exit = True
+                break
         return self.smoothed_loss
 
     def loss_window(self) -> tuple[list[float], float, int]:
@@ -353,7 +362,8 @@ class Solver(SolverSetup, SolverSnapshots):
 
     def solve(self, resume_file=None) -> None:
         """Caffe's ``Solver::Solve``: optionally restore, train to ``max_iter``, snapshot after training
-        (unless the last iteration already did), a final display forward and test."""
+        (unless the last iteration already did), a final display forward and test; a stop request
+        (``action_request``) ends it after that snapshot ("Optimization stopped early.")."""
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5 and (
                 self.param.snapshot or self.param.snapshot_after_train):
             raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
@@ -361,9 +371,13 @@ class Solver(SolverSetup, SolverSnapshots):
             self.restore(resume_file)
         self.log_solving()
         start_iter = self.iter
+        self.requested_early_exit = False
         self.step(int(self.param.max_iter) - self.iter)
         if self.param.snapshot_after_train and (not self.param.snapshot or self.iter % self.param.snapshot != 0):
             self.snapshot()
+        if self.requested_early_exit:
+            log.info("Optimization stopped early.")
+            return
         if self._displaying():
             with torch.no_grad(), self._autocast():
                 blobs = self.net(**self._next_inputs())

@@ -129,6 +129,7 @@ class TrainSummary:
     amp: str | None
     snapshots: list[str] = field(default_factory=list)
     diverged_at: int | None = None
+    stopped_early: bool = False  # an action_request stopped it before its last iteration (caffe train's SIGINT)
 
     def __str__(self) -> str:
         text = (f"{self.iterations} iterations in {self.seconds:.1f} s ({self.iters_per_s:.2f} it/s) on {self.device}"
@@ -138,6 +139,8 @@ class TrainSummary:
             text += f"; snapshots: {', '.join(self.snapshots)}"
         if self.diverged_at is not None:
             text += f"; DIVERGED at iteration {self.diverged_at}"
+        if self.stopped_early:
+            text += "; stopped early"
         return text
 
 
@@ -161,7 +164,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
           amp: str | None = None, channels_last: bool = False, compile: bool = False, progress: bool = True,
           csv_log=None, tensorboard=None, deterministic: bool = False, seed: int | None = None,
           test_data=None, distributed: bool | None = None, shard_data: bool | None = None,
-          strict_weights: bool = False, cuda_graphs: bool = False) -> TrainSummary:
+          strict_weights: bool = False, cuda_graphs: bool = False, action_request=None) -> TrainSummary:
     """Train ``solver`` (a :class:`Solver` or a solver prototxt path) — see the module docstring.
 
     ``iters``: iterations to run (default: up to ``max_iter``).  ``weights``/``resume``: a caffemodel to
@@ -172,6 +175,9 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
     ``distributed``/``shard_data``: data-parallel training (module docstring); ``distributed=False``
     trains alone even under torchrun.  ``strict_weights``: ``weights`` whose layer names do not match the
     TRAIN net raise a FormatError instead of a :class:`~caffe_compat.errors.WeightsMismatchWarning`.
+    ``action_request``: Caffe's action function (:attr:`Solver.action_request`, e.g. ``caffe train``'s signal
+    effects): ``"snapshot"`` after an iteration writes a snapshot, ``"stop"`` ends the run there with
+    ``Solver::Solve``'s snapshot after training (``TrainSummary.stopped_early``).
     """
     if amp is not None and amp not in AMP_DTYPES:
         raise FormatError(f"amp must be one of {sorted(AMP_DTYPES)} or None, got {amp!r}")
@@ -179,7 +185,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
         return _train(solver, data, ALONE, iters=iters, weights=weights, resume=resume, device=device, amp=amp,
                       channels_last=channels_last, compile=compile, progress=progress, csv_log=csv_log,
                       tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data,
-                      strict_weights=strict_weights, cuda_graphs=cuda_graphs)
+                      strict_weights=strict_weights, cuda_graphs=cuda_graphs, action_request=action_request)
     device = rank_device(solver, device)
     ddp.init_distributed(device=device)
     filt = RankZeroOnly()
@@ -191,7 +197,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
         return _train(solver, data, shard_data, iters=iters, weights=weights, resume=resume, device=device,
                       amp=amp, channels_last=channels_last, compile=compile, progress=progress, csv_log=csv_log,
                       tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data,
-                      strict_weights=strict_weights, cuda_graphs=cuda_graphs)
+                      strict_weights=strict_weights, cuda_graphs=cuda_graphs, action_request=action_request)
     except BaseException as exc:
         if ddp.is_distributed():
             log.error("rank %d: training stopped: %s: %s", ddp.rank(), type(exc).__name__, exc)
@@ -206,7 +212,7 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
 
 def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, channels_last, compile, progress,
            csv_log, tensorboard, deterministic, seed, test_data, strict_weights=False,
-           cuda_graphs=False) -> TrainSummary:
+           cuda_graphs=False, action_request=None) -> TrainSummary:
     distributed = shard_data is not ALONE and ddp.is_distributed() and ddp.world_size() > 1
     main = not distributed or ddp.is_main_process()
     if deterministic:
@@ -237,6 +243,9 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     solver.observers.extend(observers)
     if cuda_graphs:
         _record_iterations(solver)
+    previous_request = solver.action_request
+    if action_request is not None:
+        solver.action_request = action_request
     start_iter, start = solver.iter, time.perf_counter()
     diverged = None
     try:
@@ -247,6 +256,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
         raise
     finally:
         recorder.close()
+        solver.action_request = previous_request
         for observer in observers:
             solver.observers.remove(observer)
         if run is not None:
@@ -257,7 +267,8 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
                                first_loss=recorder.first_loss if recorder.first_loss is not None else float("nan"),
                                last_loss=solver.last_loss, last_smoothed_loss=solver.smoothed_loss,
                                last_lr=solver.last_lr, device=str(solver.device), amp=amp,
-                               snapshots=recorder.snapshots, diverged_at=diverged)
+                               snapshots=recorder.snapshots, diverged_at=diverged,
+                               stopped_early=solver.requested_early_exit)
         log.info("Training summary: %s", summary)
     return summary
 
@@ -318,14 +329,19 @@ def _record_iterations(solver: Solver) -> None:
 
 
 def _solve(solver: Solver, total: int, to_max_iter: bool, run: DistributedRun | None) -> None:
-    """``total`` iterations; when training ``to_max_iter``, ``Solver::Solve``'s snapshot after training
-    and final test; a data-parallel run's ranks agree at the end."""
+    """``total`` iterations; when training ``to_max_iter`` or stopped by ``action_request``,
+    ``Solver::Solve``'s snapshot after training; to ``max_iter``, its final test; a data-parallel run's
+    ranks agree at the end."""
     solver.log_solving()
+    solver.requested_early_exit = False
     solver.step(total)
     p = solver.param
-    if to_max_iter and p.snapshot_after_train and (not p.snapshot or solver.iter % p.snapshot != 0):
+    stopped = solver.requested_early_exit
+    if (to_max_iter or stopped) and p.snapshot_after_train and (not p.snapshot or solver.iter % p.snapshot != 0):
         solver.snapshot()
-    if to_max_iter and p.test_interval and solver.iter % p.test_interval == 0:
+    if stopped:
+        log.info("Optimization stopped early.")
+    elif to_max_iter and p.test_interval and solver.iter % p.test_interval == 0:
         solver.test_all()  # Solver::Solve's final TestAll at max_iter (step() tests only at iteration starts)
     if run is not None:
         run.agree(f"at the end of training (iteration {solver.iter})")

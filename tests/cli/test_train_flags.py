@@ -51,3 +51,78 @@ def test_missing_or_doubled_solver_snapshot_with_weights_several_gpus_refused(so
     assert main(["train", *argv]) == 2
     assert capsys.readouterr().err == f"caffe-compat train: error: {message}\n"
     assert list((solver_dir / "snap").iterdir()) == []
+
+
+def _signal_at(monkeypatch, signum, at_iter):
+    """Send ``signum`` to this process once, during the update of iteration ``at_iter`` (a user's Ctrl-C)."""
+    import os
+
+    from caffe_compat.solver import Solver
+
+    update, sent = Solver.apply_update, []
+
+    def apply_update(self):
+        if self.iter == at_iter and not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signum)
+        return update(self)
+
+    monkeypatch.setattr(Solver, "apply_update", apply_update)
+
+
+def test_ctrl_c_stops_after_the_iteration_with_a_snapshot_and_exit_0(solver_dir, monkeypatch, capsys):
+    """caffe train's -sigint_effect stop (the default): the run ends after the iteration, Solve's snapshot
+    after training is written, exit 0; the snapshot resumes."""
+    import signal
+
+    _signal_at(monkeypatch, signal.SIGINT, 2)
+    assert main(["train", "solver.prototxt", "--iters", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "trained 3 iterations" in out and "stopped early" in out
+    assert sorted(p.name for p in (solver_dir / "snap").iterdir()) == [
+        "s_iter_2.caffemodel", "s_iter_2.solverstate", "s_iter_2.trainstate",
+        "s_iter_3.caffemodel", "s_iter_3.solverstate", "s_iter_3.trainstate"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert main(["train", "solver.prototxt", "-snapshot", "snap/s_iter_3.solverstate"]) == 0
+    assert "trained 1 iterations" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, snapshots", [
+    ([], ["s_iter_1", "s_iter_2", "s_iter_4"]),  # SIGHUP's default: snapshot and go on
+    (["-sighup_effect", "none"], ["s_iter_2", "s_iter_4"]),
+])
+def test_sighup_snapshots_and_goes_on(solver_dir, monkeypatch, capsys, flags, snapshots):
+    import signal
+
+    _signal_at(monkeypatch, signal.SIGHUP, 0)
+    previous = signal.signal(signal.SIGHUP, lambda signum, frame: None)  # a regression must not kill pytest
+    try:
+        assert main(["train", "solver.prototxt", *flags]) == 0
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert "trained 4 iterations" in capsys.readouterr().out
+    assert sorted({p.name.split(".")[0] for p in (solver_dir / "snap").iterdir()}) == snapshots
+
+
+def test_sigint_effect_none_ignores_ctrl_c(solver_dir, monkeypatch, capsys):
+    import signal
+
+    _signal_at(monkeypatch, signal.SIGINT, 1)
+    assert main(["train", "solver.prototxt", "-sigint_effect", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "trained 4 iterations" in out and "stopped early" not in out
+
+
+def test_solver_solve_honours_the_action_requests(solver_dir):
+    """pycaffe's Solver.solve with Caffe's action function: a snapshot request snapshots, a stop ends Solve after
+    its snapshot after training."""
+    from caffe_compat.solver import Solver
+
+    solver = Solver("solver.prototxt")
+    requests = iter(["snapshot", None, "stop"])
+    solver.action_request = lambda: next(requests, None)
+    solver.solve()
+    assert solver.iter == 3 and solver.requested_early_exit
+    assert sorted(p.name for p in (solver_dir / "snap").iterdir()) == [
+        "s_iter_1.caffemodel", "s_iter_1.solverstate", "s_iter_2.caffemodel", "s_iter_2.solverstate",
+        "s_iter_3.caffemodel", "s_iter_3.solverstate"]
