@@ -139,6 +139,10 @@ def run(args) -> int:
     from caffe_compat.io.glog import caffe_log
 
     solver = _solver_path(args)
+    if args.iters is not None and args.iters < 1:
+        from caffe_compat.errors import CaffeCompatError
+
+        raise CaffeCompatError(f"--iters must be >= 1, got {args.iters} (leave it out to train up to max_iter)")
     if args.snapshot and args.weights:
         from caffe_compat.errors import CaffeCompatError
 

@@ -44,6 +44,7 @@ def test_caffe_spellings_of_solver_weights_and_snapshot(solver_dir, capsys):
     (["solver.prototxt", "-snapshot", "snap/s_iter_2.solverstate", "-weights", "w.caffemodel"],
      "give a snapshot to resume training or weights to fine-tune, not both (-snapshot replaces the weights with "
      "the solverstate's)"),
+    (["solver.prototxt", "--iters", "-1"], "--iters must be >= 1, got -1 (leave it out to train up to max_iter)"),
     (["solver.prototxt", "-gpu", "0,1"], "-gpu 0,1: train runs on one device per process; train on several GPUs "
                                          "with torchrun --nproc_per_node N (see caffe-compat train --help)"),
 ])
