@@ -24,6 +24,14 @@ def add_net_flags(p, *, weights_help: str, iterations_help: str, phase: str | No
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-': stdout)")
 
 
+def check_iterations(args) -> None:
+    """``-iterations`` below 1 exits 2 before anything is loaded or printed (one line, no Caffe header)."""
+    from caffe_compat.errors import CaffeCompatError
+
+    if args.iterations < 1:
+        raise CaffeCompatError(f"-iterations must be >= 1, got {args.iterations}")
+
+
 def add_device_flags(p) -> None:
     p.add_argument("--gpu", "-gpu", metavar="ID",
                    help="Caffe's flag: run on CUDA device ID (a list or 'all': the first is used); default CPU")

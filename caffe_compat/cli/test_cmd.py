@@ -7,7 +7,7 @@ element with `` (* w = w·mean loss)`` for loss outputs.  ``--json PATH`` also w
 
 from __future__ import annotations
 
-from caffe_compat.cli.caffe_flags import add_net_flags
+from caffe_compat.cli.caffe_flags import add_net_flags, check_iterations
 
 
 def register(sub) -> None:
@@ -24,6 +24,7 @@ def run(args) -> int:
     from caffe_compat.tools.netsetup import build_net, load_inputs, resolve_device
     from caffe_compat.tools.score import batch_lines, score_net
 
+    check_iterations(args)
     require_output_folders(args.json)
     device = resolve_device(args.gpu, args.device)
     net = build_net(args.model, args.weights, phase="test", level=args.level, stages=args.stage, device=device,

@@ -9,7 +9,7 @@ On CUDA the device is synchronised around every timed span.  ``--json PATH`` als
 
 from __future__ import annotations
 
-from caffe_compat.cli.caffe_flags import add_net_flags
+from caffe_compat.cli.caffe_flags import add_net_flags, check_iterations
 
 
 def register(sub) -> None:
@@ -24,6 +24,7 @@ def run(args) -> int:
     from caffe_compat.tools.netsetup import build_net, load_inputs, resolve_device
     from caffe_compat.tools.timing import time_net
 
+    check_iterations(args)
     require_output_folders(args.json)
     device = resolve_device(args.gpu, args.device)
     net = build_net(args.model, args.weights, phase=args.phase.lower(), level=args.level, stages=args.stage,

@@ -131,3 +131,11 @@ def test_time_flags_in_caffe_spelling_with_equals(capsys):
     out = capsys.readouterr().out
     assert "Initial loss: 0" in out and re.search(r"^loss_layer\tbackward: \S+ ms\.$", out, re.MULTILINE)
     assert main(["time", f"-model={model}", "-gpu", "x"]) == 2
+
+
+@pytest.mark.parametrize("command", ["test", "time"])
+def test_iterations_below_1_exit_2_before_any_output(capsys, command):
+    model = fixture_path("losses/euclidean_lw0.5.prototxt")
+    assert main([command, "-model", str(model), "-iterations", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"caffe-compat {command}: error: -iterations must be >= 1, got 0\n"
