@@ -12,6 +12,8 @@ with ``ReadImageToDatum`` does:
   :func:`warnings.warn`); the key numbers keep their gaps, like Caffe's.  ``strict=True`` makes it a
   :class:`DataError` naming ``list:line`` instead.  If no image at all is readable, nothing is written
   (DataError; Caffe would leave an empty database);
+* the arguments are ``list_file, root`` (Caffe's order is root first): a folder given as the list and a
+  file as the root are reported as swapped (DataError), before anything is read;
 * key ``%08d_<path>``: the number is the line's 0-based index in the list file (Caffe's ``line_id``;
   a blank line, which Caffe reads as an empty path and skips, keeps its number), or the position in the
   shuffled order with ``shuffle``;
@@ -232,6 +234,10 @@ def convert_imageset(list_file, root, out, resize=None, gray: bool = False, enco
     if target.exists():
         raise DataError(f"{target}: already exists (Caffe's convert_imageset refuses too); remove it first")
     root = Path(root)
+    if Path(list_file).is_dir() and root.is_file():  # Caffe's order: convert_imageset ROOTFOLDER/ LISTFILE DB
+        raise DataError(f"{list_file} and {root} look swapped: {list_file} is a folder and {root} a file; give the "
+                        f"list file first, then the image root folder (Caffe's convert_imageset takes the root "
+                        f"first)")
     if not root.is_dir():
         raise DataError(f"{root}: the image root folder does not exist")
     entries = read_list_entries(list_file)

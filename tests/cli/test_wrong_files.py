@@ -114,3 +114,14 @@ def test_prototxt_errors_of_other_kinds_are_unchanged(tmp_path):
     net.write_text('layer { name: "a" type: "Input" top: "a" }\nlayerr { }\n')
     with pytest.raises(ParseError, match="net.prototxt:2:1: unknown field 'layerr' in NetParameter"):
         read_net(net)
+
+
+def test_make_lmdb_with_caffe_s_argument_order_says_the_two_look_swapped(tmp_path):
+    """convert_imageset takes ROOTFOLDER/ LISTFILE DB_NAME; make-lmdb takes LIST ROOT OUT."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "list.txt").write_text("a.jpg 0\n")
+    done = run_cli("make-lmdb", "images/", "list.txt", "db", cwd=tmp_path)
+    assert_usage_error(done, "make-lmdb", "images/ and list.txt look swapped: images/ is a folder and list.txt a "
+                                          "file; give the list file first, then the image root folder (Caffe's "
+                                          "convert_imageset takes the root first)")
+    assert done.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["images", "list.txt"]
