@@ -10,7 +10,7 @@ from caffe_compat.io.dialects import normalize_binary_dialect, to_binary_dialect
 from caffe_compat.io.path_or_text import BINARY_SUFFIXES, is_existing_file, is_path
 from caffe_compat.io.protofiles import (decode_prototxt, looks_binary, parse_binary, parse_text, read_bytes,
                                         write_message)
-from caffe_compat.io.sniff import is_net_text, minimal_solver, not_text_message, solver_net_of
+from caffe_compat.io.sniff import describe_binary, is_net_text, minimal_solver, not_text_message, solver_net_of
 from caffe_compat.io.upgrade import upgrade_net, upgrade_solver
 from caffe_compat.proto import caffe_pb2
 
@@ -107,8 +107,15 @@ def read_solver(path_or_text, upgrade: bool = True) -> caffe_pb2.SolverParameter
 def read_solverstate(path: str | os.PathLike) -> caffe_pb2.SolverState:
     """A binary ``.solverstate`` (iteration, learned net path, history blobs, current_step).  A
     ``learned_net`` that is not UTF-8 (protobuf's Python reader then returns bytes, not a path) is a
-    ParseError naming the file and the field."""
-    state = parse_binary(read_bytes(path), caffe_pb2.SolverState(), str(path))
+    ParseError naming the file and the field; a caffemodel (which parses as an empty SolverState) is a
+    FormatError saying so."""
+    data = read_bytes(path)
+    state = parse_binary(data, caffe_pb2.SolverState(), str(path))
+    if not state.learned_net and not state.history:  # a caffemodel parses as an empty SolverState
+        what = describe_binary(data)
+        if what.startswith("a caffemodel"):
+            raise FormatError(f"{path}: not a .solverstate: it looks like {what}; resume from the .solverstate "
+                              f"written beside it (-snapshot), or start from these weights with -weights")
     if not isinstance(state.learned_net, str):
         raise ParseError(f"{path}: field 'learned_net' is not UTF-8 text ({state.learned_net[:40]!r}...)")
     return state

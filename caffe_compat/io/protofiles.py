@@ -82,14 +82,19 @@ def parse_text(text: str, message, source: str = "<text>"):
 
 
 def parse_binary(data: bytes, message, source: str = "<bytes>"):
-    """Parse a binary protobuf into ``message``; truncated or corrupt data raises ParseError."""
+    """Parse a binary protobuf into ``message``; truncated or corrupt data raises ParseError, which also
+    says what the data looks like when that is another Caffe file (a .solverstate given as weights)."""
     if len(data) > PROTOBUF_LIMIT:
         raise ParseError(f"{source}: {len(data)} bytes exceed protobuf's 2 GB message limit")
     try:
         message.ParseFromString(data)
     except (_pb_message.DecodeError, RuntimeError, ValueError) as exc:
+        from caffe_compat.io.sniff import describe_binary
+
+        what = describe_binary(data)
+        seen = "" if what.startswith("a binary protobuf") else f"; it looks like {what}"
         raise ParseError(f"{source}: not a valid binary {message.DESCRIPTOR.name} "
-                         f"(truncated or corrupt: {exc})") from None
+                         f"(truncated or corrupt: {exc}){seen}") from None
     return message
 
 

@@ -125,3 +125,20 @@ def test_make_lmdb_with_caffe_s_argument_order_says_the_two_look_swapped(tmp_pat
                                           "file; give the list file first, then the image root folder (Caffe's "
                                           "convert_imageset takes the root first)")
     assert done.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["images", "list.txt"]
+
+
+def test_a_caffemodel_given_to_snapshot_and_a_solverstate_given_as_weights_say_what_they_are(tmp_path):
+    """caffe train -snapshot X.caffemodel (or -weights X.solverstate): the file's kind is named instead of
+    'expected 4 history blobs, got 0' or a bare 'Wire format was corrupt'."""
+    (tmp_path / "net.prototxt").write_text(TRAINABLE)
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 1\n'
+                                              'snapshot_prefix: "s"\n')
+    assert run_cli("train", "solver.prototxt", cwd=tmp_path).returncode == 0
+    done = run_cli("train", "solver.prototxt", "-snapshot", "s_iter_1.caffemodel", cwd=tmp_path)
+    assert_usage_error(done, "train", "s_iter_1.caffemodel: not a .solverstate: it looks like a caffemodel (binary "
+                                      "NetParameter with 3 layers); resume from the .solverstate written beside it "
+                                      "(-snapshot), or start from these weights with -weights")
+    done = run_cli("train", "solver.prototxt", "-weights", "s_iter_1.solverstate", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("caffe-compat train: error: s_iter_1.solverstate: not a valid binary NetParameter")
+    assert done.stderr.endswith("; it looks like a .solverstate (binary SolverState at iteration 1)\n")
