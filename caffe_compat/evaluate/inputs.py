@@ -36,6 +36,13 @@ def resolve_device(features, device=None) -> torch.device:
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 
 
+def cuda_missing(asked: str, remedy: str) -> CaffeCompatError:
+    """The error for ``asked`` (the option and value that asked for CUDA) where this torch sees no CUDA
+    device: which torch, whether it was built with CUDA, and ``remedy`` (how to run on the CPU)."""
+    build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", built without CUDA")
+    return CaffeCompatError(f"{asked}: CUDA is not available ({build}; torch.cuda.is_available() is False); {remedy}")
+
+
 def parse_device(spec=None, *, option: str = "--device", allow_auto: bool = True) -> torch.device:
     """A checked ``torch.device`` from a user's option value.
 
@@ -55,9 +62,7 @@ def parse_device(spec=None, *, option: str = "--device", allow_auto: bool = True
     if kind != "cuda" or (_ and not index.isdigit()):
         raise CaffeCompatError(f"{option} must be {choices}, got {spec!r}")
     if not torch.cuda.is_available():
-        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", built without CUDA")
-        raise CaffeCompatError(f"{option} {spec}: CUDA is not available ({build}; torch.cuda.is_available() is "
-                               f"False); use {option} cpu")
+        raise cuda_missing(f"{option} {spec}", f"use {option} cpu")
     count = torch.cuda.device_count()
     if index and int(index) >= count:
         raise CaffeCompatError(f"{option} {spec}: no such CUDA device; this machine has {count} "

@@ -35,7 +35,7 @@ def split_list(text) -> list[str]:
 def resolve_device(gpu=None, device=None) -> torch.device:
     """The device from Caffe's ``-gpu`` (``0``, ``1,2`` — the first is used, as ``caffe test``/``time``
     do —, or ``all``) or from ``--device`` (cpu, cuda, cuda:N, auto); neither: the CPU, as Caffe."""
-    from caffe_compat.evaluate.inputs import parse_device
+    from caffe_compat.evaluate.inputs import cuda_missing, parse_device
 
     if gpu not in (None, "") and device not in (None, ""):
         raise CaffeCompatError("give either -gpu (Caffe's flag) or --device, not both")
@@ -56,6 +56,8 @@ def resolve_device(gpu=None, device=None) -> torch.device:
             raise CaffeCompatError(f"-gpu must be a device id, a comma-separated list of ids or 'all', got {gpu!r}")
     for extra in reversed(ids[1:]):
         log.info("Not using GPU #%d for single-GPU function", extra)
+    if not torch.cuda.is_available():  # Caffe's CPU mode is the absence of -gpu
+        raise cuda_missing(f"-gpu {gpu}", "leave out -gpu to run on the CPU")
     return parse_device(f"cuda:{ids[0]}", option="-gpu")
 
 

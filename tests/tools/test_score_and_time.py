@@ -139,3 +139,14 @@ def test_iterations_below_1_exit_2_before_any_output(capsys, command):
     assert main([command, "-model", str(model), "-iterations", "0"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == f"caffe-compat {command}: error: -iterations must be >= 1, got 0\n"
+
+
+@pytest.mark.parametrize("command", ["test", "time"])
+def test_gpu_without_cuda_says_to_leave_out_gpu(capsys, monkeypatch, command):
+    """Caffe's CPU mode is the absence of -gpu: the advice names that, not a '-gpu cpu' Caffe never took."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = fixture_path("losses/euclidean_lw0.5.prototxt")
+    assert main([command, "-model", str(model), "-gpu", "0", "-iterations", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "-gpu 0: CUDA is not available" in err and err.endswith("leave out -gpu to run on the CPU")
+    assert "-gpu cpu" not in err
