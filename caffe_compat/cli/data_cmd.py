@@ -1,9 +1,18 @@
 """Data tools: ``make-toy-data``, ``make-lmdb`` (Caffe's convert_imageset), ``compute-mean``.
 
+``convert_imageset`` and ``compute_image_mean`` are the same two tools with Caffe's own command lines, so a
+Caffe script (``create_imagenet.sh``, ``make_imagenet_mean.sh``) runs with only the program's name changed:
+``convert_imageset [--resize_height=H --resize_width=W --gray --shuffle --check_size --encoded --encode_type=T
+--backend=lmdb] ROOTFOLDER/ LISTFILE DB_NAME`` (root first; gflags' ``--flag=true|false`` spelling of the
+switches) and ``compute_image_mean [--backend=lmdb] INPUT_DB [OUTPUT_FILE]`` (without an output it prints the
+channel means only, as Caffe logs them).  LMDB is the only backend (``leveldb`` exits 2).
+
 The folder an output goes into must exist: it is checked before anything is read (exit 2), never created.
 """
 
 from __future__ import annotations
+
+import sys
 
 
 def register(sub) -> None:
@@ -32,6 +41,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle's order (default 0)")
     p.add_argument("--strict", action="store_true",
                    help="stop at the first missing/unreadable image (Caffe skips it with a log line)")
+    p.add_argument("--check-size", action="store_true",
+                   help="every raw record must have the first one's size (Caffe's --check_size)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_lmdb)
 
@@ -39,6 +50,84 @@ def register(sub) -> None:
     p.add_argument("db", help="the LMDB of Datum records to average (make-lmdb's output)")
     p.add_argument("out", help="the mean .binaryproto to write (its folder must exist)")
     p.set_defaults(func=run_mean)
+    _register_caffe_spellings(sub)
+
+
+_GFLAG_VALUES = {"true": True, "t": True, "yes": True, "y": True, "1": True,
+                 "false": False, "f": False, "no": False, "n": False, "0": False}
+
+
+def _accept_gflag_switches(parser, names: tuple[str, ...]) -> None:
+    """Let ``parser``'s switches ``names`` also be given as gflags spells booleans, ``--name=true|false``
+    (argparse's store_true takes no value; ``--name`` alone, the usual spelling, stays as it is)."""
+    parse = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        rewritten = []
+        for token in list(sys.argv[1:] if args is None else args):
+            flag, equals, value = token.partition("=")
+            if equals and flag.lstrip("-") in names and flag.startswith("-") and value.lower() in _GFLAG_VALUES:
+                if _GFLAG_VALUES[value.lower()]:
+                    rewritten.append(flag)
+                continue
+            rewritten.append(token)
+        return parse(rewritten, namespace)
+
+    parser.parse_known_args = parse_known_args
+
+
+def _register_caffe_spellings(sub) -> None:
+    p = sub.add_parser("convert_imageset", help="make-lmdb with Caffe's convert_imageset command line "
+                       "(ROOTFOLDER/ LISTFILE DB_NAME and its flags)")
+    p.add_argument("root", metavar="ROOTFOLDER/", help="folder the list's paths are relative to")
+    p.add_argument("list_file", metavar="LISTFILE", help="text file of 'relative/path.jpg label' lines")
+    p.add_argument("out", metavar="DB_NAME", help="new LMDB folder")
+    switches = {"gray": "decode as grey", "shuffle": "store the records in a random order (seeded: --seed)",
+                "check_size": "every raw record must have the first one's size", "encoded": "store encoded image files"}
+    for name, text in switches.items():
+        p.add_argument(f"--{name}", f"-{name}", action="store_true", help=text + " (--NAME=true|false too)")
+    _accept_gflag_switches(p, tuple(switches))
+    p.add_argument("--encode_type", "-encode_type", default="", help="encode as this type (png, jpg)")
+    p.add_argument("--resize_height", "-resize_height", type=int, default=0, help="resize height (both > 0)")
+    p.add_argument("--resize_width", "-resize_width", type=int, default=0, help="resize width (both > 0)")
+    p.add_argument("--backend", "-backend", default="lmdb", help="the database: lmdb (leveldb is not supported)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --shuffle's order (default 0)")
+    p.set_defaults(func=_run_convert_imageset)
+
+    p = sub.add_parser("compute_image_mean", help="compute-mean with Caffe's compute_image_mean command line "
+                       "(INPUT_DB [OUTPUT_FILE])")
+    p.add_argument("db", metavar="INPUT_DB", help="the LMDB of Datum records to average")
+    p.add_argument("out", metavar="OUTPUT_FILE", nargs="?", help="the mean .binaryproto to write (optional)")
+    p.add_argument("--backend", "-backend", default="lmdb", help="the database: lmdb (leveldb is not supported)")
+    p.set_defaults(func=_run_compute_image_mean)
+
+
+def _lmdb_only(backend: str) -> None:
+    from caffe_compat.errors import CaffeCompatError
+
+    if backend.strip().lower() != "lmdb":
+        raise CaffeCompatError(f"--backend {backend}: only lmdb is supported (LevelDB databases cannot be read or "
+                               f"written here)")
+
+
+def _run_convert_imageset(args) -> int:
+    _lmdb_only(args.backend)
+    sides = (args.resize_height, args.resize_width)
+    args.resize = sides if any(sides) else None  # Caffe resizes when both are > 0
+    args.strict, args.quiet = False, False
+    return run_lmdb(args)
+
+
+def _run_compute_image_mean(args) -> int:
+    _lmdb_only(args.backend)
+    if args.out is not None:
+        return run_mean(args)
+    from caffe_compat.data.imageset import compute_image_mean
+
+    mean = compute_image_mean(args.db)
+    for c, value in enumerate(mean[0].reshape(mean.shape[1], -1).mean(axis=1)):
+        print(f"mean_value channel [{c}]: {value:.6g}")
+    return 0
 
 
 def run_toy(args) -> int:
@@ -75,7 +164,7 @@ def run_lmdb(args) -> int:
     count = convert_imageset(args.list_file, args.root, args.out, resize=tuple(args.resize) if args.resize else None,
                              gray=args.gray, encoded=args.encoded, encode_type=args.encode_type,
                              shuffle=args.shuffle, seed=args.seed, progress=progress, strict=args.strict,
-                             on_skip=warn, skipped=skipped)
+                             on_skip=warn, skipped=skipped, check_size=args.check_size)
     summary = f"wrote {count} records to {args.out}"
     if skipped:
         shown = ", ".join(skipped[:10]) + (f", ... ({len(skipped) - 10} more)" if len(skipped) > 10 else "")

@@ -214,8 +214,13 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
 def convert_imageset(list_file, root, out, resize=None, gray: bool = False, encoded: bool = False,
                      encode_type: str = "", shuffle: bool = False, seed: int = 0, progress: bool = True,
                      strict: bool = False, on_skip: Callable[[str], None] | None = None,
-                     skipped: list | None = None) -> int:
+                     skipped: list | None = None, check_size: bool = False) -> int:
     """Write an LMDB of Datums from a list file (see the module docstring); returns the record count.
+
+    ``check_size`` (Caffe's ``--check_size``): every raw record must hold as many bytes as the first
+    (C×H×W); one that does not is a DataError naming ``list:line`` and nothing is written (Caffe aborts on a
+    CHECK).  With encoded records it is refused before anything is read: Caffe compares each file's bytes
+    with the first record's C×H×W, which an encoded Datum leaves at 0, so it aborts at the second image.
 
     ``on_skip(message)`` receives each skip (and codec) warning, default :func:`warnings.warn`;
     ``skipped``, when given, is extended with the ``list:line`` of every skipped image."""
@@ -246,7 +251,12 @@ def convert_imageset(list_file, root, out, resize=None, gray: bool = False, enco
         order = np.random.RandomState(seed).permutation(len(keyed))
         keyed = [(k, keyed[i][1], keyed[i][2], keyed[i][3]) for k, i in enumerate(order)]
     mode = encode_type if (encoded or encode_type) else None
+    if check_size and (encoded or encode_type):
+        raise DataError("check_size applies to raw records: with encoded ones Caffe's convert_imageset compares "
+                        "the first image's C x H x W (0 for an encoded Datum) with every file's size and aborts at "
+                        "the second image; leave out one of the two")
     skips: list[str] = []
+    sizes: list[int] = []  # the first raw record's byte count (check_size)
 
     def records():
         with _quiet_opencv() as (capturing, captured):
@@ -267,6 +277,10 @@ def convert_imageset(list_file, root, out, resize=None, gray: bool = False, enco
                     skips.append(where)
                     report(f"{where}: skipped {root / name}: {exc} (Caffe's convert_imageset skips it too)")
                     continue
+                if check_size and not sizes:
+                    sizes.append(len(datum.data))
+                elif check_size:
+                    _check_size(datum, sizes[0], where, root / name)
                 count += 1
                 yield f"{key_id:08d}_{name}", datum
             if not count:
@@ -277,6 +291,13 @@ def convert_imageset(list_file, root, out, resize=None, gray: bool = False, enco
     finally:
         if skipped is not None:
             skipped.extend(skips)
+
+
+def _check_size(datum, size: int, where: str, path: Path) -> None:
+    if len(datum.data) != size:
+        raise DataError(f"{where}: {path} is {datum.channels} x {datum.height} x {datum.width} = {len(datum.data)} "
+                        f"bytes, the first image {size} (check_size; Caffe stops with 'Incorrect data field size'); "
+                        f"nothing written")
 
 
 def compute_image_mean(db) -> np.ndarray:

@@ -217,3 +217,53 @@ def test_corrupt_jpeg_that_decodes_is_kept_and_libjpeg_message_names_list_line(t
     expected = cv2.imdecode(np.frombuffer(bytes(damaged), np.uint8), cv2.IMREAD_COLOR)
     assert key == "00000000_t.jpg" and label == 7
     np.testing.assert_array_equal(decoded, expected.transpose(2, 0, 1))
+
+
+def test_caffe_command_lines_of_convert_imageset_and_compute_image_mean(images, capsys):
+    """create_imagenet.sh / make_imagenet_mean.sh with only the program renamed: root first, gflags spellings
+    (``--resize_height=H``, ``--shuffle``, ``--gray=false``), the same records as the library call."""
+    tmp, pixels = images
+    root = f"{tmp / 'img'}/"
+    assert main(["convert_imageset", "--resize_height=4", "--resize_width=5", "--shuffle", "--gray=false",
+                 "--backend=lmdb", root, str(tmp / "list.txt"), str(tmp / "caffe_db")]) == 0
+    convert_imageset(tmp / "list.txt", tmp / "img", tmp / "db", resize=(4, 5), shuffle=True, progress=False)
+    ours = [(key, image.tolist(), label) for key, image, label in iter_lmdb(tmp / "caffe_db")]
+    assert ours == [(key, image.tolist(), label) for key, image, label in iter_lmdb(tmp / "db")]
+    assert sorted(key[9:] for key, _, _ in ours) == [f"a{i}.png" for i in range(5)]
+    assert [key[9:] for key, _, _ in ours] != [f"a{i}.png" for i in range(5)]  # shuffled
+    assert ours[0][1] == cv2.resize(pixels[int(ours[0][0][10])], (5, 4)).transpose(2, 0, 1).tolist()
+    assert main(["convert_imageset", "-gray", "-shuffle=no", root, str(tmp / "list.txt"), str(tmp / "grey")]) == 0
+    keys = [(key, image.shape) for key, image, _ in iter_lmdb(tmp / "grey")]
+    assert keys == [(f"{i:08d}_a{i}.png", (1, 6, 7)) for i in range(5)]
+    capsys.readouterr()
+    assert main(["compute_image_mean", "-backend", "lmdb", str(tmp / "grey")]) == 0  # no output file: the means
+    grey = np.mean([cv2.imread(str(tmp / "img" / f"a{i}.png"), cv2.IMREAD_GRAYSCALE).astype(np.float64)
+                    for i in range(5)])  # Caffe's grey decode (ReadImageToCVMat)
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and printed[0].startswith("mean_value channel [0]: ")
+    assert float(printed[0].split(": ")[1]) == pytest.approx(grey, rel=1e-5)
+    assert main(["compute_image_mean", str(tmp / "grey"), str(tmp / "grey_mean.binaryproto")]) == 0
+    assert read_blob(tmp / "grey_mean.binaryproto").shape == (1, 1, 6, 7)
+
+
+def test_check_size_and_backend_as_caffe(tmp_path, capsys):
+    root = tmp_path / "img"
+    root.mkdir()
+    for i, (h, w) in enumerate([(6, 7), (6, 7), (5, 7)]):
+        cv2.imwrite(str(root / f"b{i}.png"), np.full((h, w, 3), i * 40, np.uint8))
+    (tmp_path / "list.txt").write_text("b0.png 0\nb1.png 1\nb2.png 0\n")
+    args = [f"{root}/", str(tmp_path / "list.txt")]
+    assert main(["convert_imageset", *args, str(tmp_path / "unchecked")]) == 0  # sizes may differ without it
+    assert len(list(iter_lmdb(tmp_path / "unchecked"))) == 3
+    capsys.readouterr()
+    assert main(["convert_imageset", "--check_size", *args, str(tmp_path / "checked")]) == 2
+    err = capsys.readouterr().err
+    assert "list.txt:3" in err and "3 x 5 x 7 = 105 bytes, the first image 126" in err
+    assert not (tmp_path / "checked").exists()
+    assert main(["convert_imageset", "--check_size=true", "--resize_height=4", "--resize_width=4", *args,
+                 str(tmp_path / "resized")]) == 0  # all 4 x 4 after the resize
+    assert main(["convert_imageset", "--check_size", "--encoded", *args, str(tmp_path / "enc")]) == 2
+    assert "check_size applies to raw records" in capsys.readouterr().err
+    assert main(["convert_imageset", "--backend=leveldb", *args, str(tmp_path / "ldb")]) == 2
+    assert "only lmdb is supported" in capsys.readouterr().err
+    assert not (tmp_path / "enc").exists() and not (tmp_path / "ldb").exists()
