@@ -194,6 +194,11 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                 if len(top_shapes) != len(tops):
                     raise FormatError(f"layer '{name}' ({type_}): {len(tops)} tops given, the layer "
                                       f"produces {len(top_shapes)}")
+                if inferred is not None and None in inferred[index].top_shapes:
+                    # a data layer's tops, unknown before its source was opened: the budget again with them
+                    # (a huge batch_size, or a layer after it whose blobs follow from the images' size)
+                    known = {**blob_shapes, **dict(zip(tops, top_shapes))}
+                    check_memory_budget(self.net_param, f"net '{self.name}'", input_shapes=known)
             for j, top in enumerate(tops):
                 in_place = j < len(bottoms) and bottoms[j] == top
                 if top in blob_shapes and not in_place:

@@ -129,18 +129,20 @@ def memory_needed(blobs: dict, table: list[LayerShapes], bytes_per_value: int = 
     return total * bytes_per_value, largest
 
 
-def check_memory_budget(net, where: str, budget: int | None = None) -> list[LayerShapes] | None:
+def check_memory_budget(net, where: str, budget: int | None = None,
+                        input_shapes: dict | None = None) -> list[LayerShapes] | None:
     """FormatError before anything is allocated when the net's blobs and parameters (float32, from the
     shape rules) exceed ``budget`` bytes (default: all the memory available, or ``CAFFE_COMPAT_MEMORY_BUDGET``,
     :func:`caffe_compat.io.safe_open.memory_budget`): a hostile or mistyped
     prototxt (an Input of 10^6 × 10^6, ``num_output: 2000000000``) is refused with the layer named,
     instead of exhausting memory.  Caffe allocates every blob in ``Net::Init`` too, so a net it could
     build passes.  Shapes that cannot be inferred (data layers, errors the build reports itself) are
-    left out: the check never refuses what it cannot measure.  Returns the inference's per-layer table (None
+    left out: the check never refuses what it cannot measure; ``input_shapes`` (as :func:`infer_shapes`)
+    gives such tops once known (a built data layer's).  Returns the inference's per-layer table (None
     when the inference failed), which the caller may reuse."""
     budget = memory_budget(fraction=1.0) if budget is None else budget
     try:
-        blobs, table = infer_shapes(net)
+        blobs, table = infer_shapes(net, input_shapes)
     except FormatError:
         return None  # the build reports the net's own error, with the port's message
     needed, largest = memory_needed(blobs, table)

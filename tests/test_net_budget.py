@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, MemoryBudgetError
 from caffe_compat.io import read_net
 from caffe_compat.net import CaffeNet
 from caffe_compat.net_shapes import check_memory_budget, infer_shapes, memory_needed
@@ -57,4 +57,30 @@ def test_a_net_the_rules_cannot_measure_is_left_to_the_build():
     text = _net("2 3", 'layer { name: "e" type: "Eltwise" bottom: "data" top: "e" }')
     check_memory_budget(read_net(text), "net", budget=1)  # no FormatError from the budget
     with pytest.raises(FormatError, match=r"needs at least 2 bottom blob\(s\), got 1"):
+        CaffeNet(text)
+
+
+def _data_net(batch_size: int, extra: str = "") -> str:
+    from pathlib import Path
+
+    source = Path(__file__).parent / "fixtures" / "data" / "lmdb_raw"
+    return (f'layer {{ name: "data" type: "Data" top: "data" top: "label" data_param {{ source: "{source}" '
+            f'batch_size: {batch_size} backend: LMDB }} }}\n' + extra)
+
+
+def test_a_giant_batch_of_a_data_layer_is_refused_at_build():
+    """A data layer's tops are unknown until its source is open: the budget is checked again then, before the
+    first batch is stacked (batch_size 2e9 ran out of memory in the prefetch thread, exit 1)."""
+    with pytest.raises(MemoryBudgetError, match="the largest share at layer 'data'"):
+        CaffeNet(_data_net(2000000000))
+
+
+def test_a_giant_layer_after_a_data_layer_is_refused_before_allocation(monkeypatch):
+    """An InnerProduct whose weights follow from the images' size (unknown before the build) is budgeted too
+    (num_output 4e8 after a Data layer asked torch for 1.4 TB: a RuntimeError)."""
+    text = _data_net(2, 'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "y" '
+                        'inner_product_param { num_output: 1000 } }')
+    assert CaffeNet(text).blob_shapes["y"] == (2, 1000)
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "64K")
+    with pytest.raises(MemoryBudgetError, match="the largest share at layer 'fc'"):
         CaffeNet(text)
