@@ -36,9 +36,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from caffe_compat.errors import CaffeCompatError, FormatError
+from caffe_compat.errors import CaffeCompatError, FormatError, naming_file
 from caffe_compat.export.cut import cut_indices
 from caffe_compat.io.path_or_text import is_path
+from caffe_compat.io.safe_open import check_regular_file
 
 __all__ = ["EMBEDDING_BLOB", "TestPhaseNet", "check_weight_source", "data_layer_facts", "load_test_net",
            "proto_cut", "reads_source"]
@@ -69,6 +70,7 @@ def data_layer_facts(layer):
 
 
 def _existing(path, what: str) -> str:
+    check_regular_file(path)  # a FIFO, a device or a folder is named as such, not as missing
     if not Path(path).is_file():
         raise CaffeCompatError(f"{path}: no such {what} file")
     return str(path)
@@ -170,16 +172,24 @@ class TestPhaseNet:
         found = [layer for layer in self.cut(output_blob) if id(layer) in sources]
         return found[0] if found else None
 
+    def _net(self, param, weights, strict: bool):
+        """The CaffeNet of ``param``; a setup error (which names the layer) names the file too, as load_net."""
+        from caffe_compat.net import CaffeNet
+
+        try:
+            return CaffeNet(param, phase="test", weights=weights, strict=strict)
+        except CaffeCompatError as exc:
+            raise naming_file(exc, self.path, weights) from exc
+
     def build(self, output_blob: str | None = None, image_size=None, strict: bool = False):
         """The TEST-phase :class:`~caffe_compat.net.CaffeNet` with the weights or the checkpoint copied in
         (deploy cut when it has data layers).  Caffemodel layer names that do not match the (cut) net
         warn, or raise a FormatError with ``strict``."""
-        from caffe_compat.net import CaffeNet
         from caffe_compat.proto import caffe_pb2
 
         weights = None if self.weights is None else _existing(self.weights, "caffemodel")
         if not self.sources:
-            net = CaffeNet(self.prototxt, phase="test", weights=weights, strict=strict)
+            net = self._net(self.prototxt, weights, strict)
         else:
             if output_blob is None:
                 raise FormatError(f"{self.where}: its TEST-phase net reads data layers "
@@ -201,7 +211,7 @@ class TestPhaseNet:
                 shape = data_input_shape(layer, image_size, self.where)
                 stand_in = param.layer.add(name=layer.name, type="Input", top=tops)
                 stand_in.input_param.shape.add().dim.extend(shape)
-            net = CaffeNet(param, phase="test", weights=weights, strict=strict)
+            net = self._net(param, weights, strict)
         if self.stored is not None:
             net.load_caffemodel(self.stored.to_netparameter())
         return net.eval()

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.errors import CaffeCompatError, DataError, FormatError, naming_file
+from caffe_compat.io.safe_open import check_regular_file
 
 __all__ = ["as_tensors", "build_net", "load_inputs", "resolve_device", "split_list", "synchronize"]
 
@@ -77,9 +78,14 @@ def build_net(model, weights=None, *, phase: str = "test", level: int | None = N
     from caffe_compat.net import CaffeNet
 
     for path in [model, *split_list(weights)]:
-        if isinstance(path, (str, os.PathLike)) and not Path(path).is_file():
-            raise DataError(f"{path}: no such file")
-    net = CaffeNet(read_net(model), phase=phase, level=level, stages=tuple(split_list(stages)))
+        if isinstance(path, (str, os.PathLike)):
+            check_regular_file(path)  # a FIFO, a device or a folder is named as such, not as missing
+            if not Path(path).is_file():
+                raise DataError(f"{path}: no such file")
+    try:  # a setup error names the layer; the file too (as load_net)
+        net = CaffeNet(read_net(model), phase=phase, level=level, stages=tuple(split_list(stages)))
+    except CaffeCompatError as exc:
+        raise naming_file(exc, model if isinstance(model, (str, os.PathLike)) else None) from exc
     paths = split_list(weights)
     if require_weights and not paths and net.params:
         raise CaffeCompatError(f"{model}: need model weights to score (-weights W.caffemodel): the net has "

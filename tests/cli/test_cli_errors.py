@@ -108,3 +108,31 @@ def test_upgrade_unwritable_solver_output(tmp_path):
     done = run_cli("upgrade", "--solver", source, "/proc/nonexist/solver.prototxt")
     assert_usage_error(done, "upgrade", "/proc/nonexist/solver.prototxt: cannot write (folder /proc/nonexist does "
                                         "not exist; create it first)")
+
+
+@pytest.mark.parametrize("command", ["test", "time", "extract-features", "export"])
+def test_net_setup_errors_name_the_prototxt(tmp_path, command):
+    """test, time, extract-features and export name the net file in a setup error, as inspect and convert do
+    (they named only the layer)."""
+    net = tmp_path / "net.prototxt"
+    net.write_text(_net('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 group: 4 }'))
+    weights = fixture_path("solvers/sgd_step_momentum/init.caffemodel")
+    args = {"test": ["--model", net], "time": ["--model", net],
+            "extract-features": [weights, net, "conv", tmp_path / "f.npy", 1, "npy"],
+            "export": [net, "--weights", weights, "-o", tmp_path / "e.onnx"]}[command]
+    done = run_cli(command, *args)
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"caffe-compat {command}: error: {net}"), done.stderr
+    assert "layer 'conv': channels 6 and num_output 4 must be divisible by group 4" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.prototxt"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+@pytest.mark.parametrize("command", ["time", "export"])
+def test_a_fifo_as_net_or_weights_is_named_as_such(tmp_path, command):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    args = (["--model", ZOO, "--weights", fifo] if command == "time"
+            else [ZOO, "--weights", fifo, "--output", "absval", "-o", tmp_path / "e.onnx"])
+    assert_usage_error(run_cli(command, *args), command, f"{fifo}: is a FIFO (named pipe), expected a regular file")
