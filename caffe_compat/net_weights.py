@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from caffe_compat.allocator import prefault_for_writing
-from caffe_compat.errors import FormatError, ShapeMismatchError, WeightsMismatchWarning, outside_stacklevel
+from caffe_compat.errors import (CaffeCompatError, FormatError, ShapeMismatchError, WeightsMismatchWarning,
+                                 naming_file, outside_stacklevel)
 from caffe_compat.io import write_net
 from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.io.weights import StoredBlob, mismatch_message, read_weights
@@ -156,8 +157,11 @@ class CaffemodelWeights:
         if ignored or left:
             self._report_mismatch([model for model, _ in loaded], ignored, left, strict)
         with torch.no_grad():
-            for _, stored in loaded:
-                self._copy_stored(stored, by_name, blobs_of)
+            for model, stored in loaded:
+                try:
+                    self._copy_stored(stored, by_name, blobs_of)
+                except CaffeCompatError as exc:  # names the layer and blob: the caffemodel too, when a file
+                    raise naming_file(exc, model if isinstance(model, (str, os.PathLike)) else None) from exc
 
     def _report_mismatch(self, models, ignored, left, strict: bool) -> None:
         def label(model):

@@ -3,6 +3,8 @@ net plumbing (include/exclude rules, automatic Split names, weight sharing, caff
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -362,6 +364,22 @@ def test_load_caffemodel_shape_mismatch_message():
 
     with pytest.raises(ShapeMismatchError, match="'fc_embedding'.*1 blobs.*expects 2"):
         net.load_caffemodel(_model_with(one_blob))
+
+
+def test_load_caffemodel_mismatch_names_the_file(tmp_path):
+    """A caffemodel given by path is named in a blob count or shape error (which of ``weights: "a,b"``
+    disagrees; caffe-compat test/train --weights named only the layer)."""
+    net = load_net(str(fixture_path("nets/googlenet_small/deploy.prototxt")))
+    good, bad = str(fixture_path("nets/googlenet_small/weights.caffemodel")), tmp_path / "bad.caffemodel"
+
+    def wrong_shape(model):
+        blob = next(layer for layer in model.layer if layer.name == "inception_3a/1x1").blobs[0]
+        blob.shape.dim[1] = 47
+        del blob.data[47 * 16:]
+
+    bad.write_bytes(_model_with(wrong_shape).SerializeToString())
+    with pytest.raises(ShapeMismatchError, match=rf"^{re.escape(str(bad))}: layer 'inception_3a/1x1' blob 0: "):
+        net.load_caffemodels([good, str(bad)])
 
 
 def test_load_caffemodel_by_name_keeps_absent_layers_and_accepts_legacy_dims():
