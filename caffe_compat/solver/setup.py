@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import CaffeCompatError, FormatError, naming_file
 from caffe_compat.io import read_net, read_solver, upgrade_solver
 from caffe_compat.io.safe_open import check_regular_file
 from caffe_compat.net import CaffeNet
@@ -90,7 +90,15 @@ class SolverSetup:
                      else self._read_net_file(getattr(p, source), source))
         net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
         log.info("Creating training net from %s", source)
-        return self.net_class(net_param, phase="train", seed=seed)
+        return self._build_net(net_param, "train", seed, None if source.endswith("param") else getattr(p, source))
+
+    def _build_net(self, net_param, phase: str, seed: int, file: str | None) -> CaffeNet:
+        """``net_class(net_param)``; a setup error (which names the layer) names the net's file too, or the
+        solver file that holds the net (as load_net)."""
+        try:
+            return self.net_class(net_param, phase=phase, seed=seed)
+        except CaffeCompatError as exc:
+            raise naming_file(exc, self._resolve(file) if file else self.solver_path) from exc
 
     @staticmethod
     def _with_state(net_param, state) -> caffe_pb2.NetParameter:
@@ -107,6 +115,7 @@ class SolverSetup:
     def _test_nets(self, seed: int) -> list[CaffeNet]:
         p = self.param
         sources = [n for n in p.test_net_param] + [self._read_net_file(f, "test_net") for f in p.test_net]
+        files = [None] * len(p.test_net_param) + list(p.test_net)
         generic = None
         if p.HasField("net_param"):
             generic = p.net_param
@@ -115,6 +124,7 @@ class SolverSetup:
         remaining = len(p.test_iter) - len(sources)
         if generic is not None and remaining > 0:
             sources += [generic] * remaining
+            files += [p.net or None] * remaining
         if len(p.test_state) not in (0, len(sources)):
             raise FormatError(f"test_state must be unspecified or given once per test net ({len(sources)}), got "
                               f"{len(p.test_state)}")
@@ -124,5 +134,5 @@ class SolverSetup:
             if p.test_state:
                 state.MergeFrom(p.test_state[i])
                 state.phase = caffe_pb2.TEST
-            nets.append(self.net_class(self._with_state(net_param, state), phase="test", seed=seed))
+            nets.append(self._build_net(self._with_state(net_param, state), "test", seed, files[i]))
         return nets

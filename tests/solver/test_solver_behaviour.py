@@ -158,6 +158,28 @@ def test_missing_net_file_is_a_clear_error(tmp_path, monkeypatch):
         Solver("solver.prototxt")
 
 
+def test_net_setup_errors_name_the_net_file_or_the_solver(tmp_path, monkeypatch):
+    """A train or test net's setup error (which names the layer) names the file the net came from, or the
+    solver file holding it in net_param, as load_net does (caffe-compat train named only the layer)."""
+    bad = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }\n'
+           'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "y" inner_product_param { num_output: 0 } }')
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.prototxt").write_text(bad)
+    for field in ("net", "train_net"):
+        (tmp_path / "solver.prototxt").write_text(f'{field}: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\n')
+        with pytest.raises(FormatError, match=r"^net.prototxt: layer 'fc'"):
+            Solver("solver.prototxt")
+    (tmp_path / "solver.prototxt").write_text(f'net_param {{ {bad} }}\nbase_lr: 0.1\nlr_policy: "fixed"\n')
+    with pytest.raises(FormatError, match=r"^solver.prototxt: layer 'fc'"):
+        Solver("solver.prototxt")
+    good = bad.replace("num_output: 0", "num_output: 2")
+    (tmp_path / "test.prototxt").write_text(bad)
+    (tmp_path / "solver.prototxt").write_text(f'net_param {{ {good} }}\ntest_net: "test.prototxt"\ntest_iter: 1\n'
+                                              f'test_interval: 1\nbase_lr: 0.1\nlr_policy: "fixed"\n')
+    with pytest.raises(FormatError, match=r"^test.prototxt: layer 'fc'"):
+        Solver("solver.prototxt")
+
+
 def test_data_source_feeds_each_sub_batch():
     """iter_size 2 fed by an iterator equals the MemoryData fixture run (same sub-batches, same order)."""
     inputs, reference = load_case("sgd_iter_size2")
