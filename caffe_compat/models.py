@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError, FormatError
-from caffe_compat.io.safe_open import read_regular_text
+from caffe_compat.io.safe_open import check_regular_file, read_regular_text
 
 _CARD_MAX_BYTES = 1 << 20  # a model card is a few KB of JSON
 
@@ -125,6 +125,7 @@ def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict
     from caffe_compat.io import blob_shape, legacy_shape_equals, read_net
 
     path = Path(path)
+    check_regular_file(path)  # a FIFO, a device or a folder is named as such, not as missing
     if not path.is_file():
         raise CaffeCompatError(f"{path}: no such file")
     card = card or find_card(path.name)

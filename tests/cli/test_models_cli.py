@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 
 import numpy as np
@@ -167,6 +168,20 @@ def test_unknown_missing_or_unreadable_files_exit_2(cards, tmp_path, capsys):
     assert status == 2 and err.startswith("caffe-compat models: error: ") and "Traceback" not in err
     status, _, err = verify(model, "--card", "nosuch", capsys=capsys)
     assert status == 2 and "no model card named 'nosuch' (known: other, tiny)" in err
+
+
+def test_a_fifo_or_folder_is_named_as_such(cards, tmp_path, capsys):
+    """Not 'no such file': what the path is (models verify checked only Path.is_file)."""
+    folder = tmp_path / "tiny.caffemodel"
+    folder.mkdir()
+    status, _, err = verify(folder, capsys=capsys)
+    assert status == 2 and err == f"caffe-compat models: error: {folder}: is a directory, expected a regular file\n"
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "pipe" / "tiny.caffemodel"
+        fifo.parent.mkdir()
+        os.mkfifo(fifo)
+        status, _, err = verify(fifo, capsys=capsys)
+        assert status == 2 and err.endswith(f"{fifo}: is a FIFO (named pipe), expected a regular file\n")
 
 
 def test_card_named_on_the_command_line(cards, tmp_path, capsys):
