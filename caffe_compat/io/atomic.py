@@ -20,6 +20,7 @@ A reader (or a crash) never sees a half-written caffemodel, solverstate, binaryp
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -141,6 +142,24 @@ def write_error(target: Path, exc: Exception, detail: str | None = None, with_re
     error = WriteError(f"{target}: cannot write ({text})")
     error.errno, error.strerror, error.filename = getattr(exc, "errno", None), getattr(exc, "strerror", None), str(target)
     return error
+
+
+def open_log(path: str | os.PathLike, mode: str = "a", **kwargs):
+    """``open(path, mode)`` (``"a"`` or ``"w"``) for a log written as a run goes (not atomic: it grows line by
+    line): opened non-blocking, then made blocking, so a FIFO without a reader is a WriteError rather than a
+    hang; a folder, a missing or read-only folder are WriteErrors naming the path too."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o666)
+    except OSError as exc:
+        fifo = exc.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(path).st_mode)
+        raise write_error(Path(path), exc, "a FIFO with no reader" if fifo else None) from None
+    try:
+        os.set_blocking(fd, True)
+        return open(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def require_folder(path: str | os.PathLike) -> Path:

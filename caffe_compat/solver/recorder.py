@@ -10,7 +10,9 @@ import csv
 import os
 import time
 import warnings
+from pathlib import Path
 
+from caffe_compat.io.atomic import open_log, write_error
 from caffe_compat.solver.solver import Solver
 
 __all__ = ["Recorder"]
@@ -24,18 +26,18 @@ class Recorder:
         self.start = time.perf_counter()
         self.first_loss = None
         self.snapshots: list[str] = []
+        self.csv_file = self.writer = None
+        self.csv_log = csv_log
+        if csv_log:
+            self.csv_file = open_log(csv_log, "a", newline="")  # WriteError: a folder, a FIFO without reader
+            self.csv = csv.writer(self.csv_file)
+            if os.fstat(self.csv_file.fileno()).st_size == 0:  # new or empty (a FIFO: a stream)
+                self._write_csv(["iter", "loss", "smoothed_loss", "lr", "clip_scale", "seconds"])
         self.bar = None
         if progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, unit="it", dynamic_ncols=True)
-        self.csv_file = self.writer = None
-        if csv_log:
-            new = not os.path.exists(csv_log) or os.path.getsize(csv_log) == 0
-            self.csv_file = open(csv_log, "a", newline="")
-            self.csv = csv.writer(self.csv_file)
-            if new:
-                self.csv.writerow(["iter", "loss", "smoothed_loss", "lr", "clip_scale", "seconds"])
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -54,13 +56,29 @@ class Recorder:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{solver.smoothed_loss:.4g}", lr=f"{solver.last_lr:.3g}")
         if self.csv_file is not None:
-            self.csv.writerow([it, f"{solver.last_loss:.9g}", f"{solver.smoothed_loss:.9g}", f"{solver.last_lr:.9g}",
-                               "" if clip is None else f"{clip[1]:.9g}", f"{time.perf_counter() - self.start:.3f}"])
-            self.csv_file.flush()
+            self._write_csv([it, f"{solver.last_loss:.9g}", f"{solver.smoothed_loss:.9g}", f"{solver.last_lr:.9g}",
+                             "" if clip is None else f"{clip[1]:.9g}", f"{time.perf_counter() - self.start:.3f}"])
         if self.writer is not None:
             self.writer.add_scalar("train/loss", solver.last_loss, it)
             self.writer.add_scalar("train/smoothed_loss", solver.smoothed_loss, it)
             self.writer.add_scalar("train/lr", solver.last_lr, it)
+
+    def _write_csv(self, row) -> None:
+        """One CSV row, flushed; a failed write (a full disk) is a WriteError naming the log, which is then
+        closed (the run stops: exit 2, not a traceback)."""
+        try:
+            self.csv.writerow(row)
+            self.csv_file.flush()
+        except OSError as exc:
+            self._drop_csv()
+            raise write_error(Path(self.csv_log), exc) from None
+
+    def _drop_csv(self) -> None:
+        file, self.csv_file = self.csv_file, None
+        try:
+            file.close()
+        except OSError:  # its unwritten rows: the error is already raised
+            pass
 
     def on_snapshot(self, solver: Solver, model_path, state_path) -> None:
         self.snapshots.extend(str(p) for p in (model_path, state_path) if p)
@@ -69,6 +87,10 @@ class Recorder:
         if self.bar is not None:
             self.bar.close()
         if self.csv_file is not None:
-            self.csv_file.close()
+            file, self.csv_file = self.csv_file, None
+            try:
+                file.close()
+            except OSError as exc:
+                raise write_error(Path(self.csv_log), exc) from None
         if self.writer is not None:
             self.writer.close()

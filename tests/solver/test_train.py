@@ -4,6 +4,8 @@ bf16 autocast and channels_last on CPU, epochs restart, the end-of-training snap
 from __future__ import annotations
 
 import csv
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, WriteError
 from caffe_compat.solver import Solver
 from caffe_compat.solver.train import train
 from tests.solver.caffe_cases import case_dir, feed, load_case, make_solver, param_arrays
@@ -45,6 +47,26 @@ def test_dataloader_run_equals_pycaffe_feeding_and_logs_csv(tmp_path):
     assert [f"{float(r['lr']):.6g}" for r in rows[:5]] == [f"{float(x):.6g}" for x in trajectory["lr"]]
     assert summary.iterations == 7 and np.float32(summary.last_loss) == np.float32(rows[-1]["loss"])
     assert np.float32(summary.first_loss) == np.float32(rows[0]["loss"]) and summary.snapshots == []
+
+
+@pytest.mark.parametrize("target", ["folder", "fifo", "full"])
+def test_an_unwritable_csv_log_is_a_write_error(tmp_path, target):
+    """csv_log (train --log) that is a folder, a FIFO nobody reads (it blocked for ever) or on a full disk:
+    a WriteError naming it (it was an IsADirectoryError or OSError traceback, exit 1)."""
+    path = tmp_path / "log.csv"
+    if target == "folder":
+        path.mkdir()
+    elif target == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("needs os.mkfifo")
+        os.mkfifo(path)
+    else:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("needs /dev/full")
+        path = Path("/dev/full")
+    reason = {"folder": "", "fifo": "a FIFO with no reader: ", "full": ""}[target]
+    with pytest.raises(WriteError, match=rf"^{re.escape(str(path))}: cannot write \({reason}"):
+        train(make_solver(CASE), loader(), iters=2, progress=False, csv_log=path)
 
 
 def test_tuple_batches_and_snapshot_after_train(tmp_path):
