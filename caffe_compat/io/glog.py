@@ -89,6 +89,8 @@ def caffe_log(target, level: int = logging.INFO, long_date: bool = False, logger
     """Within the block, records of ``logger`` (and its children) at ``level`` and above are written to
     ``target`` in glog's format: a path (created or truncated, written line by line as Caffe's log file
     is) or ``"-"`` for stderr.  The logger's level is lowered to ``level`` for the block if needed."""
+    from pathlib import Path
+
     from caffe_compat.io.atomic import write_error
 
     if target in (None, "-"):
@@ -98,11 +100,9 @@ def caffe_log(target, level: int = logging.INFO, long_date: bool = False, logger
             parent = os.path.dirname(os.fspath(target))
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            handler = logging.FileHandler(os.fspath(target), mode="w", encoding="utf-8")
         except OSError as exc:
-            from pathlib import Path
-
             raise write_error(Path(target), exc) from None
+        handler = _LogFileHandler(os.fspath(target))
     handler.setFormatter(GlogFormatter(long_date=long_date))
     handler.setLevel(level)
     log = logging.getLogger(logger)
@@ -115,4 +115,45 @@ def caffe_log(target, level: int = logging.INFO, long_date: bool = False, logger
     finally:
         log.removeHandler(handler)
         log.setLevel(saved)
-        handler.close()
+        try:
+            handler.close()
+        except OSError as exc:  # its last lines (a full disk): reported below unless the block failed
+            handler.failed = handler.failed or exc
+    failed = getattr(handler, "failed", None)
+    if failed is not None:  # the run itself completed: its log did not
+        raise write_error(Path(target), failed, "the log is incomplete")
+
+
+class _LogFileHandler(logging.FileHandler):
+    """A FileHandler opened with :func:`~caffe_compat.io.atomic.open_log` (a FIFO without a reader, a folder:
+    WriteError at once, not a hang) that, when a write fails (a full disk), keeps the error in ``failed``
+    and writes nothing more, instead of printing logging's traceback at every record."""
+
+    def __init__(self, path: str):
+        self.failed: OSError | None = None
+        self.given = path  # errors name the path as given (baseFilename is absolute)
+        super().__init__(path, mode="w", encoding="utf-8", delay=True)
+        self.stream = self._open()
+
+    def _open(self):
+        from caffe_compat.io.atomic import open_log
+
+        return open_log(self.given, self.mode, encoding=self.encoding, errors=self.errors)
+
+    def emit(self, record) -> None:
+        if self.failed is None:
+            super().emit(record)
+
+    def handleError(self, record) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError) and self.failed is None:
+            self.failed = exc
+            return
+        super().handleError(record)
+
+    def close(self) -> None:
+        if self.failed is not None:  # flushing what failed would fail again
+            with contextlib.suppress(OSError):
+                super().close()
+            return
+        super().close()

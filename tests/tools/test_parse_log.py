@@ -124,6 +124,36 @@ def _our_log(tmp_path: Path, test: bool):
     return log, solver
 
 
+@pytest.mark.parametrize("target", ["folder", "fifo", "full"])
+def test_an_unwritable_caffe_log_is_one_write_error(tmp_path, target, capsys):
+    """train --caffe-log that is a folder, a FIFO nobody reads (it blocked for ever) or on a full disk: one
+    WriteError naming it (a full disk printed logging's traceback at every record, then an OSError traceback
+    at close: exit 1)."""
+    import logging
+    import os
+
+    from caffe_compat.errors import WriteError
+    from caffe_compat.io.glog import caffe_log
+
+    path = tmp_path / "caffe.log"
+    if target == "folder":
+        path.mkdir()
+    elif target == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("needs os.mkfifo")
+        os.mkfifo(path)
+    else:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("needs /dev/full")
+        path = Path("/dev/full")
+    reason = {"folder": "", "fifo": "a FIFO with no reader: ", "full": "the log is incomplete: "}[target]
+    with pytest.raises(WriteError, match=rf"^{re.escape(str(path))}: cannot write \({reason}"):
+        with caffe_log(path):
+            for i in range(3):
+                logging.getLogger("caffe_compat.solver").info("Iteration %d, lr = 0.01", i)
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_our_train_log_parses_like_the_real_caffe_log_of_the_same_run(tmp_path):
     log, _ = _our_log(tmp_path, test=False)
     ours = parse_log(log)
