@@ -117,12 +117,13 @@ def run(args) -> int:
     from caffe_compat.export.metadata import read_metadata
     from caffe_compat.export.onnx_export import default_opset, require_onnxscript
     from caffe_compat.export.verify import check_verify_input_path
-    from caffe_compat.io.atomic import require_folder
+    from caffe_compat.io.atomic import refuse_special_target, require_folder
 
     if args.compile:
         require_onnxscript()  # before any work: a missing package is one line, exit 2
     opset = default_opset(args.compile) if args.opset is None else args.opset
     target = require_folder(args.path)
+    refuse_special_target(target)  # --verify renames its file into place too
     args.verify = bool(args.verify or args.verify_inputs)
     inputs = _verify_inputs(args.verify_inputs, check_verify_input_path)  # missing files fail before the export
     path = target.with_name(f".{target.name}.verify{os.getpid()}.onnx") if args.verify else target

@@ -162,6 +162,21 @@ def open_log(path: str | os.PathLike, mode: str = "a", **kwargs):
         raise
 
 
+def refuse_special_target(target: Path) -> None:
+    """WriteError when ``target`` exists (links followed) as a device, a FIFO or a socket: the temporary file
+    renamed into place would replace the node itself (run as root, ``--json /dev/null`` turned /dev/null
+    into a regular file)."""
+    from caffe_compat.io.safe_open import _kind
+
+    try:
+        st = os.stat(target)
+    except (OSError, ValueError):
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise WriteError(f"{target}: cannot write (it is {_kind(st.st_mode)}: outputs are written to a temporary "
+                         f"file renamed into place, which would replace it; give a regular file's path)")
+
+
 def require_folder(path: str | os.PathLike) -> Path:
     """``path`` as a Path when its folder exists; else WriteError naming the missing folder.  The command
     line checks its output paths with this before any work, so a typo never creates folders silently
@@ -189,6 +204,7 @@ def atomic_path(path: str | os.PathLike):
                            with_reason=False) from None
     except OSError as exc:
         raise write_error(target, exc, f"cannot create folder {exc.filename or target.parent}") from None
+    refuse_special_target(target)
     remove_stale_temporaries(target.parent, re.escape(target.name))
     mode = _new_file_mode(target)
     try:
@@ -233,6 +249,8 @@ def write_files_atomic(contents: list[tuple[Path, bytes]]) -> None:
     temporary files are removed, a target already renamed is put back as it was (restored, or removed if
     it did not exist), the folders this call created are removed again, and a WriteError names the path
     and the reason."""
+    for target, _ in contents:
+        refuse_special_target(Path(target))
     first = Path(contents[0][0])
     created = _make_parents(first.parent, first)
     temporaries: list[tuple[Path, Path]] = []

@@ -152,3 +152,26 @@ def test_a_solver_snapshot_removes_stale_temporaries_of_its_prefix(tmp_path):
     solver.snapshot()  # iteration 0: none of the stale temporaries has its name
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [p.name for p in keep] + ["snap_iter_0.caffemodel", "snap_iter_0.solverstate"])
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_a_fifo_or_device_target_is_refused_not_replaced(tmp_path):
+    """The temporary file renamed over a FIFO or a device would replace the node (as root, ``--json /dev/null``
+    made /dev/null a regular file): a WriteError, and the node stays."""
+    from caffe_compat.io.atomic import write_files_atomic
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    targets = [fifo]
+    if os.path.exists("/dev/null"):
+        link = tmp_path / "null.json"
+        link.symlink_to("/dev/null")  # links are followed: a device behind a link is refused too
+        targets.append(link)
+    for target in targets:
+        kind = "a FIFO" if target == fifo else "a character device"
+        with pytest.raises(WriteError, match=rf"^{re.escape(str(target))}: cannot write \(it is {kind}"):
+            write_text_atomic(target, "{}")
+        with pytest.raises(WriteError, match=rf"^{re.escape(str(target))}: cannot write \(it is {kind}"):
+            write_files_atomic([(tmp_path / "a.txt", b"a"), (target, b"b")])
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(t.name for t in targets)
