@@ -39,6 +39,7 @@ def run(args) -> int:
 
     from caffe_compat.cli.output import dump_json, require_output_folders
     from caffe_compat.errors import CaffeCompatError
+    from caffe_compat.io.atomic import refuse_special_target
     from caffe_compat.tools.parse_log import parse_log, plot_training_log, save_csv_files
 
     if len(args.delimiter) != 1:
@@ -46,10 +47,12 @@ def run(args) -> int:
     table = Path(args.output_dir) / f"{os.path.basename(args.logfile_path)}.train"  # as Caffe's script: it must exist
     require_output_folders(table, args.plot, args.json)
     log = parse_log(args.logfile_path, year=args.year)
+    if args.json not in (None, "-"):
+        refuse_special_target(Path(args.json))
+    # the plot first: a log it cannot draw is refused before any file is written
+    plot = [str(plot_training_log(log, args.plot, x=args.x))] if args.plot else []
     train_path, test_path = save_csv_files(log, args.logfile_path, args.output_dir, args.delimiter)
-    written = [str(train_path), str(test_path)]
-    if args.plot:
-        written.append(str(plot_training_log(log, args.plot, x=args.x)))
+    written = [str(train_path), str(test_path), *plot]
     if args.json != "-":
         if args.verbose:
             for path in written:

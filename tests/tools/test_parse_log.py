@@ -201,3 +201,15 @@ def test_bad_logs_exit_2_with_one_line(tmp_path, capsys):
     assert main(["parse-log", str(tmp_path / "missing.log"), str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "not a Caffe training log" in err[0] and "cannot read" in err[1]
+
+
+def test_a_log_the_plot_refuses_leaves_no_tables(tmp_path, capsys):
+    """--plot on a log with nothing to draw (only multi-element outputs, no finite lr) exits 2 before the
+    CSVs are written (they were written, then the command failed)."""
+    log = tmp_path / "odd.log"
+    log.write_text("I1130 12:00:00.000000  1234 solver.cpp:330] Iteration 7, Testing net (#0)\n"
+                   "I1130 12:00:00.000000  1234 solver.cpp:397]     Test net output #0: acc = 0.5\n"
+                   "I1130 12:00:00.000000  1234 solver.cpp:397]     Test net output #1: acc = 0.25\n")
+    assert main(["parse-log", str(log), str(tmp_path / "csv"), "--plot", str(tmp_path / "c.png")]) == 2
+    assert "no scalar outputs or learning rates to plot" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.log"]
