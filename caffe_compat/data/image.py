@@ -55,7 +55,7 @@ def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, ne
         raise DataError(f"{path}{named}: OpenCV could not decode the image ({cv_reason(exc)})") from None
     if image is None:
         reason = "file not found" if not Path(path).is_file() else "OpenCV could not decode it"
-        raise DataError(f"{path}: could not open or find the image ({reason})")
+        raise DataError(f"{path}{named}: could not open or find the image ({reason})")
     if new_height > 0 and new_width > 0:
         image = resize_within_budget(image, new_height, new_width, f"{path}{named}")
     if image.ndim == 2:

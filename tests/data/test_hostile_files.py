@@ -90,6 +90,9 @@ def test_undecodable_image_and_unallocatable_resize_are_data_errors(tmp_path):
     garbage.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
     with pytest.raises(DataError, match="garbage.png: could not open or find the image"):
         load_image_bgr(garbage)
+    # the list entry (or field) that named it, as every other refusal of this function says
+    with pytest.raises(DataError, match=r"garbage.png \(named by list.txt:3\): could not open or find the image"):
+        load_image_bgr(garbage, what="list.txt:3")
     good = tmp_path / "good.png"
     assert cv2.imwrite(str(good), np.zeros((4, 5, 3), np.uint8))
     assert load_image_bgr(good, new_height=6, new_width=7).shape == (6, 7, 3)
