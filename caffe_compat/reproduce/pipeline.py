@@ -47,7 +47,7 @@ import numpy as np
 
 from caffe_compat.errors import CaffeCompatError
 from caffe_compat.hardware import require_cpu_compiler
-from caffe_compat.io.atomic import write_text_atomic
+from caffe_compat.io.atomic import write_error, write_text_atomic
 from caffe_compat.reproduce.report import (SPREAD, closing_summary, headline, metric_columns, results_json,
                                            results_markdown, seed_spread, write_figures)
 from caffe_compat.reproduce.config import ReproduceConfig, resolve
@@ -193,7 +193,11 @@ def reproduce(config: ReproduceConfig | str, **options) -> dict:
         # written: a wrong --data-root leaves no run folder behind.
         data = _read_data(setup, config, generated)
     planned = [(loss, seed, config.out_dir / loss / f"seed{seed}") for loss in config.losses for seed in config.seeds]
-    config.out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # --out (or a folder above it) is a file, or cannot be created
+        reason = "not a folder" if isinstance(exc, (FileExistsError, NotADirectoryError)) else "cannot create it"
+        raise write_error(config.out_dir, exc, f"--out: {reason}", with_reason=reason != "not a folder") from None
     if config.weights is None and setup.toy_kind is None and config.progress:
         print(f"reproduce {config.dataset}: no --weights, so training starts from the prototxt's fillers (Caffe's "
               f"default filler is constant 0); the paper starts from the ImageNet caffemodel named in models/",

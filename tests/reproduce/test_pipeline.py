@@ -240,6 +240,18 @@ def test_bad_data_root_exits_2_before_creating_the_run_folder(damage, tmp_path, 
     assert not out.exists()
 
 
+def test_an_out_that_is_a_file_exits_2(tmp_path, capsys):
+    """`reproduce ... --out FILE` (or a folder under a file): one line naming it (FileExistsError traceback)."""
+    root = make_toy_data("cub", tmp_path / "cub", size=16, num_classes=6, images_per_class=4)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    for out in (taken, taken / "sub"):
+        assert main(["reproduce", "cub200", "--data-root", str(root), "--max-iter", "1", "--device", "cpu",
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"caffe-compat reproduce: error: {out}: cannot write (--out: not a folder)\n", err
+
+
 def test_cuda_graphs_off_a_gpu_warn_and_train_the_same_runs(digits_run, tmp_path, capsys):
     """``reproduce --cuda-graphs`` on the CPU: the reason on stderr, then the runs eager training makes
     (the same weights, hence the same metrics as the shared digits run's)."""
