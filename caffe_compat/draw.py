@@ -25,6 +25,7 @@ graphviz`` / ``brew install graphviz`` / ``conda install graphviz``); without th
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError
@@ -104,7 +105,8 @@ def get_layer_label(layer: caffe_pb2.LayerParameter, rankdir: str, display_lrm: 
     method), and with ``display_lrm`` the lr mults of learning layers (module docstring); fields one per
     line when the graph runs left-right, on one line when it runs top-bottom."""
     separator = " " if rankdir in ("TB", "BT") else "\\n"
-    parts = [layer.name, f"({layer.type})"]
+    # the node is a graphviz record: { } < > | in a name are its syntax (a '{' or '<' failed the drawing)
+    parts = [re.sub(r"([{}<>|])", r"\\\1", text) for text in (layer.name, f"({layer.type})")]
     if layer.type in ("Convolution", "Deconvolution"):
         p = layer.convolution_param
         kernel = _first(p.kernel_size, p.kernel_h or 1)
@@ -181,8 +183,11 @@ def get_pydot_graph(caffe_net, rankdir: str, label_edges: bool = True, phase=Non
 
 
 def _quote(text: str) -> str:
-    """A DOT ID in double quotes (names with ``/``, ``:`` or spaces stay one ID; ``\\n`` stays a newline)."""
-    return '"' + str(text).replace('"', '\\"') + '"'
+    """A DOT ID in double quotes (names with ``/``, ``:`` or spaces stay one ID; ``\\n`` stays a newline).
+    Backslashes before a quote or the end are doubled and NUL bytes written as ``\\0``: a name ending in
+    ``\\`` (or holding ``\\"``) ended the quoted ID early, and dot failed on the whole drawing."""
+    text = re.sub(r'\\+(?="|\Z)', lambda m: m.group(0) * 2, str(text)).replace("\0", "\\\\0")
+    return '"' + text.replace('"', '\\"') + '"'
 
 
 def draw_net(caffe_net, rankdir: str, ext: str = "png", phase=None, display_lrm: bool = False) -> bytes:

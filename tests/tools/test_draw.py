@@ -134,3 +134,15 @@ def test_missing_pydot_or_graphviz_is_a_typed_error(tmp_path, monkeypatch, capsy
     with pytest.raises(SystemExit) as exit_info:  # argparse's own exit status 2
         main(["draw", str(CUB), str(tmp_path / "x.png"), "--rankdir", "XY"])
     assert exit_info.value.code == 2
+
+
+@needs_dot
+@pytest.mark.parametrize("name", ["ends\\\\", 'quote\\\\\\"d', "nul\\x00", "brace{", "angle<x", "a}b>|c"])
+def test_names_dot_would_misread_are_escaped(tmp_path, name):
+    """Layer and blob names with a trailing backslash, a NUL, or the record syntax { } < > | were written into
+    the DOT source as they are: dot failed on the whole drawing ('graphviz cannot write format png')."""
+    text = (f'layer {{ name: "{name}" type: "Input" top: "{name}" input_param {{ shape {{ dim: 1 dim: 2 }} }} }}\n'
+            f'layer {{ name: "r" type: "ReLU" bottom: "{name}" top: "out" }}\n')
+    (tmp_path / "net.prototxt").write_text(text)
+    draw.draw_net_to_file(read_net(tmp_path / "net.prototxt"), tmp_path / "net.png")
+    assert cv2.imread(str(tmp_path / "net.png")) is not None
