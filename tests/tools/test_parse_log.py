@@ -210,6 +210,7 @@ def test_a_log_the_plot_refuses_leaves_no_tables(tmp_path, capsys):
     log.write_text("I1130 12:00:00.000000  1234 solver.cpp:330] Iteration 7, Testing net (#0)\n"
                    "I1130 12:00:00.000000  1234 solver.cpp:397]     Test net output #0: acc = 0.5\n"
                    "I1130 12:00:00.000000  1234 solver.cpp:397]     Test net output #1: acc = 0.25\n")
+    (tmp_path / "csv").mkdir()  # the output folder must exist, as for Caffe's parse_log.py
     assert main(["parse-log", str(log), str(tmp_path / "csv"), "--plot", str(tmp_path / "c.png")]) == 2
     assert "no scalar outputs or learning rates to plot" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.log"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["csv", "odd.log"] and not any((tmp_path / "csv").iterdir())
