@@ -72,7 +72,7 @@ def resolve(config: ReproduceConfig) -> tuple[ReproduceConfig, ReproduceSetup]:
         raise CaffeCompatError(f"reproduce {dataset}: no prototxt for loss(es) {unknown}; "
                                f"available: {', '.join(setup.losses)}")
     seeds = list(config.seeds if config.seeds is not None else ((0, 1, 2) if setup.toy_kind else (0,)))
-    max_iter = int(config.max_iter or setup.max_iter)
+    max_iter = int(setup.max_iter if config.max_iter is None else config.max_iter)  # 0 is refused, not the default
     if max_iter < 1:
         raise CaffeCompatError(f"reproduce {dataset}: --max-iter must be >= 1, got {max_iter}")
     if config.weights is not None and not Path(config.weights).is_file():
@@ -109,8 +109,8 @@ def loader_workers(device: str) -> int:
 def _with_batch(setup: ReproduceSetup, batch_size: int | None, per_label: int | None) -> ReproduceSetup:
     if batch_size is None and per_label is None:
         return setup
-    batch_size = int(batch_size or setup.batch_size)
-    per_label = int(per_label or min(setup.per_label, batch_size))
+    batch_size = int(setup.batch_size if batch_size is None else batch_size)  # None only means the default
+    per_label = int(min(setup.per_label, batch_size) if per_label is None else per_label)
     if not 2 <= per_label <= batch_size:
         raise CaffeCompatError(f"reproduce {setup.name}: need 2 <= --per-label <= --batch-size, got "
                                f"{per_label} and {batch_size} (a batch is made of label runs)")

@@ -39,6 +39,17 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path, options, m
     assert not out.exists()
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(max_iter=0), "--max-iter must be >= 1, got 0"),
+    (dict(batch_size=0), "got 0 and 0"),
+    (dict(per_label=0), "got 0 and 64"),
+])
+def test_a_zero_option_is_refused_not_taken_for_the_default(options, message):
+    """``--max-iter 0``, ``--batch-size 0``, ``--per-label 0``: refused, not silently the data set's default."""
+    with pytest.raises(CaffeCompatError, match=message):
+        resolve(ReproduceConfig("digits", **options))
+
+
 def test_unknown_data_set():
     with pytest.raises(CaffeCompatError, match="unknown data set 'mnist'"):
         reproduce(ReproduceConfig("mnist"))
