@@ -50,6 +50,21 @@ def test_a_zero_option_is_refused_not_taken_for_the_default(options, message):
         resolve(ReproduceConfig("digits", **options))
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(seeds=[0, -1]), r"--seeds must be in 0\.\.4294967295, got \[-1\]"),
+    (dict(seeds=[2 ** 32]), r"--seeds must be in 0\.\.4294967295, got \[4294967296\]"),
+    (dict(workers=-1), "--workers must be >= 0, got -1"),
+    (dict(snapshot_every=-5), "--snapshot-every must be >= 0, got -5"),
+])
+def test_an_out_of_range_option_is_refused_before_training(tmp_path, options, message):
+    """Numpy's seed range, a DataLoader's worker count: one line (exit 2) before anything runs, not a
+    traceback from inside the first run; a negative snapshot interval is no interval."""
+    out = tmp_path / "run"
+    with pytest.raises(CaffeCompatError, match=message):
+        resolve(ReproduceConfig("digits", out_dir=out, **options))
+    assert not out.exists()
+
+
 def test_unknown_data_set():
     with pytest.raises(CaffeCompatError, match="unknown data set 'mnist'"):
         reproduce(ReproduceConfig("mnist"))
