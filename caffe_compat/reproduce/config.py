@@ -57,8 +57,8 @@ def resolve(config: ReproduceConfig) -> tuple[ReproduceConfig, ReproduceSetup]:
     """``config`` checked, with every default filled in (``losses``/``seeds`` lists, ``max_iter``,
     ``out_dir`` a Path, ``workers``, ``device`` as torch names it), and the data set's setup (with the
     batch overrides).  Raises CaffeCompatError for an unknown data set, an unusable device, a batch that is
-    no run of labels, a loss without a prototxt, a seed outside 0..2**32-1, negative ``workers`` or
-    ``snapshot_every``, ``max_iter`` < 1 or missing ``weights``."""
+    no run of labels, a loss without a prototxt, a loss or seed named twice, a seed outside 0..2**32-1,
+    negative ``workers`` or ``snapshot_every``, ``max_iter`` < 1 or missing ``weights``."""
     from caffe_compat.evaluate.inputs import parse_device
 
     dataset = config.dataset
@@ -73,6 +73,10 @@ def resolve(config: ReproduceConfig) -> tuple[ReproduceConfig, ReproduceSetup]:
         raise CaffeCompatError(f"reproduce {dataset}: no prototxt for loss(es) {unknown}; "
                                f"available: {', '.join(setup.losses)}")
     seeds = list(config.seeds if config.seeds is not None else ((0, 1, 2) if setup.toy_kind else (0,)))
+    for option, values in (("--loss", losses), ("--seeds", seeds)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:  # one run directory per (loss, seed): a repeat would train it twice and count it twice
+            raise CaffeCompatError(f"reproduce {dataset}: {option} names {', '.join(map(str, twice))} more than once")
     bad_seeds = [s for s in seeds if not 0 <= int(s) < 2 ** 32]
     if bad_seeds:  # numpy's global RandomState (Caffe's random_seed) takes 0..2**32-1
         raise CaffeCompatError(f"reproduce {dataset}: --seeds must be in 0..{2 ** 32 - 1}, got {bad_seeds}")

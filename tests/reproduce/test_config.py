@@ -65,6 +65,17 @@ def test_an_out_of_range_option_is_refused_before_training(tmp_path, options, me
     assert not out.exists()
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(seeds=[0, 1, 0]), "--seeds names 0 more than once"),
+    (dict(losses=["fappy", "triplet", "fappy"]), "--loss names fappy more than once"),
+])
+def test_a_repeated_loss_or_seed_is_refused(options, message):
+    """A (loss, seed) named twice would be trained twice into one directory and counted twice in the
+    spread over seeds (n = 2 of one run)."""
+    with pytest.raises(CaffeCompatError, match=message):
+        resolve(ReproduceConfig("digits", **options))
+
+
 def test_unknown_data_set():
     with pytest.raises(CaffeCompatError, match="unknown data set 'mnist'"):
         reproduce(ReproduceConfig("mnist"))
