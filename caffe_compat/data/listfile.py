@@ -2,8 +2,9 @@
 
 :func:`read_table` is the one place that reads them.  Lines are split on whitespace into a fixed
 number of fields (the last field keeps any remaining text, so a path may hold spaces); blank lines
-are skipped.  Every problem raises :class:`~caffe_compat.errors.DataError` naming ``file:line``
-and the offending text, e.g. ``.../images.txt:7: expected 2 fields (image_id path), got 1: '7'``.
+are skipped, and so is a UTF-8 byte-order mark at the start (a list saved by Windows Notepad).  Every
+problem raises :class:`~caffe_compat.errors.DataError` naming ``file:line`` and the offending text,
+e.g. ``.../images.txt:7: expected 2 fields (image_id path), got 1: '7'``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def read_table(path: Path, fields: Sequence[str], header: bool = False) -> list[
     path = Path(path)
     require_file(path, " ".join(fields))
     try:
-        text = read_list_text(path, encoding="utf-8")
+        text = read_list_text(path, encoding="utf-8-sig")  # a leading BOM is no part of the first field
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text ({exc})") from None
     rows: list[tuple[int, list[str]]] = []

@@ -129,6 +129,22 @@ def test_malformed_line_names_file_and_line(trees, tmp_path, kind, relative, lin
     assert f"{root / relative}:{line}:" in str(info.value)
 
 
+@pytest.mark.parametrize("kind, read", [
+    ("cub", lambda root: read_cub200(root, "test")),
+    ("sop", lambda root: read_sop(root, "test")),
+    ("vehicleid", lambda root: read_vehicleid(root, "small")),
+])
+def test_list_files_saved_on_windows_read_alike(trees, tmp_path, kind, read):
+    """A UTF-8 byte-order mark, CRLF line ends and trailing blank lines (an editor on Windows) change no record."""
+    root = _copy(trees[kind], tmp_path)
+    for path in root.rglob("*.txt"):
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n") + b"\r\n\r\n")
+    def rows(records, base):
+        return [(r.path.relative_to(base), r.label, r.image_id, r.category) for r in records]
+
+    assert rows(read(root), root) == rows(read(trees[kind]), trees[kind])
+
+
 def test_missing_files_and_bad_header(trees, tmp_path):
     root = _copy(trees["sop"], tmp_path)
     _malform(root / "Ebay_train.txt", 1, "image_id class path")
