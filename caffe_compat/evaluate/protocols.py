@@ -90,7 +90,10 @@ def evaluate_vehicleid(
         if name not in splits:
             continue
         features, ids = splits[name]
-        curves = vehicleid_cmc_curves(features, ids, repeats, seed, device=device, budget_bytes=budget_bytes)
+        try:
+            curves = vehicleid_cmc_curves(features, ids, repeats, seed, device=device, budget_bytes=budget_bytes)
+        except EvaluationInputError as exc:  # which of the (up to three) test lists it is
+            raise EvaluationInputError(f"VehicleID {name} test list: {exc}") from None
         queries = int(len(ids)) - int(curves.shape[1])  # per repeat: all images but one per vehicle
         curves = torch.round(curves.cpu() * queries) / queries  # counts / queries, rounded alike on every device
         entry = {"num_images": int(len(ids)), "num_vehicles": int(curves.shape[1])}

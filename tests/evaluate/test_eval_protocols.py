@@ -54,6 +54,9 @@ def test_vehicleid_protocol_per_split():
     assert json.loads(json.dumps(result)) == result
     with pytest.raises(CaffeCompatError, match="splits"):
         evaluate_vehicleid({"huge": small})
+    singletons = (np.eye(3), np.arange(3))  # every vehicle once: that list has no query
+    with pytest.raises(CaffeCompatError, match="^VehicleID medium test list: every vehicle has a single image"):
+        evaluate_vehicleid({"small": small, "medium": singletons})
 
 
 def paper_rows():
