@@ -45,7 +45,7 @@ def read_table(path: Path, fields: Sequence[str], header: bool = False) -> list[
             continue
         parts = line.split(None, len(fields) - 1)
         if need_header:
-            if parts != list(fields):
+            if line.split() != list(fields):  # not ``parts``: its last field keeps trailing blanks
                 raise DataError(
                     f"{path}:{number}: expected the header line {' '.join(fields)!r}, got {line.strip()!r}"
                 )

@@ -145,6 +145,16 @@ def test_list_files_saved_on_windows_read_alike(trees, tmp_path, kind, read):
     assert rows(read(root), root) == rows(read(trees[kind]), trees[kind])
 
 
+def test_sop_header_with_trailing_blanks_or_tabs(trees, tmp_path):
+    """Whitespace after ``path`` (or tabs between the names) is still the header; it was refused as
+    "expected the header line 'image_id ... path', got 'image_id ... path'"."""
+    root = _copy(trees["sop"], tmp_path)
+    _malform(root / "Ebay_test.txt", 1, "image_id class_id super_class_id path \t")
+    _malform(root / "Ebay_train.txt", 1, "image_id\tclass_id\tsuper_class_id\tpath")
+    assert len(read_sop(root, "test")) == len(read_sop(trees["sop"], "test"))
+    assert len(read_sop(root, "train")) == len(read_sop(trees["sop"], "train"))
+
+
 def test_missing_files_and_bad_header(trees, tmp_path):
     root = _copy(trees["sop"], tmp_path)
     _malform(root / "Ebay_train.txt", 1, "image_id class path")
