@@ -82,11 +82,15 @@ def _preprocessing(text):
 
     if text is None:
         return None
-    source = Path(text) if text.strip().endswith(".json") else None
-    try:
-        value = json.loads(read_regular_text(source, "--preprocessing") if source is not None else text)
+    source = Path(text) if text.strip().lower().endswith(".json") else None  # prep.json, PREP.JSON
+    try:  # a file saved with a UTF-8 byte-order mark (a Windows editor) reads as without it
+        value = json.loads(read_regular_text(source, "--preprocessing", encoding="utf-8-sig")
+                           if source is not None else text)
     except OSError as exc:
         raise CaffeCompatError(f"{text}: cannot read the preprocessing file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise CaffeCompatError(f"{text}: the preprocessing file is not UTF-8 text ({exc.reason} at byte "
+                               f"{exc.start})") from None
     except json.JSONDecodeError as exc:
         raise CaffeCompatError(f"--preprocessing: not valid JSON ({exc})") from None
     if not isinstance(value, dict):

@@ -88,6 +88,23 @@ def test_export_checkpoint_fixed_batch_preprocessing_file(tiny, tmp_path, capsys
     assert meta["batch"] == 4 and meta["crop_size"] == 24 and meta["opset"] == 14
 
 
+def test_export_preprocessing_file_encodings(tiny, tmp_path, capsys):
+    """A .JSON name and a UTF-8 byte-order mark are a preprocessing file like any; a file that is not UTF-8
+    is one line, exit 2 (it was a UnicodeDecodeError traceback)."""
+    _, prototxt, weights = tiny
+    (tmp_path / "PREP.JSON").write_bytes(b"\xef\xbb\xbf" + json.dumps(TINY_PREPROCESSING).encode())
+    out = tmp_path / "tiny.onnx"
+    args = ["export", str(prototxt), "--weights", str(weights), "-o", str(out), "--preprocessing"]
+    assert main([*args, str(tmp_path / "PREP.JSON")]) == 0, capsys.readouterr()
+    assert read_metadata(out)["crop_size"] == 24
+    (tmp_path / "latin1.json").write_bytes(b'{"crop_size": 24, "note": "caf\xe9"}')
+    out.unlink()
+    capsys.readouterr()
+    assert main([*args, str(tmp_path / "latin1.json")]) == 2
+    assert "latin1.json: the preprocessing file is not UTF-8 text" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--batch", "zero"], "batch must be 'dynamic' or a positive int"),
     (["--opset", "7"], "opset must be in 11..20"),
