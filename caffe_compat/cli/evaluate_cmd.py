@@ -8,7 +8,8 @@ curves (VehicleID, Fig. 6); both are rendered to temporary files and renamed int
 everything succeeded.  ``--provider`` picks ONNX Runtime's execution provider (features; a CUDA request
 that falls back to the CPU is reported on stderr), ``--device`` where the exact k-NN of the metrics runs
 (``auto``: CUDA when torch has it; the metrics are the same on both).  Exit status: 0 done, 2 bad input
-(an unusable ``--device`` or a ``--json``/``--plot`` folder that does not exist included; nothing written).
+(an unusable ``--device``, a ``--json``/``--plot`` folder that does not exist, a ``--plot`` named other than
+``.png`` included; nothing written).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def run(args) -> int:
     for output in (args.json, args.plot):
         if output:
             require_folder(output)
+    if args.plot and Path(args.plot).suffix.lower() not in ("", ".png"):  # not PNG bytes in a .pdf or .svg
+        raise CaffeCompatError(f"--plot {args.plot}: the plot is a PNG image; name it .png")
     split = None
     if args.split:
         split = args.split if args.dataset == "vehicleid" else args.split[-1]

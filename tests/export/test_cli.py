@@ -137,6 +137,16 @@ def test_evaluate_prints_table_and_writes_json_and_plot(tiny, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
+@pytest.mark.parametrize("name", ["curve.pdf", "curve.svg", "curve.jpg"])
+def test_evaluate_plot_named_as_another_format_is_refused(tmp_path, capsys, name):
+    """The plot is a PNG: a .pdf/.svg/.jpg name got PNG bytes; refused (exit 2) before anything runs."""
+    status = main(["evaluate", str(tmp_path / "missing.onnx"), "--dataset", "cub200", "--data-root", str(tmp_path),
+                   "--plot", str(tmp_path / name), "--json", str(tmp_path / "out.json")])
+    assert status == 2
+    assert f"--plot {tmp_path / name}: the plot is a PNG image; name it .png" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_evaluate_vehicleid_cmc_plot(tiny, tmp_path, capsys):
     root, prototxt, weights = tiny
     model = tmp_path / "tiny.onnx"
