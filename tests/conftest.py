@@ -125,3 +125,24 @@ def nsfw_dir() -> Path:
     from caffe_compat.models import fetch_nsfw
 
     return fetch_nsfw(REPO / ".cache")
+
+
+#: What a log path that cannot be written says after "cannot write (", per kind of :func:`unwritable_log`.
+UNWRITABLE_REASONS = {"folder": "", "fifo": "a FIFO with no reader: ", "full": ""}
+
+
+def unwritable_log(tmp_path: Path, kind: str) -> Path:
+    """A log path that cannot be written: a folder, a FIFO nobody reads, or ``/dev/full`` (skips where the
+    system has no FIFOs or no /dev/full)."""
+    path = tmp_path / "unwritable.log"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("needs os.mkfifo")
+        os.mkfifo(path)
+    else:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("needs /dev/full")
+        path = Path("/dev/full")
+    return path

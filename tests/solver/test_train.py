@@ -4,7 +4,6 @@ bf16 autocast and channels_last on CPU, epochs restart, the end-of-training snap
 from __future__ import annotations
 
 import csv
-import os
 import re
 import shutil
 from pathlib import Path
@@ -17,6 +16,7 @@ from caffe_compat.errors import FormatError, WriteError
 from caffe_compat.solver import Solver
 from caffe_compat.solver.train import train
 from tests.solver.caffe_cases import case_dir, feed, load_case, make_solver, param_arrays
+from tests.conftest import UNWRITABLE_REASONS, unwritable_log
 
 CASE = "sgd_step_momentum"
 
@@ -53,18 +53,8 @@ def test_dataloader_run_equals_pycaffe_feeding_and_logs_csv(tmp_path):
 def test_an_unwritable_csv_log_is_a_write_error(tmp_path, target):
     """csv_log (train --log) that is a folder, a FIFO nobody reads (it blocked for ever) or on a full disk:
     a WriteError naming it (it was an IsADirectoryError or OSError traceback, exit 1)."""
-    path = tmp_path / "log.csv"
-    if target == "folder":
-        path.mkdir()
-    elif target == "fifo":
-        if not hasattr(os, "mkfifo"):
-            pytest.skip("needs os.mkfifo")
-        os.mkfifo(path)
-    else:
-        if not os.path.exists("/dev/full"):
-            pytest.skip("needs /dev/full")
-        path = Path("/dev/full")
-    reason = {"folder": "", "fifo": "a FIFO with no reader: ", "full": ""}[target]
+    path = unwritable_log(tmp_path, target)
+    reason = UNWRITABLE_REASONS[target]
     with pytest.raises(WriteError, match=rf"^{re.escape(str(path))}: cannot write \({reason}"):
         train(make_solver(CASE), loader(), iters=2, progress=False, csv_log=path)
 

@@ -26,7 +26,7 @@ import pytest
 from caffe_compat.cli import main
 from caffe_compat.io.glog import parse_line
 from caffe_compat.tools.parse_log import parse_log
-from tests.conftest import fixture_path
+from tests.conftest import UNWRITABLE_REASONS, fixture_path, unwritable_log
 
 DATA = Path(__file__).parent / "data"
 LENET = DATA / "lenet_caffe.log"
@@ -130,23 +130,12 @@ def test_an_unwritable_caffe_log_is_one_write_error(tmp_path, target, capsys):
     WriteError naming it (a full disk printed logging's traceback at every record, then an OSError traceback
     at close: exit 1)."""
     import logging
-    import os
 
     from caffe_compat.errors import WriteError
     from caffe_compat.io.glog import caffe_log
 
-    path = tmp_path / "caffe.log"
-    if target == "folder":
-        path.mkdir()
-    elif target == "fifo":
-        if not hasattr(os, "mkfifo"):
-            pytest.skip("needs os.mkfifo")
-        os.mkfifo(path)
-    else:
-        if not os.path.exists("/dev/full"):
-            pytest.skip("needs /dev/full")
-        path = Path("/dev/full")
-    reason = {"folder": "", "fifo": "a FIFO with no reader: ", "full": "the log is incomplete: "}[target]
+    path = unwritable_log(tmp_path, target)
+    reason = {**UNWRITABLE_REASONS, "full": "the log is incomplete: "}[target]
     with pytest.raises(WriteError, match=rf"^{re.escape(str(path))}: cannot write \({reason}"):
         with caffe_log(path):
             for i in range(3):
