@@ -113,7 +113,6 @@ def _verify_inputs(paths, check) -> dict:
 
 def run(args) -> int:
     import os
-    from pathlib import Path
 
     from caffe_compat.cli.output import print_table
     from caffe_compat.export import export_onnx, verify_onnx
