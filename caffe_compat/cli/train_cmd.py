@@ -14,6 +14,10 @@ continues as the uninterrupted one would (same losses with ``--deterministic --s
 Caffe snapshot) only Caffe's state is restored and the data layers and RNGs restart, as in Caffe (a
 warning says so).
 
+``-level N`` and ``-stage S1,S2`` set the train net's state as ``caffe train`` does (the level always: 0
+unless given, even over a level the net's own ``state`` names; the stages added to the solver's
+``train_state``).
+
 Signals as ``caffe train`` handles them (:mod:`caffe_compat.cli.signal_effects`): Ctrl-C (SIGINT) stops
 after the current iteration with the snapshot after training and exit 0, SIGHUP writes a snapshot and goes
 on; ``-sigint_effect``/``-sighup_effect`` ``stop|snapshot|none`` change that (not under torchrun, where the
@@ -67,6 +71,11 @@ def register(sub) -> None:
     p.add_argument("--gpu", "-gpu", metavar="ID",
                    help="Caffe's flag: train on CUDA device ID (instead of --device; one device: several GPUs "
                         "train under torchrun)")
+    p.add_argument("--level", "-level", type=int, default=0,
+                   help="the train net's level (default 0, as caffe train, which sets it even where the net's own "
+                        "state names another)")
+    p.add_argument("--stage", "-stage", default="", metavar="S1,S2",
+                   help="stages added to the train net's state, comma-separated (caffe train's -stage)")
     p.add_argument("--iters", type=int, help="iterations to run (default: up to max_iter)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward/backward")
     p.add_argument("--channels-last", action="store_true",
@@ -128,6 +137,16 @@ def _device(args, parse_device) -> str | None:
     return str(resolve_device(args.gpu, args.device))
 
 
+def _train_state(args):
+    """caffe train's ``solver_param.mutable_train_state()->set_level(FLAGS_level)`` and ``add_stage`` per
+    ``-stage``: the level is set whether given or not (0 by default), so it replaces a level the net's own
+    ``state`` names, as in Caffe; the stages are added to the solver's."""
+    from caffe_compat.proto import caffe_pb2
+    from caffe_compat.tools.netsetup import split_list
+
+    return caffe_pb2.NetState(level=args.level, stage=split_list(args.stage))
+
+
 def run(args) -> int:
     import contextlib
 
@@ -169,7 +188,7 @@ def run(args) -> int:
                         amp=args.amp, channels_last=args.channels_last, compile=args.compile, csv_log=args.log,
                         tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
                         distributed=args.distributed, strict_weights=args.strict, cuda_graphs=args.cuda_graphs,
-                        action_request=effects)
+                        action_request=effects, train_state=_train_state(args))
     main = ddp.is_main_process()
     ddp.shutdown_distributed()
     if not main:

@@ -102,8 +102,11 @@ class Solver(SolverSetup, SolverSnapshots):
     net_class: type[CaffeNet] = CaffeNet
 
     def __init__(self, solver, weights=None, device=None, solver_type: str | None = None,
-                 snapshot_prefix: str | None = None, strict_weights: bool = False):
+                 snapshot_prefix: str | None = None, strict_weights: bool = False,
+                 train_state: caffe_pb2.NetState | None = None):
         self.param = self._read_param(solver)
+        if train_state is not None:  # caffe train's -level / -stage: set_level, add_stage on the solver's own
+            self.param.train_state.MergeFrom(train_state)
         if solver_type is not None:
             self.param.type = solver_type
         self.base_dir = Path(solver).resolve().parent if self._is_path(solver) else Path.cwd()

@@ -164,7 +164,8 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
           amp: str | None = None, channels_last: bool = False, compile: bool = False, progress: bool = True,
           csv_log=None, tensorboard=None, deterministic: bool = False, seed: int | None = None,
           test_data=None, distributed: bool | None = None, shard_data: bool | None = None,
-          strict_weights: bool = False, cuda_graphs: bool = False, action_request=None) -> TrainSummary:
+          strict_weights: bool = False, cuda_graphs: bool = False, action_request=None,
+          train_state=None) -> TrainSummary:
     """Train ``solver`` (a :class:`Solver` or a solver prototxt path) — see the module docstring.
 
     ``iters``: iterations to run (default: up to ``max_iter``).  ``weights``/``resume``: a caffemodel to
@@ -177,7 +178,9 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
     TRAIN net raise a FormatError instead of a :class:`~caffe_compat.errors.WeightsMismatchWarning`.
     ``action_request``: Caffe's action function (:attr:`Solver.action_request`, e.g. ``caffe train``'s signal
     effects): ``"snapshot"`` after an iteration writes a snapshot, ``"stop"`` ends the run there with
-    ``Solver::Solve``'s snapshot after training (``TrainSummary.stopped_early``).
+    ``Solver::Solve``'s snapshot after training (``TrainSummary.stopped_early``).  ``train_state``: a
+    ``NetState`` merged into the solver's ``train_state`` before its nets are built (``caffe train``'s
+    ``-level``/``-stage``; only when ``solver`` is a file or a SolverParameter).
     """
     if amp is not None and amp not in AMP_DTYPES:
         raise FormatError(f"amp must be one of {sorted(AMP_DTYPES)} or None, got {amp!r}")
@@ -185,7 +188,8 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
         return _train(solver, data, ALONE, iters=iters, weights=weights, resume=resume, device=device, amp=amp,
                       channels_last=channels_last, compile=compile, progress=progress, csv_log=csv_log,
                       tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data,
-                      strict_weights=strict_weights, cuda_graphs=cuda_graphs, action_request=action_request)
+                      strict_weights=strict_weights, cuda_graphs=cuda_graphs, action_request=action_request,
+                      train_state=train_state)
     device = rank_device(solver, device)
     ddp.init_distributed(device=device)
     filt = RankZeroOnly()
@@ -197,7 +201,8 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
         return _train(solver, data, shard_data, iters=iters, weights=weights, resume=resume, device=device,
                       amp=amp, channels_last=channels_last, compile=compile, progress=progress, csv_log=csv_log,
                       tensorboard=tensorboard, deterministic=deterministic, seed=seed, test_data=test_data,
-                      strict_weights=strict_weights, cuda_graphs=cuda_graphs, action_request=action_request)
+                      strict_weights=strict_weights, cuda_graphs=cuda_graphs, action_request=action_request,
+                      train_state=train_state)
     except BaseException as exc:
         if ddp.is_distributed():
             log.error("rank %d: training stopped: %s: %s", ddp.rank(), type(exc).__name__, exc)
@@ -212,14 +217,14 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
 
 def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, channels_last, compile, progress,
            csv_log, tensorboard, deterministic, seed, test_data, strict_weights=False,
-           cuda_graphs=False, action_request=None) -> TrainSummary:
+           cuda_graphs=False, action_request=None, train_state=None) -> TrainSummary:
     distributed = shard_data is not ALONE and ddp.is_distributed() and ddp.world_size() > 1
     main = not distributed or ddp.is_main_process()
     if deterministic:
         set_deterministic(0 if seed is None else int(seed))
     elif seed is not None:
         torch.manual_seed(int(seed))
-    solver = _solver_with_weights(solver, data, weights, device, strict_weights)
+    solver = _solver_with_weights(solver, data, weights, device, strict_weights, train_state)
     if resume is not None:
         solver.restore(resume)
     if distributed:
@@ -273,15 +278,19 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     return summary
 
 
-def _solver_with_weights(solver, data, weights, device, strict_weights) -> Solver:
+def _solver_with_weights(solver, data, weights, device, strict_weights, train_state=None) -> Solver:
     """``solver`` when it is a :class:`Solver` (``weights`` loaded into its TRAIN net), else the Solver it
-    names, built with ``weights`` (refused when nothing could feed its Input-only train net)."""
+    names, built with ``weights`` and ``train_state`` (refused when nothing could feed its Input-only train
+    net)."""
     if isinstance(solver, Solver):
+        if train_state is not None:
+            raise CaffeCompatError("train_state applies while the nets are built: give the solver file or "
+                                   "SolverParameter, or build the Solver with train_state=")
         if weights is not None:
             solver.net.load_caffemodels(Solver._weight_list(weights), strict=strict_weights)
         return solver
     source_name = solver if isinstance(solver, (str, os.PathLike)) else "the solver"
-    solver = Solver(solver, weights=weights, device=device, strict_weights=strict_weights)
+    solver = Solver(solver, weights=weights, device=device, strict_weights=strict_weights, train_state=train_state)
     if data is None and _train_net_reads_only_inputs(solver):
         names = ", ".join(solver.net.input_names)
         raise CaffeCompatError(

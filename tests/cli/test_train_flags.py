@@ -127,3 +127,37 @@ def test_solver_solve_honours_the_action_requests(solver_dir):
     assert sorted(p.name for p in (solver_dir / "snap").iterdir()) == [
         "s_iter_1.caffemodel", "s_iter_1.solverstate", "s_iter_2.caffemodel", "s_iter_2.solverstate",
         "s_iter_3.caffemodel", "s_iter_3.solverstate"]
+
+
+LEVELLED = """name: "levelled"
+{state}
+layer {{ name: "data" type: "DummyData" top: "data" top: "label" include {{ min_level: 1 }}
+  dummy_data_param {{ shape {{ dim: 4 dim: 3 }} shape {{ dim: 4 }}
+    data_filler {{ type: "gaussian" }} data_filler {{ type: "constant" value: 1 }} }} }}
+layer {{ name: "wide" type: "InnerProduct" bottom: "data" top: "ip" include {{ stage: "wide" }}
+  inner_product_param {{ num_output: 2 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+
+
+@pytest.mark.parametrize("state, argv, missing", [
+    ("", ["-level", "1", "-stage", "wide"], None),
+    ("", ["--level=1", "--stage=other,wide"], None),
+    ("", ["-stage", "wide"], "data"),                              # level 0: no data layer
+    ("", ["-level", "1"], "ip"),                                   # no stage 'wide': no InnerProduct
+    ("state { level: 1 stage: 'wide' }", [], "data"),              # caffe train sets level 0 over the net's 1
+    ("state { level: 1 stage: 'wide' }", ["-level", "1"], None),   # the net's stage stays, the flag's level
+])
+def test_level_and_stage_set_the_train_state_as_caffe_train(tmp_path, monkeypatch, capsys, state, argv, missing):
+    """caffe train: ``train_state.set_level(FLAGS_level)`` (always, 0 by default) and ``add_stage`` per -stage,
+    merged over the net's own ``state`` when the train net is built."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.prototxt").write_text(LEVELLED.format(state=state))
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 1\n'
+                                              'snapshot_after_train: false\n')
+    assert main(["train", "solver.prototxt", *argv]) == (0 if missing is None else 2)
+    out, err = capsys.readouterr()
+    if missing is None:
+        assert "trained 1 iterations" in out
+    else:
+        assert f"unknown bottom blob '{missing}'" in err

@@ -145,3 +145,11 @@ def test_input_only_net_without_data_is_refused(tmp_path, monkeypatch, capsys):
         feed(reference, CASE, t)
         reference.step(1)
     assert np.float32(summary.last_loss) == np.float32(reference.last_loss)
+
+
+def test_train_state_is_refused_for_a_solver_already_built():
+    from caffe_compat.errors import CaffeCompatError
+    from caffe_compat.proto import caffe_pb2
+
+    with pytest.raises(CaffeCompatError, match="train_state applies while the nets are built"):
+        train(make_solver(CASE), loader(), iters=1, progress=False, train_state=caffe_pb2.NetState(level=1))
