@@ -5,11 +5,13 @@ data set's defaults (before anything is read or written).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError
+from caffe_compat.io.safe_open import check_regular_file
 from caffe_compat.reproduce.setups import SETUPS, ReproduceSetup
 from caffe_compat.reproduce.training import prototxt_root
 
@@ -86,8 +88,13 @@ def resolve(config: ReproduceConfig) -> tuple[ReproduceConfig, ReproduceSetup]:
     max_iter = int(setup.max_iter if config.max_iter is None else config.max_iter)  # 0 is refused, not the default
     if max_iter < 1:
         raise CaffeCompatError(f"reproduce {dataset}: --max-iter must be >= 1, got {max_iter}")
-    if config.weights is not None and not Path(config.weights).is_file():
-        raise CaffeCompatError(f"reproduce {dataset}: --weights {config.weights}: no such file")
+    if config.weights is not None:
+        check_regular_file(config.weights, "--weights")  # a FIFO, a device or a folder is named as such
+        if not Path(config.weights).is_file():
+            raise CaffeCompatError(f"reproduce {dataset}: --weights {config.weights}: no such file")
+    if config.delta_min is not None and not (math.isfinite(config.delta_min) and config.delta_min > 0):
+        raise CaffeCompatError(f"reproduce {dataset}: --delta-min must be a finite number > 0 (FAPPY's finest bin "
+                               f"width; Caffe's layer loops for ever otherwise), got {config.delta_min}")
     out_dir = Path(config.out_dir or Path("runs") / dataset)
     workers = (0 if setup.toy_kind else loader_workers(device)) if config.workers is None else int(config.workers)
     resolved = replace(config, losses=losses, seeds=seeds, max_iter=max_iter, out_dir=out_dir, workers=workers,

@@ -136,3 +136,16 @@ def test_a_fifo_as_net_or_weights_is_named_as_such(tmp_path, command):
     args = (["--model", ZOO, "--weights", fifo] if command == "time"
             else [ZOO, "--weights", fifo, "--output", "absval", "-o", tmp_path / "e.onnx"])
     assert_usage_error(run_cli(command, *args), command, f"{fifo}: is a FIFO (named pipe), expected a regular file")
+
+
+def test_run_and_reproduce_name_a_fifo_as_such(tmp_path):
+    """A FIFO given as the script of ``run`` or as ``reproduce --weights`` is named as one (it was 'no such
+    file'), before anything is read or written."""
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("needs os.mkfifo")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert_usage_error(run_cli("run", fifo), "run", f"{fifo} (named by the script): is a FIFO (named pipe), expected a regular file")
+    done = run_cli("reproduce", "digits", "--weights", fifo, "--out", tmp_path / "out")
+    assert_usage_error(done, "reproduce", f"{fifo} (named by --weights): is a FIFO (named pipe), expected a regular file")
+    assert not (tmp_path / "out").exists()

@@ -55,6 +55,8 @@ def test_a_zero_option_is_refused_not_taken_for_the_default(options, message):
     (dict(seeds=[2 ** 32]), r"--seeds must be in 0\.\.4294967295, got \[4294967296\]"),
     (dict(workers=-1), "--workers must be >= 0, got -1"),
     (dict(snapshot_every=-5), "--snapshot-every must be >= 0, got -5"),
+    (dict(delta_min=-1.0), r"--delta-min must be a finite number > 0 .*, got -1\.0"),
+    (dict(delta_min=float("nan")), "--delta-min must be a finite number > 0"),
 ])
 def test_an_out_of_range_option_is_refused_before_training(tmp_path, options, message):
     """Numpy's seed range, a DataLoader's worker count: one line (exit 2) before anything runs, not a
