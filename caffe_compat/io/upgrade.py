@@ -11,7 +11,7 @@ Applied in Caffe's order by :func:`upgrade_net`:
    ``weight_decay`` become ``param { lr_mult decay_mult }``, ``param``/``blob_share_mode`` names
    become ``ParamSpec.name``/``share_mode``.  Blobs are kept as stored (legacy 4-D dims included).
 4. **Input**: net-level ``input`` + ``input_dim``/``input_shape`` become one ``Input`` layer named
-   ``input`` placed first.
+   ``input`` placed first; ``input`` names without dims or shapes (old caffemodels) are dropped.
 5. **BatchNorm**: a BatchNorm layer with exactly three ``param`` specs keeps them, names included (so
    statistics shared by name stay shared), with ``lr_mult`` and ``decay_mult`` set to 0 (the statistics
    are not learnable; Caffe's BatchNorm refuses a nonzero lr_mult).
@@ -247,8 +247,13 @@ def upgrade_v1_to_v2(net: caffe_pb2.NetParameter, source: str = "net") -> None:
 # ---------------------------------------------------------------- inputs, BatchNorm
 
 def upgrade_input(net: caffe_pb2.NetParameter, source: str = "net") -> None:
-    """Net-level ``input`` fields -> an ``Input`` layer named ``input``, first in the net."""
+    """Net-level ``input`` fields -> an ``Input`` layer named ``input``, first in the net.  Inputs named
+    with neither ``input_shape`` nor ``input_dim`` (what an old Caffe's ``Net::ToProto`` wrote into a
+    caffemodel) are only stripped, as Caffe's ``UpgradeNetInput`` strips them."""
     n = len(net.input)
+    if not net.input_shape and not net.input_dim:
+        net.ClearField("input")
+        return
     if len(net.input_shape) not in (0, n):
         raise FormatError(f"{source}: {n} inputs but {len(net.input_shape)} input_shape entries")
     if not net.input_shape and len(net.input_dim) != 4 * n:

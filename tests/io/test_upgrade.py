@@ -72,3 +72,18 @@ def test_input_shape_form_upgrades():
     layer = net.layer[0]
     assert list(layer.top) == ["a", "b"]
     assert [list(s.dim) for s in layer.input_param.shape] == [[2, 5], [2]]
+
+
+def test_input_names_without_dims_are_stripped_like_an_old_caffemodel(tmp_path):
+    # Old Caffe's Net::ToProto wrote the input names into a caffemodel but not their dims; Caffe's
+    # UpgradeNetInput only strips them (no Input layer), so such a caffemodel loads.
+    old = caffe_pb2.NetParameter(name="old")
+    old.input.extend(["data", "label"])
+    ip = old.layer.add(name="ip", type="InnerProduct", bottom=["data"], top=["ip"])
+    ip.blobs.add(shape=caffe_pb2.BlobShape(dim=[2, 3]), data=[0.5] * 6)
+    path = tmp_path / "old.caffemodel"
+    path.write_bytes(old.SerializeToString())
+    for source in (path, 'input: "data" input: "label" layer { name: "ip" type: "InnerProduct" bottom: "data" }'):
+        net = read_net(source)
+        assert not net.input and not net.input_dim and not net.input_shape
+        assert [layer.name for layer in net.layer] == ["ip"]
