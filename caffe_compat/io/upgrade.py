@@ -171,6 +171,8 @@ def _v0_to_v1_layer(v1_in: caffe_pb2.V1LayerParameter, source: str) -> caffe_pb2
     elif kind == "hdf5_data":
         if has("source"): out.hdf5_data_param.source = v0.source
         if has("batchsize"): out.hdf5_data_param.batch_size = v0.batchsize
+    elif kind == "infogain_loss":
+        if has("source"): out.infogain_loss_param.source = v0.source
     elif kind == "hdf5_output":
         if has("hdf5_output_param"): out.hdf5_output_param.CopyFrom(v0.hdf5_output_param)
     return out

@@ -87,3 +87,11 @@ def test_input_names_without_dims_are_stripped_like_an_old_caffemodel(tmp_path):
         net = read_net(source)
         assert not net.input and not net.input_dim and not net.input_shape
         assert [layer.name for layer in net.layer] == ["ip"]
+
+
+def test_v0_infogain_loss_source_moves_to_infogain_loss_param():
+    # Caffe's V0 upgrade sends `source` to infogain_loss_param for an infogain_loss layer (the H matrix file).
+    net = read_net('layers { layer { name: "loss" type: "infogain_loss" source: "H.binaryproto" } '
+                   'bottom: "prob" bottom: "label" top: "loss" }')
+    assert net.layer[0].type == "InfogainLoss"
+    assert net.layer[0].infogain_loss_param.source == "H.binaryproto"
