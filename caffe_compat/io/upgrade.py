@@ -81,6 +81,9 @@ def _fold_padding(net: caffe_pb2.NetParameter, source: str) -> list:
         if v0.type == "padding":
             if len(v1.bottom) != 1 or len(v1.top) != 1:
                 raise FormatError(f"{source}: V0 padding layer '{v0.name}' must have one bottom and one top")
+            if v1.bottom[0] in padding_bottom:
+                raise FormatError(f"{source}: V0 padding layer '{v0.name}' reads the output of another padding layer; "
+                                  f"only conv and pool layers can absorb padding")
             padding_bottom[v1.top[0]] = (v1.bottom[0], v0.pad)
             continue
         new = V1()
@@ -90,6 +93,9 @@ def _fold_padding(net: caffe_pb2.NetParameter, source: str) -> list:
                 if v0.type not in ("conv", "pool"):
                     raise FormatError(f"{source}: V0 padding feeds layer '{v0.name}' of type '{v0.type}'; "
                                       f"only conv and pool layers can absorb padding")
+                if len(new.bottom) != 1:
+                    raise FormatError(f"{source}: V0 padding feeds layer '{v0.name}', which has {len(new.bottom)} "
+                                      f"bottoms; a layer absorbing padding must have one")
                 new.bottom[i], pad = padding_bottom[bottom]
                 new.layer.pad = pad
         for top in new.top:

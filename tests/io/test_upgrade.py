@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from caffe_compat.errors import FormatError
 from caffe_compat.io import read_net
 from caffe_compat.proto import caffe_pb2
 
@@ -95,3 +98,19 @@ def test_v0_infogain_loss_source_moves_to_infogain_loss_param():
                    'bottom: "prob" bottom: "label" top: "loss" }')
     assert net.layer[0].type == "InfogainLoss"
     assert net.layer[0].infogain_loss_param.source == "H.binaryproto"
+
+
+@pytest.mark.parametrize("layers, message", [
+    # padding -> padding -> conv: Caffe's padding fold refuses a padding layer fed by another padding layer
+    ('layers { layer { name: "p1" type: "padding" pad: 1 } bottom: "data" top: "p1" } '
+     'layers { layer { name: "p2" type: "padding" pad: 2 } bottom: "p1" top: "p2" } '
+     'layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "p2" top: "c" }',
+     "padding layer 'p2' reads the output of another padding layer"),
+    # a conv absorbing padding must read that one blob only (the pad would apply to every bottom)
+    ('layers { layer { name: "p1" type: "padding" pad: 1 } bottom: "data" top: "p1" } '
+     'layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "p1" bottom: "data" top: "c" }',
+     "padding feeds layer 'c', which has 2 bottoms"),
+], ids=["padding_reads_padding", "conv_with_two_bottoms"])
+def test_v0_padding_fold_refuses_what_caffe_refuses(layers, message):
+    with pytest.raises(FormatError, match=message):
+        read_net('input: "data" input_dim: 1 input_dim: 1 input_dim: 5 input_dim: 5 ' + layers)
