@@ -210,7 +210,8 @@ def upgrade_data_transformation(net: caffe_pb2.NetParameter) -> None:
 
 def _v1_to_v2_layer(v1: caffe_pb2.V1LayerParameter, source: str) -> caffe_pb2.LayerParameter:
     layer = caffe_pb2.LayerParameter()
-    layer.name = v1.name
+    if v1.HasField("name"):  # an unnamed V1 layer stays unnamed (no `name: ""` written), as in Caffe
+        layer.name = v1.name
     layer.bottom.extend(v1.bottom)
     layer.top.extend(v1.top)
     for rule in v1.include:

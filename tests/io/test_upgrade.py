@@ -114,3 +114,13 @@ def test_v0_infogain_loss_source_moves_to_infogain_loss_param():
 def test_v0_padding_fold_refuses_what_caffe_refuses(layers, message):
     with pytest.raises(FormatError, match=message):
         read_net('input: "data" input_dim: 1 input_dim: 1 input_dim: 5 input_dim: 5 ' + layers)
+
+
+def test_unnamed_legacy_layers_stay_unnamed():
+    # Caffe's V0->V1 and V1->V2 upgrades copy a layer's name only when it has one, so the upgraded file
+    # carries no `name: ""`.
+    for legacy in ('layers { type: RELU bottom: "x" top: "x" }',
+                   'layers { layer { type: "relu" } bottom: "x" top: "x" }'):
+        layer = read_net(legacy).layer[0]
+        assert layer.type == "ReLU" and not layer.HasField("name")
+        assert "name" not in str(layer)
