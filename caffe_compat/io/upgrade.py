@@ -158,10 +158,6 @@ def _v0_to_v1_layer(v1_in: caffe_pb2.V1LayerParameter, source: str) -> caffe_pb2
         p = {"data": out.data_param, "images": out.image_data_param, "window_data": out.window_data_param}[kind]
         if has("source"): p.source = v0.source
         if has("batchsize"): p.batch_size = v0.batchsize
-        if has("scale"): p.scale = v0.scale
-        if has("meanfile"): p.mean_file = v0.meanfile
-        if has("cropsize"): p.crop_size = v0.cropsize
-        if has("mirror"): p.mirror = v0.mirror
         if kind == "data" and has("rand_skip"): p.rand_skip = v0.rand_skip
         if kind == "images":
             if has("rand_skip"): p.rand_skip = v0.rand_skip
@@ -181,6 +177,12 @@ def _v0_to_v1_layer(v1_in: caffe_pb2.V1LayerParameter, source: str) -> caffe_pb2
         if has("source"): out.infogain_loss_param.source = v0.source
     elif kind == "hdf5_output":
         if has("hdf5_output_param"): out.hdf5_output_param.CopyFrom(v0.hdf5_output_param)
+    # Caffe moves these four into transform_param whatever the layer's type.
+    t = out.transform_param
+    if has("scale"): t.scale = v0.scale
+    if has("meanfile"): t.mean_file = v0.meanfile
+    if has("cropsize"): t.crop_size = v0.cropsize
+    if has("mirror"): t.mirror = v0.mirror
     return out
 
 

@@ -124,3 +124,24 @@ def test_unnamed_legacy_layers_stay_unnamed():
         layer = read_net(legacy).layer[0]
         assert layer.type == "ReLU" and not layer.HasField("name")
         assert "name" not in str(layer)
+
+
+def test_v0_transformation_fields_go_to_transform_param_for_every_layer_type():
+    # Caffe's V0 upgrade puts scale / meanfile / cropsize / mirror into transform_param whatever the type
+    # (for an hdf5_data layer they were dropped); data layers keep the other fields in their own param.
+    net = read_net("""
+    layers { layer { name: "h" type: "hdf5_data" source: "h.txt" batchsize: 2 scale: 0.5 meanfile: "m" } top: "h" }
+    layers { layer { name: "d" type: "data" source: "db" batchsize: 4 rand_skip: 3 cropsize: 7 mirror: true }
+             top: "d" }
+    layers { layer { name: "w" type: "window_data" source: "w.txt" batchsize: 8 meanfile: "m" det_crop_mode: "square" }
+             top: "w" }
+    """)
+    expected = read_net("""
+    layer { name: "h" type: "HDF5Data" top: "h" transform_param { scale: 0.5 mean_file: "m" }
+            hdf5_data_param { source: "h.txt" batch_size: 2 } }
+    layer { name: "d" type: "Data" top: "d" transform_param { crop_size: 7 mirror: true }
+            data_param { source: "db" batch_size: 4 rand_skip: 3 } }
+    layer { name: "w" type: "WindowData" top: "w" transform_param { mean_file: "m" }
+            window_data_param { source: "w.txt" batch_size: 8 crop_mode: "square" } }
+    """, upgrade=False)
+    assert net == expected
