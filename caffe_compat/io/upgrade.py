@@ -100,6 +100,7 @@ def _fold_padding(net: caffe_pb2.NetParameter, source: str) -> list:
                 new.layer.pad = pad
         for top in new.top:
             producers[top] = new.layer
+            padding_bottom.pop(top, None)  # like Caffe, a blob is what its last producer wrote
         kept.append(new)
     return kept
 

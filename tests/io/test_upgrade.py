@@ -145,3 +145,15 @@ def test_v0_transformation_fields_go_to_transform_param_for_every_layer_type():
             window_data_param { source: "w.txt" batch_size: 8 crop_mode: "square" } }
     """, upgrade=False)
     assert net == expected
+
+
+def test_v0_padding_folds_only_into_readers_of_the_padding_output():
+    # Caffe's padding fold follows each bottom to the last layer that wrote it: after an in-place conv
+    # has absorbed the padding, a layer reading the same blob name reads the conv's output.
+    net = read_net('input: "data" input_dim: 1 input_dim: 1 input_dim: 5 input_dim: 5 '
+                   'layers { layer { name: "p1" type: "padding" pad: 1 } bottom: "data" top: "x" } '
+                   'layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "x" top: "x" } '
+                   'layers { layer { name: "r" type: "relu" } bottom: "x" top: "x" }')
+    _, conv, relu = net.layer
+    assert list(conv.bottom) == ["data"] and list(conv.convolution_param.pad) == [1]
+    assert relu.type == "ReLU" and list(relu.bottom) == ["x"]
