@@ -106,6 +106,10 @@ def _fold_padding(net: caffe_pb2.NetParameter, source: str) -> list:
 
 
 def _v0_to_v1_layer(v1_in: caffe_pb2.V1LayerParameter, source: str) -> caffe_pb2.V1LayerParameter:
+    if not v1_in.HasField("layer"):  # Caffe would keep only its bottoms and tops: a layer with no name nor type
+        raise FormatError(f"{source}: layer '{v1_in.name}' is written in the V1 format (layers {{ name type ... }}) "
+                          f"in a net whose other layers are V0 (layers {{ layer {{ ... }} }}); Caffe's V0 upgrade "
+                          f"would drop all but its bottoms and tops: write every layer in one format")
     v0 = v1_in.layer
     out = V1()
     out.bottom.extend(v1_in.bottom)

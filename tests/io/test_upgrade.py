@@ -157,3 +157,11 @@ def test_v0_padding_folds_only_into_readers_of_the_padding_output():
     _, conv, relu = net.layer
     assert list(conv.bottom) == ["data"] and list(conv.convolution_param.pad) == [1]
     assert relu.type == "ReLU" and list(relu.bottom) == ["x"]
+
+
+def test_a_v1_layer_in_a_v0_net_is_refused_by_name():
+    # Caffe's V0 upgrade keeps only the bottoms and tops of a layer without a V0 `layer` (its name, type and
+    # params are lost); the error names that layer instead of "layer '': unknown V0 layer type ''".
+    with pytest.raises(FormatError, match=r"layer 'r' is written in the V1 format .* other layers are V0"):
+        read_net('layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "data" top: "c" } '
+                 'layers { name: "r" type: RELU bottom: "c" top: "c" }')
