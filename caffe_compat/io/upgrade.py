@@ -73,7 +73,6 @@ def needs_input_upgrade(net: caffe_pb2.NetParameter) -> bool:
 
 def _fold_padding(net: caffe_pb2.NetParameter, source: str) -> list:
     """Drop V0 ``padding`` layers, moving their pad into the consuming conv/pool layer."""
-    producers: dict[str, caffe_pb2.V0LayerParameter] = {}
     padding_bottom: dict[str, tuple[str, int]] = {}
     kept = []
     for v1 in net.layers:
@@ -99,7 +98,6 @@ def _fold_padding(net: caffe_pb2.NetParameter, source: str) -> list:
                 new.bottom[i], pad = padding_bottom[bottom]
                 new.layer.pad = pad
         for top in new.top:
-            producers[top] = new.layer
             padding_bottom.pop(top, None)  # like Caffe, a blob is what its last producer wrote
         kept.append(new)
     return kept
