@@ -120,8 +120,10 @@ def find_card(filename: str, cards: dict[str, dict] | None = None) -> dict | Non
 
 def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict:
     """Check a caffemodel against its card: its size and every digest the card lists for the file
-    (``bytes``; sha256, sha1, md5) and the expected blob shapes.  ``result["digests"]``: the digests
-    computed (also ``result[name]``); ``result["problems"]``: the mismatches; ``result["ok"]``: none."""
+    (``bytes``; sha256, sha1, md5) and the expected blob shapes (those of the card's ``weights``: another
+    file the card lists, such as its deploy prototxt, is checked by size and digests only).
+    ``result["digests"]``: the digests computed (also ``result[name]``); ``result["problems"]``: the
+    mismatches; ``result["ok"]``: none."""
     from caffe_compat.io import blob_shape, legacy_shape_equals, read_net
 
     path = Path(path)
@@ -143,6 +145,10 @@ def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict
             result["digests"][name] = result[name] = actual[name]
             if actual[name] != want:
                 result["problems"].append(f"{name} {actual[name]} differs from the card's {want}")
+    files = card.get("files", {})
+    if path.name in files and card.get("weights") not in (None, path.name):
+        result["ok"] = not result["problems"]  # another file of the card (its deploy prototxt): no blobs
+        return result
     net = read_net(path)
     layers = {layer.name: layer for layer in net.layer}
     for name, shapes in card.get("expected_blobs", {}).items():

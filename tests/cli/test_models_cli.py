@@ -152,6 +152,25 @@ def test_legacy_4d_dims_match_the_cards_shapes(cards, tmp_path, capsys):
     assert verify(legacy, capsys=capsys)[0] == 0
 
 
+def test_the_cards_deploy_prototxt_is_checked_by_its_digests_not_by_blob_shapes(cards, tmp_path, capsys):
+    """A card listing the deploy prototxt beside the weights (open_nsfw's): verifying the prototxt checks its
+    size and digests; the expected blobs are the caffemodel's (the prototxt was a MISMATCH, exit 1)."""
+    model, write_card = cards
+    deploy = tmp_path / "files" / "deploy.prototxt"
+    deploy.write_text('name: "tiny"\nlayer { name: "conv1" type: "Convolution" }\n')
+    files = {"deploy.prototxt": {"sha256": digests(deploy)["sha256"], "bytes": deploy.stat().st_size},
+             "tiny.caffemodel": digests(model)}
+    write_card(files=files, deploy="deploy.prototxt", weights="tiny.caffemodel")
+    status, out, _ = verify(deploy, capsys=capsys)
+    assert status == 0 and out.splitlines() == [f"{deploy}: card 'tiny': OK",
+                                                f"  sha256 {digests(deploy)['sha256']}"]
+    assert verify(model, capsys=capsys)[0] == 0  # the weights: digests and shapes
+    deploy.write_text('name: "tiny"\n')  # an edited prototxt is still a mismatch
+    status, out, _ = verify(deploy, capsys=capsys)
+    assert status == 1 and f"  - sha256 {digests(deploy)['sha256']} differs from the card's " \
+        f"{files['deploy.prototxt']['sha256']}" in out.splitlines()
+
+
 def test_unknown_missing_or_unreadable_files_exit_2(cards, tmp_path, capsys):
     model, _ = cards
     stranger = shutil.copy2(model, tmp_path / "stranger.caffemodel")
