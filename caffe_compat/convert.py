@@ -44,7 +44,7 @@ def convert_caffe_to_torch(prototxt: str | os.PathLike, caffemodel: str | os.Pat
         net = load_net(str(prototxt), weights=str(caffemodel), phase=phase, strict=strict_weights)
     if strict:
         stored = {layer.name for layer in read_net(str(caffemodel)).layer if len(layer.blobs)}
-        missing = [name for name, blobs in net.params.items() if blobs and name not in stored]
+        missing = net.unsupplied_layers(stored)
         if missing:
             raise ShapeMismatchError(f"{caffemodel}: no weights for layer(s) {missing[:8]}"
                                      f"{' ...' if len(missing) > 8 else ''} of {prototxt} (names must match)")

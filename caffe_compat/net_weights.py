@@ -149,11 +149,7 @@ class CaffemodelWeights:
                     ignored.append((model, name))
                 else:
                     log.info("Ignoring source layer %s", name)
-        shared = {(key, i): owner for key, i, owner, _ in self._shared}
-        left = [step.name for step in self.steps
-                if step.module_key is not None and step.module_key not in covered
-                and any(shared.get((step.module_key, i)) not in covered
-                        for i in range(len(blobs_of[step.module_key])))]
+        left = self._left_at_fillers(covered, blobs_of)
         if ignored or left:
             self._report_mismatch([model for model, _ in loaded], ignored, left, strict)
         with torch.no_grad():
@@ -162,6 +158,24 @@ class CaffemodelWeights:
                     self._copy_stored(stored, by_name, blobs_of)
                 except CaffeCompatError as exc:  # names the layer and blob: the caffemodel too, when a file
                     raise naming_file(exc, model if isinstance(model, (str, os.PathLike)) else None) from exc
+
+    def _left_at_fillers(self, covered, blobs_of=None) -> list[str]:
+        """Names of the net layers with a blob that no layer of ``covered`` (the module keys of the layers a
+        caffemodel supplies) writes.  A blob shared through ``ParamSpec.name`` is one tensor, as in Caffe
+        (one memory): the caffemodel's values for any layer sharing it, owner or not, are its values."""
+        blobs_of = self._blobs_by_key(blobs_of)
+        root = {(key, i): (owner, owner_i) for key, i, owner, owner_i in self._shared}
+        supplied = {root.get((key, i), (key, i)) for key in covered for i in range(len(blobs_of[key]))}
+        return [step.name for step in self.steps
+                if step.module_key is not None and step.module_key not in covered
+                and any(root.get((step.module_key, i), (step.module_key, i)) not in supplied
+                        for i in range(len(blobs_of[step.module_key])))]
+
+    def unsupplied_layers(self, names) -> list[str]:
+        """Names of the net layers left at their fillers by a caffemodel holding blobs for the layers called
+        ``names`` (shared blobs count as supplied through any layer sharing them: :meth:`_left_at_fillers`)."""
+        by_name = self.module_names
+        return self._left_at_fillers({by_name[name] for name in names if name in by_name})
 
     def _report_mismatch(self, models, ignored, left, strict: bool) -> None:
         def label(model):

@@ -67,6 +67,43 @@ def test_reverse_conversion_reads_back_identically_with_batchnorm_factor(tmp_pat
     assert list(again) == list(ref["__blob_order__"]) and worst < 1e-4
 
 
+_SIAMESE = """name: "siamese"
+layer { name: "data" type: "Input" top: "data" top: "data_p"
+  input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1" param { name: "ip1_w" } param { name: "ip1_b" }
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" } } }
+layer { name: "ip1_p" type: "InnerProduct" bottom: "data_p" top: "ip1_p" param { name: "ip1_w" } param { name: "ip1_b" }
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" } } }
+"""
+
+
+@pytest.mark.parametrize("stored", ["ip1", "ip1_p"])
+def test_a_siamese_net_takes_its_shared_blobs_from_either_branch(tmp_path, stored, recwarn):
+    """Caffe's shared blobs are one memory: a caffemodel of one branch (the owner's layer name or the
+    sharer's) supplies both.  ``convert`` refused it ("no weights for layer(s) ['ip1_p']" / ['ip1']) and,
+    with only the sharer stored, load_net warned (strict: refused) that the owner kept its fillers."""
+    single = (f'name: "one" layer {{ name: "data" type: "Input" top: "data"'
+              f' input_param {{ shape {{ dim: 2 dim: 3 }} }} }}'
+              f' layer {{ name: "{stored}" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param {{'
+              f' num_output: 4 weight_filler {{ type: "gaussian" }} bias_filler {{ type: "gaussian" }} }} }}')
+    (tmp_path / "siamese.prototxt").write_text(_SIAMESE)
+    (tmp_path / "one.prototxt").write_text(single)
+    one = load_net(str(tmp_path / "one.prototxt"), seed=7)
+    one.save_caffemodel(tmp_path / "one.caffemodel")
+    net = convert_caffe_to_torch(tmp_path / "siamese.prototxt", tmp_path / "one.caffemodel", tmp_path / "s.pt")
+    strict = load_net(str(tmp_path / "siamese.prototxt"), str(tmp_path / "one.caffemodel"), strict=True)
+    assert not [w for w in recwarn.list if "weights do not match" in str(w.message)]
+    reloaded = load_checkpoint(tmp_path / "s.pt")
+    for candidate in (net, strict, reloaded):
+        for layer in ("ip1", "ip1_p"):
+            for got, expected in zip(candidate.params[layer], one.params[stored]):
+                assert torch.equal(got, expected), (layer, stored)
+    (tmp_path / "other.prototxt").write_text(single.replace(f'"{stored}"', '"ip9"'))
+    load_net(str(tmp_path / "other.prototxt"), seed=7).save_caffemodel(tmp_path / "other.caffemodel")
+    with pytest.raises(ShapeMismatchError, match=r"no weights for layer\(s\) \['ip1', 'ip1_p'\]"):
+        convert_caffe_to_torch(tmp_path / "siamese.prototxt", tmp_path / "other.caffemodel", tmp_path / "x.pt")
+
+
 def test_loss_weight_moved_onto_a_split_survives_the_checkpoint(tmp_path):
     """A weighted top read by another layer: InsertSplits moves its weight to the Split's first top; the
     checkpoint prototxt gives it back to the producer, so the rebuilt net has the same objective."""
