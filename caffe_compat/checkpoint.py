@@ -10,7 +10,8 @@ Layout (format ``"caffe-compat/1"``), strings and tensors only::
                                             # (mean, variance, scale factor) included as buffers
 
 ``load_checkpoint`` rebuilds the CaffeNet from the prototxt (same layers, same blob names, Split tops
-included) and loads the state dict strictly, so a checkpoint reloads to bit-identical outputs.
+included), in the stored blobs' dtype when they all share one (a net saved after ``.double()`` reloads in
+float64), and loads the state dict strictly, so a checkpoint reloads to bit-identical outputs.
 
 Integrity: ``save_checkpoint`` adds ``"sha256"``, the SHA-256 of the content (:func:`content_digest`: the
 format, the prototxt, the phase, and every tensor's name, dtype, shape and bytes in order).  PyTorch's zip
@@ -164,6 +165,9 @@ def load_checkpoint(path: str | os.PathLike, device=None):
     # no fillers: the state_dict must supply every blob (checked below), so a large stored net whose
     # state_dict does not fit is refused without first drawing all its initial values
     net = CaffeNet(payload["net_prototxt"], phase=payload["phase"], fill=False)
+    stored_dtypes = {tensor.dtype for tensor in payload["state_dict"].values() if tensor.is_floating_point()}
+    if len(stored_dtypes) == 1 and torch.float32 not in stored_dtypes:  # a net saved after .double()/.half()
+        net = net.to(stored_dtypes.pop())
     expected = net.state_dict()
     for name, tensor in payload["state_dict"].items():
         if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):

@@ -104,6 +104,28 @@ def test_a_siamese_net_takes_its_shared_blobs_from_either_branch(tmp_path, store
         convert_caffe_to_torch(tmp_path / "siamese.prototxt", tmp_path / "other.caffemodel", tmp_path / "x.pt")
 
 
+def test_a_float64_net_reloads_from_its_checkpoint_in_float64(tmp_path):
+    """The checkpoint stores the tensors in their dtype; the rebuilt net was float32, so a net saved after
+    ``.double()`` came back rounded to float32 (a float64 forward no longer the same)."""
+    proto, weights = _files("layer_zoo")
+    net = load_net(proto, weights).double()
+    with torch.no_grad():
+        for blobs in net.params.values():
+            for blob in blobs:
+                blob.add_(2.0 ** -40)  # below float32's resolution around the weights
+    save_checkpoint(net, tmp_path / "double.pt")
+    again = load_checkpoint(tmp_path / "double.pt")
+    assert {t.dtype for t in again.state_dict().values() if t.is_floating_point()} == {torch.float64}
+    for name, blobs in net.params.items():
+        assert all(torch.equal(a, b) for a, b in zip(blobs, again.params[name])), name
+    data = torch.from_numpy(np.load(fixture_path("layer_zoo/blobs.npz"))["data"]).double()
+    with torch.no_grad():
+        a, b = net(data=data), again(data=data)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    save_checkpoint(load_net(proto, weights), tmp_path / "single.pt")  # float32 stays float32
+    assert load_checkpoint(tmp_path / "single.pt").params["bn"][0].dtype == torch.float32
+
+
 def test_loss_weight_moved_onto_a_split_survives_the_checkpoint(tmp_path):
     """A weighted top read by another layer: InsertSplits moves its weight to the Split's first top; the
     checkpoint prototxt gives it back to the producer, so the rebuilt net has the same objective."""
