@@ -202,7 +202,8 @@ class CaffemodelWeights:
 
     def to_netparameter(self) -> caffe_pb2.NetParameter:
         """The net with its current weights as a V2 NetParameter, as Caffe's ``Net::ToProto`` writes it
-        (every layer, Split layers included, with its phase and blobs with ``shape``)."""
+        (every layer, Split layers included, with its phase and blobs with ``shape``; a float64 blob, of a
+        net made ``.double()``, as ``double_data`` like ``Blob<double>::ToProto``, any other as ``data``)."""
         out = caffe_pb2.NetParameter()
         out.name = self.name
         for step, saved in zip(self.steps, self._saved_params):
@@ -215,7 +216,10 @@ class CaffemodelWeights:
                 blob = layer.blobs.add()
                 if tensor.dim():  # Caffe writes no shape at all for a 0-axis blob
                     blob.shape.dim.extend(int(d) for d in tensor.shape)
-                set_packed_floats(blob, tensor.detach().to("cpu", torch.float32).reshape(-1).numpy())
+                if tensor.dtype == torch.float64:  # Blob<double>::ToProto: double_data, no rounding
+                    set_packed_floats(blob, tensor.detach().to("cpu").reshape(-1).numpy(), "double_data")
+                else:
+                    set_packed_floats(blob, tensor.detach().to("cpu", torch.float32).reshape(-1).numpy())
         return out
 
     def save_caffemodel(self, path: str | os.PathLike) -> None:

@@ -56,12 +56,14 @@ def _varint(n: int) -> bytes:
 
 
 def set_packed_floats(blob: caffe_pb2.BlobProto, values, field: str = "data") -> None:
-    """Append ``values`` (as little-endian float32) to ``blob.<field>`` (``data`` or ``diff``).
+    """Append ``values`` (as little-endian float32; float64 for ``double_data``/``double_diff``) to
+    ``blob.<field>`` (``data``, ``diff``, ``double_data`` or ``double_diff``).
 
     The same message as ``blob.data.extend(values)``, built by merging the packed field's wire bytes
     (tag, length, raw floats): protobuf copies them at once instead of converting float by float, ~25×
     faster (a 268 MB InnerProduct blob: 0.6 s instead of 15 s)."""
-    raw = np.ascontiguousarray(np.asarray(values, dtype="<f4").ravel()).tobytes()
+    dtype = "<f8" if field.startswith("double_") else "<f4"
+    raw = np.ascontiguousarray(np.asarray(values, dtype=dtype).ravel()).tobytes()
     if not raw:
         return
     number = caffe_pb2.BlobProto.DESCRIPTOR.fields_by_name[field].number

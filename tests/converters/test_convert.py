@@ -126,6 +126,33 @@ def test_a_float64_net_reloads_from_its_checkpoint_in_float64(tmp_path):
     assert load_checkpoint(tmp_path / "single.pt").params["bn"][0].dtype == torch.float32
 
 
+def test_double_data_weights_of_a_float64_net_are_written_back_as_double_data(tmp_path):
+    """Caffe's Blob<double>::ToProto writes double_data: a float64 net's weights (read from double_data,
+    unrounded) went out rounded to float32 ``data``, through save_caffemodel and ``convert --to-caffe``."""
+    proto, weights = _files("layer_zoo")
+    source = read_net(weights)
+    rng = np.random.default_rng(0)
+    for layer in source.layer:
+        for blob in layer.blobs:
+            values = np.asarray(blob.data, np.float64) + rng.uniform(-1, 1, len(blob.data)) * 2.0 ** -40
+            del blob.data[:]
+            blob.double_data.extend(values.tolist())
+    (tmp_path / "double.caffemodel").write_bytes(source.SerializeToString())
+    net = load_net(proto).double()
+    net.load_caffemodel(tmp_path / "double.caffemodel", strict=True)
+    net.save_caffemodel(tmp_path / "saved.caffemodel")
+    save_checkpoint(net, tmp_path / "double.pt")
+    _, converted = convert_torch_to_caffe(tmp_path / "double.pt", tmp_path / "back")
+    expected = {layer.name: [np.asarray(b.double_data, np.float64) for b in layer.blobs] for layer in source.layer}
+    for written in (tmp_path / "saved.caffemodel", converted):
+        got = {layer.name: layer.blobs for layer in read_net(str(written)).layer}
+        for name, blobs in expected.items():
+            assert [len(b.data) for b in got[name]] == [0] * len(blobs), name
+            assert all(np.array_equal(np.asarray(g.double_data, np.float64), e) for g, e in zip(got[name], blobs)), name
+    single = load_net(proto, str(tmp_path / "double.caffemodel")).to_netparameter()  # a float32 net: data
+    assert all(len(b.data) and not len(b.double_data) for layer in single.layer for b in layer.blobs)
+
+
 def test_loss_weight_moved_onto_a_split_survives_the_checkpoint(tmp_path):
     """A weighted top read by another layer: InsertSplits moves its weight to the Split's first top; the
     checkpoint prototxt gives it back to the producer, so the rebuilt net has the same objective."""
