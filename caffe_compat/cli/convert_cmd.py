@@ -3,10 +3,13 @@
 
 Exit status: 0 written, 2 bad input (unreadable files, weights that do not fit the net, net layers with
 blobs the caffemodel does not cover unless ``--allow-missing``, caffemodel layers the net lacks with
-``--strict``, wrong arguments, an output folder that does not exist: it is not created).
+``--strict``, wrong arguments, an output folder that does not exist: it is not created, an output that is
+one of the inputs: it would be replaced).
 """
 
 from __future__ import annotations
+
+import os
 
 
 def register(sub) -> None:
@@ -34,6 +37,12 @@ def run(args) -> int:
         raise CaffeCompatError(f"--to-caffe takes one checkpoint, got {len(args.inputs)} files" if args.to_caffe
                                else f"expected NET.prototxt W.caffemodel, got {len(args.inputs)} files")
     require_folder(args.output)
+    outputs = [f"{args.output}.prototxt", f"{args.output}.caffemodel"] if args.to_caffe else [args.output]
+    for written in outputs:
+        for given in args.inputs:
+            if os.path.exists(written) and os.path.exists(given) and os.path.samefile(written, given):
+                raise CaffeCompatError(f"{written}: the output is the input {given}; converting would replace it "
+                                       f"(name another output with -o)")
     if args.to_caffe:
         from caffe_compat.convert import convert_torch_to_caffe
 

@@ -216,6 +216,25 @@ def test_cli_round_trip_and_exit_codes(tmp_path, capsys):
     assert process.returncode == 2 and "error:" in process.stderr and "Traceback" not in process.stderr
 
 
+def test_an_output_that_is_one_of_the_inputs_is_refused_and_the_input_kept(tmp_path, capsys, monkeypatch):
+    """``convert NET W.caffemodel -o W.caffemodel`` replaced the caffemodel with the checkpoint (exit 0);
+    now exit 2, the input untouched, whichever spelling names it."""
+    proto, weights = _files("layer_zoo")
+    for name, source in (("zoo.prototxt", proto), ("zoo.caffemodel", weights)):
+        (tmp_path / name).write_bytes(open(source, "rb").read())
+    monkeypatch.chdir(tmp_path)
+    originals = {name: (tmp_path / name).read_bytes() for name in ("zoo.prototxt", "zoo.caffemodel")}
+    for output in ("zoo.caffemodel", "./zoo.prototxt", str(tmp_path / "zoo.caffemodel")):
+        assert main(["convert", "zoo.prototxt", "zoo.caffemodel", "-o", output]) == 2
+        assert "the output is the input" in capsys.readouterr().err
+    assert main(["convert", "zoo.prototxt", "zoo.caffemodel", "-o", "zoo.pt"]) == 0
+    (tmp_path / "ckpt.caffemodel").write_bytes((tmp_path / "zoo.pt").read_bytes())  # a checkpoint, oddly named
+    assert main(["convert", "--to-caffe", "ckpt.caffemodel", "-o", "ckpt"]) == 2
+    assert "ckpt.caffemodel: the output is the input" in capsys.readouterr().err
+    assert load_checkpoint(tmp_path / "ckpt.caffemodel").name == "layer_zoo_public"
+    assert {name: (tmp_path / name).read_bytes() for name in originals} == originals
+
+
 @pytest.mark.parametrize("target", ["a_file/x.pt", "a_folder"])
 def test_checkpoint_that_cannot_be_written_is_a_one_line_error(tmp_path, target):
     """-o under a regular file, or naming a folder: exit 2, the path named, no traceback, nothing left."""
