@@ -66,7 +66,7 @@ from caffe_compat.pycaffe._mode import current_device, filler_seed
 from caffe_compat.pycaffe.blob import Blob, ParamBlob, grad_of
 from caffe_compat.pycaffe.net_backward import backward_range
 from caffe_compat.pycaffe.net_batch import NetBatchMixin
-from caffe_compat.pycaffe.net_params import NetParamsMixin, set_input_arrays_of, transplant_state
+from caffe_compat.pycaffe.net_params import NetParamsMixin, is_hdf5_weights, set_input_arrays_of, transplant_state
 
 __all__ = ["Net", "NetLayer", "set_input_arrays_of"]
 
@@ -158,9 +158,12 @@ class Net(NetParamsMixin, NetBatchMixin):
         source = read_net(str(network_file) if not isinstance(network_file, caffe_pb2.NetParameter)
                           else network_file)
         seed, device = filler_seed(), current_device()
+        hdf5 = weights is not None and is_hdf5_weights(weights)  # CopyTrainedLayersFrom reads HDF5 too
         cnet = CaffeNet(source, phase=phase, level=int(level), stages=tuple(stages), seed=seed,
-                        weights=str(weights) if weights is not None else None)
+                        weights=str(weights) if weights is not None and not hdf5 else None)
         self._attach(cnet.to(device), source, phase, int(level), tuple(stages), seed, device)
+        if hdf5:
+            self.load_hdf5(weights)
 
     @classmethod
     def over(cls, cnet: CaffeNet, source: caffe_pb2.NetParameter, seed: int = 0, **extra) -> "Net":

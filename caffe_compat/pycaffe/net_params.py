@@ -4,8 +4,9 @@ solver views share (:func:`share_trained_layers`, :func:`transplant_state`, :fun
 
 Reproduced from Caffe:
 
-* ``copy_from(path)``: ``CopyTrainedLayersFrom``, by layer name; a path ending in ``.h5`` is read as HDF5
-  (as Caffe does).  ``save(path)``: ``ToProto`` written as a binary caffemodel.
+* ``copy_from(path)`` and ``Net(prototxt, weights, phase)``: ``CopyTrainedLayersFrom``, by layer name; an
+  HDF5 file (its signature, as Caffe's ``H5Fis_hdf5`` tests, or a name ending in ``.h5``) is read as HDF5.
+  ``save(path)``: ``ToProto`` written as a binary caffemodel.
 * ``save_hdf5(path)``: ``Net::ToHDF5`` without diffs: a group ``data`` holding one group per layer (Split
   layers included, empty when the layer has no blobs) and in it one float32 dataset per blob, named
   ``"0"``, ``"1"``, ...  ``load_hdf5(path)``: ``CopyTrainedLayersFromHDF5``: source layers the net lacks
@@ -99,6 +100,23 @@ def set_input_arrays_of(cnet: CaffeNet, data, labels) -> None:
     cnet.layers[first.module_key].set_input_arrays(data, labels)
 
 
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5_weights(path) -> bool:
+    """Whether ``CopyTrainedLayersFrom`` reads ``path`` as HDF5: Caffe asks ``H5Fis_hdf5`` (the file's HDF5
+    signature, at its start here); a name ending in ``.h5`` also counts (what a missing file is taken for)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return False
+    if os.fspath(path).endswith(".h5"):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE
+    except OSError:  # the caffemodel reader names the problem
+        return False
+
+
 def _h5py():
     try:
         import h5py
@@ -119,8 +137,8 @@ class NetParamsMixin:
             mirror.head = "device"
 
     def copy_from(self, path) -> None:
-        """Load weights by layer name (``CopyTrainedLayersFrom``): a caffemodel, or HDF5 for ``*.h5``."""
-        if str(path).endswith(".h5"):
+        """Load weights by layer name (``CopyTrainedLayersFrom``): a caffemodel, or Caffe's HDF5 weights."""
+        if is_hdf5_weights(path):
             self.load_hdf5(path)
             return
         self._upload_params()

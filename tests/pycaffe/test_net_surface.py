@@ -138,6 +138,24 @@ def test_hdf5_weights_round_trip_and_mismatch(proto, tmp_path):
         c.load_hdf5(str(path))
 
 
+@pytest.mark.parametrize("name", ["snapshot_iter_10.caffemodel.h5", "weights.caffemodel"])
+def test_the_net_constructor_reads_hdf5_weights_as_copy_from_does(proto, tmp_path, name):
+    """``caffe.Net(prototxt, weights, phase)`` calls CopyTrainedLayersFrom, which reads an HDF5 file (Caffe
+    asks H5Fis_hdf5: its signature, whatever the name) as HDF5; here the constructor tried it as a
+    caffemodel ("not a valid binary NetParameter ... looks like an HDF5 file")."""
+    a = _fed(proto, seed=0)
+    path = tmp_path / name
+    a.save_hdf5(str(path))
+    b = caffe.Net(proto, str(path), caffe.TEST)
+    c = caffe.Net(proto, caffe.TEST, weights=path)
+    d = _fed(proto, seed=2)
+    d.copy_from(str(path))
+    for net in (b, c, d):
+        for layer in a.params:
+            for pa, pb in zip(a.params[layer], net.params[layer]):
+                np.testing.assert_array_equal(pa.data, pb.data)
+
+
 def test_share_with_shares_the_memory(proto):
     a, b = _fed(proto, seed=0), _fed(proto, seed=1)
     b.share_with(a)
