@@ -173,11 +173,19 @@ def test_a_worker_batch_buffer_is_mapped_in_one_call_before_it_is_written(monkey
     assert whole.is_shared() and array.ctypes.data == whole.data_ptr()
     assert asked == [(whole.data_ptr(), 4 * 3 * 128 * 128 * 4)]
     populated = allocator.prefault_for_writing(whole.data_ptr(), whole.nbytes)  # already mapped: True again
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    array[:] = 1.0
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    if populated:
-        assert faults < whole.nbytes // 4096 // 20                  # 192 pages, a handful of faults at most
+    # this thread's faults only: the suite leaves threads running (prefetch, loaders) whose own faults are
+    # counted by RUSAGE_SELF (9 of them once made a 192-page write look unmapped)
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+    def write_faults(target) -> int:
+        before = resource.getrusage(who).ru_minflt
+        target[:] = 1.0
+        return resource.getrusage(who).ru_minflt - before
+
+    faults = write_faults(array)
+    control = write_faults(torch.empty(0).set_(torch.UntypedStorage._new_shared(whole.nbytes), 0, whole.shape).numpy())
+    if populated and control >= 64:  # the same write into fresh shared pages: one fault a page (192 here)
+        assert faults * 8 < control, (faults, control)
     assert float(whole.sum()) == whole.numel()
 
 
