@@ -34,11 +34,13 @@ def blob_shape(blob: caffe_pb2.BlobProto) -> tuple[int, ...]:
 
 
 def blob_to_array(blob: caffe_pb2.BlobProto, diff: bool = False, source: str = "blob") -> np.ndarray:
-    """The blob's data (or diff) as an array of its shape; float32, or float64 for double blobs."""
+    """The blob's data (or diff) as an array of its shape: float64 from ``double_data`` whenever the blob
+    has any (then its count must fit, whatever ``data`` holds), else float32 from ``data``, as
+    ``Blob::FromProto`` reads a mean file, a solverstate's history or a net's weights."""
     shape = blob_shape(blob)
     single = blob.diff if diff else blob.data
     double = blob.double_diff if diff else blob.double_data
-    values = np.asarray(double, dtype=np.float64) if len(double) and not len(single) else np.asarray(single, dtype=np.float32)
+    values = np.asarray(double, dtype=np.float64) if len(double) else np.asarray(single, dtype=np.float32)
     count = int(np.prod(shape)) if shape else 1
     if values.size != count:
         raise FormatError(f"{source}: blob has shape {shape} ({count} values) but holds {values.size} values")

@@ -87,3 +87,20 @@ def test_written_blob_is_byte_identical_to_caffes_mean(tmp_path):
 def test_double_blob_roundtrip():
     x = np.arange(6, dtype=np.float64).reshape(2, 3) / 7
     np.testing.assert_array_equal(blob_to_array(array_to_blob(x)), x)
+
+
+def test_double_data_wins_over_data_as_in_blob_from_proto():
+    """Blob::FromProto reads double_data whenever the blob has any (and checks its count), data only otherwise."""
+    blob = caffe_pb2.BlobProto()
+    blob.shape.dim.extend([2])
+    blob.data.extend([5.0, 6.0])
+    blob.double_data.extend([0.1, 0.2])
+    values = blob_to_array(blob)
+    assert values.dtype == np.float64
+    np.testing.assert_array_equal(values, [0.1, 0.2])
+    blob.double_diff.extend([0.3, 0.4])
+    blob.diff.extend([7.0, 8.0])
+    np.testing.assert_array_equal(blob_to_array(blob, diff=True), [0.3, 0.4])
+    del blob.double_data[1:]  # one double value for two: Caffe's CHECK fails although data fits
+    with pytest.raises(Exception, match="holds 1 values"):
+        blob_to_array(blob)
