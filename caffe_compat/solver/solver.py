@@ -364,9 +364,7 @@ class Solver(SolverSetup, SolverSnapshots):
                 index += 1
 
     def solve(self, resume_file=None) -> None:
-        """Caffe's ``Solver::Solve``: optionally restore, train to ``max_iter``, snapshot after training
-        (unless the last iteration already did), a final display forward and test; a stop request
-        (``action_request``) ends it after that snapshot ("Optimization stopped early.")."""
+        """Caffe's ``Solver::Solve``: optionally restore, train to ``max_iter``, then :meth:`finish_solve`."""
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5 and (
                 self.param.snapshot or self.param.snapshot_after_train):
             raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
@@ -376,6 +374,14 @@ class Solver(SolverSetup, SolverSnapshots):
         start_iter = self.iter
         self.requested_early_exit = False
         self.step(int(self.param.max_iter) - self.iter)
+        self.finish_solve(start_iter)
+
+    def finish_solve(self, start_iter: int) -> None:
+        """What ``Solver::Solve`` does after its ``Step`` (begun at ``start_iter``): a snapshot after training
+        (unless the last iteration already wrote one); after a stop request (``action_request``) only
+        "Optimization stopped early."; else, when the last iteration is a display one, one more TRAIN forward
+        whose loss enters the smoothed loss, logged as ``Iteration N, loss = z`` (no speed, unlike ``Step``'s
+        lines), the final test at a test interval, and "Optimization Done."."""
         if self.param.snapshot_after_train and (not self.param.snapshot or self.iter % self.param.snapshot != 0):
             self.snapshot()
         if self.requested_early_exit:
@@ -386,7 +392,7 @@ class Solver(SolverSetup, SolverSnapshots):
                 blobs = self.net(**self._next_inputs())
                 loss = float(self.net.objective(blobs))
             self._update_smoothed_loss(loss, start_iter)
-            self._log_display_loss()
+            log.info("Iteration %d, loss = %s", self.iter, _g6(self.smoothed_loss))
         if self.param.test_interval and self.iter % self.param.test_interval == 0:
             self.test_all()
         log.info("Optimization Done.")

@@ -338,19 +338,14 @@ def _record_iterations(solver: Solver) -> None:
 
 
 def _solve(solver: Solver, total: int, to_max_iter: bool, run: DistributedRun | None) -> None:
-    """``total`` iterations; when training ``to_max_iter`` or stopped by ``action_request``,
-    ``Solver::Solve``'s snapshot after training; to ``max_iter``, its final test; a data-parallel run's
-    ranks agree at the end."""
+    """``total`` iterations; when training ``to_max_iter`` or stopped by ``action_request``, the rest of
+    ``Solver::Solve`` (:meth:`Solver.finish_solve`: its snapshot after training, its final display forward
+    and test); a data-parallel run's ranks agree at the end."""
     solver.log_solving()
+    start_iter = solver.iter
     solver.requested_early_exit = False
     solver.step(total)
-    p = solver.param
-    stopped = solver.requested_early_exit
-    if (to_max_iter or stopped) and p.snapshot_after_train and (not p.snapshot or solver.iter % p.snapshot != 0):
-        solver.snapshot()
-    if stopped:
-        log.info("Optimization stopped early.")
-    elif to_max_iter and p.test_interval and solver.iter % p.test_interval == 0:
-        solver.test_all()  # Solver::Solve's final TestAll at max_iter (step() tests only at iteration starts)
+    if to_max_iter or solver.requested_early_exit:
+        solver.finish_solve(start_iter)
     if run is not None:
         run.agree(f"at the end of training (iteration {solver.iter})")

@@ -4,6 +4,7 @@ bf16 autocast and channels_last on CPU, epochs restart, the end-of-training snap
 from __future__ import annotations
 
 import csv
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -75,6 +76,33 @@ def test_summary_lists_periodic_snapshots_too(tmp_path):
     summary = train(solver, loader(), progress=False)
     assert summary.snapshots == [str(tmp_path / f"p_iter_{i}.{ext}") for i in (2, 4) for ext in ("caffemodel", "solverstate")]
     assert all(Path(p).is_file() for p in summary.snapshots)
+
+
+def test_training_to_max_iter_ends_as_solver_solve(tmp_path, caplog):
+    """Solver::Solve after its Step, at a display iteration (display 1): the snapshot, then one more TRAIN
+    forward on the next batch, its loss (average_loss 1) logged as ``Iteration 3, loss = z`` without a speed,
+    then "Optimization Done."; an ``iters=`` run (Caffe's Step, not Solve) ends without them."""
+    solver = make_solver(CASE, snapshot_prefix=str(tmp_path / "end"))
+    solver.param.max_iter = 3
+    with caplog.at_level(logging.INFO, logger="caffe_compat"):
+        train(solver, loader(), progress=False)
+    lines = [r.getMessage() for r in caplog.records]
+    final = [line for line in lines if re.fullmatch(r"Iteration 3, loss = \S+", line)]
+    done = lines.index("Optimization Done.")
+    assert len(final) == 1 and lines[done - 1] == final[0]
+    assert [line.split(":")[0] for line in lines[done + 1:]] == ["Training summary"]
+    snapshot = next(i for i, line in enumerate(lines) if "end_iter_3.solverstate" in line)
+    assert snapshot < lines.index(final[0])
+    batch = {k: torch.tensor(v) for k, v in {"data": load_case(CASE)[0]["data"][3],
+                                             "label": load_case(CASE)[0]["label"][3]}.items()}
+    with torch.no_grad():
+        expected = float(solver.net.objective(solver.net(**batch)))
+    assert final[0] == f"Iteration 3, loss = {expected:.6g}"
+    assert np.float32(solver.smoothed_loss) == np.float32(expected)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="caffe_compat"):
+        train(make_solver(CASE), loader(), iters=2, progress=False)
+    assert "Optimization Done." not in [r.getMessage() for r in caplog.records]
 
 
 def _dropout_solver_file(tmp_path) -> str:
