@@ -22,8 +22,9 @@ pycaffe's surface, one module per concern (each docstring says what it reproduce
   copy_from, save, save_hdf5/load_hdf5, share_with, clear_param_diffs, set_input_arrays), batches
   (:mod:`~caffe_compat.pycaffe.net_batch`) and backward ranges (:mod:`~caffe_compat.pycaffe.net_backward`).
 * :mod:`~caffe_compat.pycaffe.layer`: ``caffe.Layer``, the Python-layer base class, and ``net.layers[i]``.
-* :mod:`~caffe_compat.pycaffe.solver`: ``get_solver``, ``SGDSolver`` ... ``AdamSolver``, whose
-  ``solver.net`` / ``solver.test_nets`` are pycaffe ``Net`` s over the trained CaffeNets (``SolverNet``).
+* :mod:`~caffe_compat.pycaffe.solver`: ``get_solver``, ``SGDSolver`` ... ``AdamSolver`` (classes with the
+  base ``Solver``; ``get_solver`` gives the class of the file's ``type``), whose ``solver.net`` /
+  ``solver.test_nets`` are pycaffe ``Net`` s over the trained CaffeNets (``SolverNet``).
 * :mod:`~caffe_compat.pycaffe.net_spec`: ``NetSpec``, ``layers``, ``params``, ``to_proto``;
   :mod:`~caffe_compat.pycaffe.coord_map`: ``coord_map_from_to``, ``crop``.
 * :mod:`~caffe_compat.pycaffe.classifier` / :mod:`~caffe_compat.pycaffe.detector`: ``Classifier``,
@@ -60,9 +61,9 @@ from caffe_compat.pycaffe.classifier import Classifier
 from caffe_compat.pycaffe.detector import Detector
 from caffe_compat.pycaffe.net_spec import NetSpec, layers, params, to_proto
 from caffe_compat.pycaffe.solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver, PycaffeSolver,
-                                         RMSPropSolver, SGDSolver, SolverNet, get_solver)
+                                         RMSPropSolver, SGDSolver, Solver, SolverNet, get_solver)
 
-__all__ = ["TRAIN", "TEST", "Net", "Blob", "ParamBlob", "Layer", "SolverNet", "PycaffeSolver", "get_solver",
+__all__ = ["TRAIN", "TEST", "Net", "Blob", "ParamBlob", "Layer", "SolverNet", "Solver", "PycaffeSolver", "get_solver",
            "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver",
            "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed", "NetSpec", "layers", "params", "to_proto",
            "coord_map", "Classifier", "Detector", "register_python_layer", "allow_python_imports", "layer_type_list",

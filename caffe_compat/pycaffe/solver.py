@@ -11,10 +11,11 @@ classes do), so that old solver scripts run::
         solver.step(1)
         print(solver.net.blobs["loss"].data, solver.net.params["conv1"][0].diff.std())
 
-They are :class:`PycaffeSolver` s: core Solvers (training is the core's, number for number) whose
-``solver.net`` and ``solver.test_nets[i]`` are :class:`SolverNet` s, pycaffe ``caffe.Net`` s
-(:class:`~caffe_compat.pycaffe.net.Net`: numpy ``data``/``diff``, ``layers``, ``forward``/``backward`` with
-ranges, ...) over the CaffeNets the core trains (``net.torch_net``).  What Caffe does and this reproduces:
+They derive from :class:`Solver` (``caffe.Solver``, also named ``PycaffeSolver``), a core Solver (training
+is the core's, number for number) whose ``solver.net`` and ``solver.test_nets[i]`` are :class:`SolverNet` s,
+pycaffe ``caffe.Net`` s (:class:`~caffe_compat.pycaffe.net.Net`: numpy ``data``/``diff``, ``layers``,
+``forward``/``backward`` with ranges, ...) over the CaffeNets the core trains (``net.torch_net``).
+What Caffe does and this reproduces:
 
 * An Input blob's ``data`` *is* the solver's input array (``solver.inputs[name]``,
   ``solver.test_inputs[i][name]``), and so is the top of a DummyData layer with a constant filler (Caffe
@@ -49,9 +50,9 @@ from caffe_compat.net import CaffeNet
 from caffe_compat.pycaffe.blob import Blob, _Synced, grad_of
 from caffe_compat.pycaffe.net import Net
 from caffe_compat.pycaffe.net_params import share_trained_layers
-from caffe_compat.solver import Solver
+from caffe_compat.solver import Solver as CoreSolver
 
-__all__ = ["PycaffeSolver", "SolverNet", "get_solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
+__all__ = ["Solver", "PycaffeSolver", "SolverNet", "get_solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
            "RMSPropSolver", "AdaDeltaSolver", "AdamSolver"]
 
 
@@ -239,9 +240,11 @@ class _ForwardRecorder:
 
 
 
-class PycaffeSolver(Solver):
-    """A core :class:`~caffe_compat.solver.Solver` whose nets are :class:`SolverNet` s (see the module
-    docstring).  Same arguments as the core Solver."""
+class Solver(CoreSolver):
+    """pycaffe's ``Solver``, the base class of ``SGDSolver`` ... ``AdamSolver`` (``PycaffeSolver`` is
+    another name of it): a core :class:`~caffe_compat.solver.Solver` whose nets are :class:`SolverNet` s
+    (see the module docstring).  Same arguments as the core Solver; built directly it runs the rule of the
+    file's ``type``, as an instance of this base."""
 
     net_class = _BuiltNet
 
@@ -347,23 +350,68 @@ class PycaffeSolver(Solver):
                 set_packed_floats(blob, diff.detach().to("cpu", torch.float32).reshape(-1).numpy(), "diff")
 
 
-def get_solver(solver, weights=None, device=None) -> PycaffeSolver:
-    """pycaffe's ``caffe.get_solver``: the solver of the file's ``type``."""
-    return PycaffeSolver(solver, weights=weights, device=device)
+#: the name this base had before it was pycaffe's ``Solver``
+PycaffeSolver = Solver
 
 
-def _forced(kind: str):
-    def make(solver, weights=None, device=None) -> PycaffeSolver:
-        return PycaffeSolver(solver, weights=weights, device=device, solver_type=kind)
+class _RuleSolver(Solver):
+    """The common part of pycaffe's ``SGDSolver`` ... ``AdamSolver``: each runs its class's rule
+    (``solver_type``) whatever the file's ``type``.  None derives from another (in pycaffe's bindings each
+    has the base ``Solver`` only: a NesterovSolver is not an SGDSolver)."""
 
-    make.__name__ = make.__qualname__ = f"{kind}Solver"
-    make.__doc__ = f"pycaffe's ``caffe.{kind}Solver(path)``: a solver using Caffe's {kind} rule."
-    return make
+    solver_type: str
+
+    def __init__(self, solver, weights=None, device=None):
+        super().__init__(solver, weights=weights, device=device, solver_type=self.solver_type)
 
 
-SGDSolver = _forced("SGD")
-NesterovSolver = _forced("Nesterov")
-AdaGradSolver = _forced("AdaGrad")
-RMSPropSolver = _forced("RMSProp")
-AdaDeltaSolver = _forced("AdaDelta")
-AdamSolver = _forced("Adam")
+class SGDSolver(_RuleSolver):
+    """pycaffe's ``caffe.SGDSolver(path)``: Caffe's SGD rule whatever the file's ``type``."""
+
+    solver_type = "SGD"
+
+
+class NesterovSolver(_RuleSolver):
+    """pycaffe's ``caffe.NesterovSolver(path)``: Caffe's Nesterov rule whatever the file's ``type``."""
+
+    solver_type = "Nesterov"
+
+
+class AdaGradSolver(_RuleSolver):
+    """pycaffe's ``caffe.AdaGradSolver(path)``: Caffe's AdaGrad rule whatever the file's ``type``."""
+
+    solver_type = "AdaGrad"
+
+
+class RMSPropSolver(_RuleSolver):
+    """pycaffe's ``caffe.RMSPropSolver(path)``: Caffe's RMSProp rule whatever the file's ``type``."""
+
+    solver_type = "RMSProp"
+
+
+class AdaDeltaSolver(_RuleSolver):
+    """pycaffe's ``caffe.AdaDeltaSolver(path)``: Caffe's AdaDelta rule whatever the file's ``type``."""
+
+    solver_type = "AdaDelta"
+
+
+class AdamSolver(_RuleSolver):
+    """pycaffe's ``caffe.AdamSolver(path)``: Caffe's Adam rule whatever the file's ``type``."""
+
+    solver_type = "Adam"
+
+
+#: the file's ``type`` -> the pycaffe class of that solver
+SOLVER_CLASSES: dict[str, type[Solver]] = {
+    cls.solver_type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver,
+                                     AdamSolver)}
+
+
+def get_solver(solver, weights=None, device=None) -> Solver:
+    """pycaffe's ``caffe.get_solver``: the solver of the file's ``type`` (the legacy ``solver_type`` enum
+    upgraded), an instance of that type's class (an Adam file gives an ``AdamSolver``), as Caffe's
+    ``SolverRegistry`` makes it.  The file is read once: the solver is built, then takes the class of the
+    type it resolved (the classes differ only in the type their constructor forces)."""
+    made = Solver(solver, weights=weights, device=device)
+    made.__class__ = SOLVER_CLASSES.get(made.param.type or "SGD", Solver)
+    return made

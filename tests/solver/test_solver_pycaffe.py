@@ -73,6 +73,73 @@ def test_forced_rule_solvers_take_the_first_step_of_their_rule(kind, rule, momen
     assert checked > 100
 
 
+# ------------------------------------------------------------------------------------------ solver classes
+
+KINDS = ["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"]
+LEGACY = {"SGD": "SGD", "Nesterov": "NESTEROV", "AdaGrad": "ADAGRAD", "RMSProp": "RMSPROP", "AdaDelta": "ADADELTA",
+          "Adam": "ADAM"}  # the deprecated solver_type enum's names
+
+
+def _typed_solver_file(tmp_path, type_line: str) -> str:
+    """A solver over the sgd_step_momentum net whose rule is set by ``type_line``."""
+    path = tmp_path / "solver.prototxt"
+    path.write_text(f'net: "{case_dir("sgd_step_momentum") / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\n'
+                    f'snapshot_prefix: "{tmp_path / "snap"}"\n{type_line}\n')
+    return str(path)
+
+
+def _assert_solver_of_class(solver, kind: str) -> None:
+    """``solver`` is pycaffe's ``<kind>Solver`` (and a ``caffe.Solver``), of no other solver class, and runs
+    the ``kind`` rule."""
+    cls = getattr(pycaffe_module, f"{kind}Solver")
+    assert type(solver) is cls and type(solver).__name__ == f"{kind}Solver"
+    assert isinstance(solver, cls) and isinstance(solver, pycaffe_module.Solver)
+    assert isinstance(solver, solver_module.Solver)  # still a core solver
+    assert [k for k in KINDS if isinstance(solver, getattr(pycaffe_module, f"{k}Solver"))] == [kind]
+    assert solver.param.type == kind and type(solver.optimizer) is solver_module.UPDATE_RULES[kind]
+
+
+def test_solver_classes_derive_from_the_pycaffe_base():
+    """As pycaffe's bindings declare them: six classes, each with the base ``caffe.Solver`` only (a
+    NesterovSolver is no SGDSolver); ``PycaffeSolver`` is the base's other name."""
+    base = pycaffe_module.Solver
+    assert pycaffe_module.PycaffeSolver is base and "Solver" in pycaffe_module.__all__
+    assert issubclass(base, solver_module.Solver)
+    for kind in KINDS:
+        cls = getattr(pycaffe_module, f"{kind}Solver")
+        assert isinstance(cls, type) and issubclass(cls, base) and cls.__name__ == f"{kind}Solver"
+        assert [k for k in KINDS if issubclass(cls, getattr(pycaffe_module, f"{k}Solver"))] == [kind]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_get_solver_gives_the_class_of_the_file_type(kind, tmp_path):
+    """``caffe.get_solver(path)`` is an instance of the class of the file's ``type`` (Caffe's registry makes
+    that solver; pycaffe wraps it as its class)."""
+    _assert_solver_of_class(pycaffe_module.get_solver(_typed_solver_file(tmp_path, f'type: "{kind}"')), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_get_solver_gives_the_class_of_a_legacy_solver_type(kind, tmp_path):
+    """The deprecated ``solver_type`` enum is upgraded to ``type`` first, as Caffe's ``UpgradeSolverType``."""
+    path = _typed_solver_file(tmp_path, f"solver_type: {LEGACY[kind]}")
+    _assert_solver_of_class(pycaffe_module.get_solver(path), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rule_solver_class_forces_its_rule_on_an_sgd_file(kind, tmp_path):
+    """``caffe.<Rule>Solver(path)`` is a ``<Rule>Solver`` running that rule whatever the file's type."""
+    solver = getattr(pycaffe_module, f"{kind}Solver")(_typed_solver_file(tmp_path, 'type: "SGD"'))
+    _assert_solver_of_class(solver, kind)
+
+
+def test_the_base_built_directly_runs_the_file_type(tmp_path):
+    """``caffe.Solver(path)`` (pycaffe's cannot be built; here it is the old ``PycaffeSolver(path)``): the rule
+    of the file's type, as an instance of the base and of no rule class."""
+    solver = pycaffe_module.Solver(_typed_solver_file(tmp_path, 'type: "Adam"'))
+    assert type(solver) is pycaffe_module.Solver and solver.param.type == "Adam"
+    assert not any(isinstance(solver, getattr(pycaffe_module, f"{k}Solver")) for k in KINDS)
+
+
 # ------------------------------------------------------------------------------------------ solver.net
 
 def _pycaffe_params(solver) -> dict[str, np.ndarray]:
