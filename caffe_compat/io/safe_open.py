@@ -5,7 +5,8 @@ here before it is opened.
 is refused at once instead of blocking in ``open()`` forever, and a device (``/dev/zero``) is refused
 instead of being read until memory runs out.  Directories and sockets are refused too, and a format
 with a size limit (protobuf's 2 GB message) is checked against ``st_size``.  A missing path passes: the
-caller's own open reports it the way it always has.  :func:`read_regular_bytes` and
+caller's own open reports it the way it always has.  :func:`require_regular_file` is the check for a
+caller that must name a missing file itself (its own error type and message).  :func:`read_regular_bytes` and
 :func:`read_regular_text` check and then read at most the bound, so a file that grows (or is swapped)
 between the check and the read still cannot be read without limit.
 
@@ -22,11 +23,13 @@ import math
 import os
 import stat
 import time
+from collections.abc import Callable
+from pathlib import Path
 
-from caffe_compat.errors import FormatError, MemoryBudgetError, NotRegularFileError
+from caffe_compat.errors import CaffeCompatError, FormatError, MemoryBudgetError, NotRegularFileError
 
 __all__ = ["LIST_EXPANSION", "PROTOBUF_MAX_BYTES", "available_memory", "check_regular_file", "list_file_limit",
-           "memory_budget", "read_list_text", "read_regular_bytes", "read_regular_text"]
+           "memory_budget", "read_list_text", "read_regular_bytes", "read_regular_text", "require_regular_file"]
 
 #: The largest message protobuf parses (2 GB, ``INT_MAX`` bytes): prototxt, caffemodel, solverstate,
 #: binaryproto.
@@ -67,6 +70,22 @@ def check_regular_file(path: str | os.PathLike, what: str | None = None,
         raise NotRegularFileError(f"{_named(path, what)}: {st.st_size} bytes, more than the {max_bytes} this "
                                   f"format allows")
     return st
+
+
+def require_regular_file(path: str | os.PathLike, what: str | None = None, *,
+                         error: type[Exception] = CaffeCompatError,
+                         missing: str | Callable[[], str] | None = None) -> Path:
+    """``Path(path)`` when it is a regular file (or a link to one).  Only regular files: a FIFO would block
+    its reader forever and a device (``/dev/zero``) never ends, so either one, a socket or a directory is a
+    :class:`~caffe_compat.errors.NotRegularFileError` naming it and ``what`` named it (as
+    :func:`check_regular_file`, which stats and never opens).  A path that does not exist (or a dangling link,
+    or one that cannot be stat'ed) is ``error(missing)``, ``missing`` being the caller's whole message, by
+    default ``"<path>: no such file"``; a callable ``missing`` is called only then (a message that names
+    the working directory: ``os.getcwd`` fails once the folder is removed)."""
+    if check_regular_file(path, what) is None:
+        message = missing() if callable(missing) else missing
+        raise error(f"{path}: no such file" if message is None else message)
+    return Path(path)
 
 
 def read_regular_bytes(path: str | os.PathLike, what: str | None = None, max_bytes: int | None = None) -> bytes:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from caffe_compat.errors import CaffeCompatError, NotRegularFileError
+from caffe_compat.errors import CaffeCompatError, DataError, FormatError, NotRegularFileError
 from caffe_compat.io import read_net, read_solver, read_solverstate, write_blob
-from caffe_compat.io.safe_open import check_regular_file, read_regular_bytes
+from caffe_compat.io.safe_open import check_regular_file, read_regular_bytes, require_regular_file
 from caffe_compat.proto import caffe_pb2
 from tests.cli.test_cli_errors import run_cli
 from tests.conftest import fixture_path
@@ -79,6 +79,34 @@ def test_helper_refuses_each_kind_and_passes_missing_and_regular(tmp_path):
     with pytest.raises(NotRegularFileError, match="5 bytes, more than the 4"):
         check_regular_file(tmp_path / "f", max_bytes=4)
     assert read_regular_bytes(tmp_path / "f", max_bytes=5) == b"12345"
+
+
+def test_require_regular_file_passes_a_file_and_names_a_missing_one_with_the_callers_error(tmp_path):
+    regular = tmp_path / "f.bin"
+    regular.write_bytes(b"x")
+    assert require_regular_file(str(regular), "the input") == regular
+    missing = tmp_path / "missing.bin"
+    with pytest.raises(CaffeCompatError) as caught:
+        require_regular_file(missing)
+    assert type(caught.value) is CaffeCompatError and str(caught.value) == f"{missing}: no such file"
+    with pytest.raises(FormatError) as caught:
+        require_regular_file(missing, "the input", error=FormatError)
+    assert type(caught.value) is FormatError and str(caught.value) == f"{missing}: no such file"
+    with pytest.raises(DataError) as caught:
+        require_regular_file(missing, "--weights", error=DataError, missing=f"run: --weights {missing}: no such file")
+    assert type(caught.value) is DataError and str(caught.value) == f"run: --weights {missing}: no such file"
+    built = []
+    with pytest.raises(DataError, match="^built once$"):
+        require_regular_file(missing, error=DataError, missing=lambda: built.append(1) or "built once")
+    assert require_regular_file(regular, missing=lambda: built.append(1) or "never") == regular and built == [1]
+
+
+def test_require_regular_file_refuses_a_fifo_and_a_folder_naming_them(tmp_path):
+    fifo = _fifo(tmp_path)
+    exc = raises_at_once(fifo, lambda: require_regular_file(fifo, "the field 'x'", error=DataError), "the field 'x'")
+    assert str(fifo) in str(exc) and "FIFO" in str(exc)
+    exc = raises_at_once(None, lambda: require_regular_file(tmp_path, error=FormatError), str(tmp_path))
+    assert "directory" in str(exc)
 
 
 def test_socket_is_refused(tmp_path):
