@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError, FormatError
-from caffe_compat.io.safe_open import check_regular_file, read_regular_text
+from caffe_compat.io.safe_open import read_regular_text, require_regular_file
 
 _CARD_MAX_BYTES = 1 << 20  # a model card is a few KB of JSON
 
@@ -126,10 +126,7 @@ def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict
     mismatches; ``result["ok"]``: none."""
     from caffe_compat.io import blob_shape, legacy_shape_equals, read_net
 
-    path = Path(path)
-    check_regular_file(path)  # a FIFO, a device or a folder is named as such, not as missing
-    if not path.is_file():
-        raise CaffeCompatError(f"{path}: no such file")
+    path = require_regular_file(path)  # a FIFO, a device or a folder is named as such, not as missing
     card = card or find_card(path.name)
     if card is None:
         raise CaffeCompatError(f"{path.name}: no model card lists this file name (cards in {CARDS_DIR}); "

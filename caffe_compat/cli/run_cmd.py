@@ -63,11 +63,10 @@ def run(args) -> int:
     elif args.script is None:
         raise CaffeCompatError("give a script (caffe-compat run SCRIPT.py ARGS) or -m MODULE ARGS")
     if args.module is None:
-        from caffe_compat.io.safe_open import check_regular_file
+        from caffe_compat.io.safe_open import require_regular_file
 
-        check_regular_file(args.script, "the script")  # a FIFO, a device or a folder is named as such
-        if not os.path.isfile(args.script):
-            raise CaffeCompatError(f"{args.script}: no such script file")
+        # a FIFO, a device or a folder is named as such
+        require_regular_file(args.script, "the script", missing=f"{args.script}: no such script file")
     if args.python_path:
         _allow_python_imports(args.python_path)
     install_alias()

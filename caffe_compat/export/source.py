@@ -39,7 +39,7 @@ from pathlib import Path
 from caffe_compat.errors import CaffeCompatError, FormatError, naming_file
 from caffe_compat.export.cut import cut_indices
 from caffe_compat.io.path_or_text import is_path
-from caffe_compat.io.safe_open import check_regular_file
+from caffe_compat.io.safe_open import require_regular_file
 
 __all__ = ["EMBEDDING_BLOB", "TestPhaseNet", "check_weight_source", "data_layer_facts", "load_test_net",
            "proto_cut", "reads_source"]
@@ -70,9 +70,7 @@ def data_layer_facts(layer):
 
 
 def _existing(path, what: str) -> str:
-    check_regular_file(path)  # a FIFO, a device or a folder is named as such, not as missing
-    if not Path(path).is_file():
-        raise CaffeCompatError(f"{path}: no such {what} file")
+    require_regular_file(path, missing=f"{path}: no such {what} file")  # a FIFO, a device, a folder: named
     return str(path)
 
 

@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 
 from caffe_compat.errors import FormatError, MemoryBudgetError
-from caffe_compat.io.safe_open import check_regular_file, memory_budget
+from caffe_compat.io.safe_open import memory_budget, require_regular_file
 
 __all__ = ["load_array_file"]
 
@@ -98,9 +98,7 @@ class _CheckedNpz:
 def load_array_file(path, what: str | None = None):
     """The array of a ``.npy`` file, or a checked ``.npz`` (``.files``, ``[name]``, a context manager), as
     the module docstring says; FormatError naming ``path`` when it is not one."""
-    st = check_regular_file(path, what)
-    if st is None:
-        raise FormatError(f"{path}: no such file")
+    require_regular_file(path, what, error=FormatError)
     try:
         with open(path, "rb") as fh:
             magic = fh.read(6)

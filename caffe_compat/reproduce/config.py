@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from caffe_compat.errors import CaffeCompatError
-from caffe_compat.io.safe_open import check_regular_file
+from caffe_compat.io.safe_open import require_regular_file
 from caffe_compat.reproduce.setups import SETUPS, ReproduceSetup
 from caffe_compat.reproduce.training import prototxt_root
 
@@ -89,9 +89,8 @@ def resolve(config: ReproduceConfig) -> tuple[ReproduceConfig, ReproduceSetup]:
     if max_iter < 1:
         raise CaffeCompatError(f"reproduce {dataset}: --max-iter must be >= 1, got {max_iter}")
     if config.weights is not None:
-        check_regular_file(config.weights, "--weights")  # a FIFO, a device or a folder is named as such
-        if not Path(config.weights).is_file():
-            raise CaffeCompatError(f"reproduce {dataset}: --weights {config.weights}: no such file")
+        require_regular_file(config.weights, "--weights",  # a FIFO, a device or a folder is named as such
+                             missing=f"reproduce {dataset}: --weights {config.weights}: no such file")
     if config.delta_min is not None and not (math.isfinite(config.delta_min) and config.delta_min > 0):
         raise CaffeCompatError(f"reproduce {dataset}: --delta-min must be a finite number > 0 (FAPPY's finest bin "
                                f"width; Caffe's layer loops for ever otherwise), got {config.delta_min}")

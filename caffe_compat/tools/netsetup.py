@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError, naming_file
-from caffe_compat.io.safe_open import check_regular_file
+from caffe_compat.io.safe_open import require_regular_file
 
 __all__ = ["as_tensors", "build_net", "load_inputs", "resolve_device", "split_list", "synchronize"]
 
@@ -79,9 +79,7 @@ def build_net(model, weights=None, *, phase: str = "test", level: int | None = N
 
     for path in [model, *split_list(weights)]:
         if isinstance(path, (str, os.PathLike)):
-            check_regular_file(path)  # a FIFO, a device or a folder is named as such, not as missing
-            if not Path(path).is_file():
-                raise DataError(f"{path}: no such file")
+            require_regular_file(path, error=DataError)  # a FIFO, a device or a folder is named as such
     try:  # a setup error names the layer; the file too (as load_net)
         net = CaffeNet(read_net(model), phase=phase, level=level, stages=tuple(split_list(stages)))
     except CaffeCompatError as exc:
