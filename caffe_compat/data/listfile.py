@@ -13,16 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from caffe_compat.errors import DataError
-from caffe_compat.io.safe_open import check_regular_file, read_list_text
-
-
-def require_file(path: Path, what: str) -> Path:
-    """``path`` if it is a regular file, else a :class:`DataError` naming it and what it should hold
-    (:class:`~caffe_compat.errors.NotRegularFileError` for a FIFO, a device, a socket or a directory)."""
-    check_regular_file(path, what)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found ({what})")
-    return path
+from caffe_compat.io.safe_open import read_list_text, require_regular_file
 
 
 def read_table(path: Path, fields: Sequence[str], header: bool = False) -> list[tuple[int, list[str]]]:
@@ -32,8 +23,8 @@ def read_table(path: Path, fields: Sequence[str], header: bool = False) -> list[
     must spell exactly those names (Stanford Online Products' ``image_id class_id super_class_id
     path``) and is not returned.
     """
-    path = Path(path)
-    require_file(path, " ".join(fields))
+    path, what = Path(path), " ".join(fields)
+    require_regular_file(path, what, error=DataError, missing=f"{path}: file not found ({what})")
     try:
         text = read_list_text(path, encoding="utf-8-sig")  # a leading BOM is no part of the first field
     except UnicodeDecodeError as exc:
@@ -73,7 +64,6 @@ def parse_int(value: str, path: Path, number: int, field: str) -> int:
 def checked_image(image: Path, list_file: Path, number: int, check: bool) -> Path:
     """``image``; with ``check`` a :class:`DataError` naming ``list_file:number`` if it does not exist."""
     if check:
-        check_regular_file(image, f"{list_file}:{number}")
-    if check and not image.is_file():
-        raise DataError(f"{list_file}:{number}: image file not found: {image}")
+        require_regular_file(image, f"{list_file}:{number}", error=DataError,
+                             missing=f"{list_file}:{number}: image file not found: {image}")
     return image

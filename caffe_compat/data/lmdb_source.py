@@ -41,7 +41,7 @@ from caffe_compat.data.transformer import DataTransformer
 from caffe_compat.errors import DataError, FormatError
 from caffe_compat.io.datum_lmdb import (decode_datum, iter_records, lmdb_errors, open_lmdb, parse_datum, record_key,
                                         record_name, warn_force_on_raw)
-from caffe_compat.io.safe_open import check_regular_file
+from caffe_compat.io.safe_open import require_regular_file
 from caffe_compat.proto import caffe_pb2
 
 
@@ -55,10 +55,9 @@ class DatumSource:
 
     def __init__(self, path: str | os.PathLike, force_color: bool = False, force_gray: bool = False) -> None:
         self.path = Path(path).absolute()
-        check_regular_file(self.path / "data.mdb", f"the LMDB {path}")
-        if not (self.path / "data.mdb").is_file():
-            raise DataError(f"{path}: not an LMDB database (no data.mdb in {self.path}); Caffe resolves the "
-                            f"source relative to the working directory {Path.cwd()}")
+        require_regular_file(self.path / "data.mdb", f"the LMDB {path}", error=DataError,
+                             missing=lambda: f"{path}: not an LMDB database (no data.mdb in {self.path}); Caffe "
+                                             f"resolves the source relative to the working directory {Path.cwd()}")
         if force_color and force_gray:
             raise FormatError(f"{path}: cannot set both force_color and force_gray")
         self.force_color, self.force_gray = bool(force_color), bool(force_gray)

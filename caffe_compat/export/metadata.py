@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from caffe_compat.errors import CaffeCompatError, FormatError
-from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file
+from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, check_regular_file, require_regular_file
 
 FORMAT = "caffe-compat-onnx/1"
 PREPROCESSING_KEYS = ("channel_order", "resize", "crop_size", "mean_value", "mean_file", "scale", "input_blob")
@@ -68,10 +68,9 @@ def read_mean_file(path, where: str) -> np.ndarray:
     from caffe_compat.io import read_blob
 
     path = Path(path)
-    check_regular_file(path, f"{where}: mean_file")
-    if not path.is_file():
-        raise FormatError(f"{where}: mean_file '{path}' not found (read relative to the working directory "
-                          f"{Path.cwd()}, as Caffe does)")
+    require_regular_file(path, f"{where}: mean_file", error=FormatError,
+                         missing=lambda: f"{where}: mean_file '{path}' not found (read relative to the working "
+                                         f"directory {Path.cwd()}, as Caffe does)")
     try:
         mean = np.asarray(read_blob(path), dtype=np.float32)
     except CaffeCompatError as exc:

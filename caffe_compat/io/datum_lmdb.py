@@ -56,7 +56,7 @@ import numpy as np
 from caffe_compat.errors import DataError, FormatError, ParseError, WriteError
 from caffe_compat.io.lmdb_check import check_lmdb_file
 from caffe_compat.io.protofiles import parse_binary
-from caffe_compat.io.safe_open import check_regular_file
+from caffe_compat.io.safe_open import require_regular_file
 from caffe_compat.proto import caffe_pb2
 
 
@@ -76,15 +76,11 @@ _ENV_LOCK = threading.RLock()
 def _data_file(path: Path) -> tuple[Path, bool]:
     """``(data file, subdir)`` of the database at ``path`` (a folder holding ``data.mdb``, or the
     ``subdir=False`` data file itself); DataError when there is none."""
-    if path.is_dir():
-        check_regular_file(path / "data.mdb", f"the LMDB {path}")
-        if (path / "data.mdb").is_file():
-            return path / "data.mdb", True
-    else:
-        check_regular_file(path, "an LMDB data file")
-        if path.is_file():
-            return path, False
-    raise DataError(f"{path}: not an LMDB database (no data.mdb in {path.absolute()})")
+    subdir = path.is_dir()
+    data_file = path / "data.mdb" if subdir else path
+    require_regular_file(data_file, f"the LMDB {path}" if subdir else "an LMDB data file", error=DataError,
+                         missing=lambda: f"{path}: not an LMDB database (no data.mdb in {path.absolute()})")
+    return data_file, subdir
 
 
 def _acquire(path: str | os.PathLike, pin: bool):

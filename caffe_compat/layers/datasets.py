@@ -19,7 +19,7 @@ import torch
 
 from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
-from caffe_compat.io.safe_open import check_regular_file, read_list_text
+from caffe_compat.io.safe_open import read_list_text, require_regular_file
 from caffe_compat.layers.data import SourceLayer
 from caffe_compat.layers.facts import BlobCount, InputFacts, Shapes, transform_input_facts
 from caffe_compat.layers.registry import register_layer
@@ -53,10 +53,9 @@ def _transformer(param, phase: str):
     mean = None
     if t.HasField("mean_file"):
         path = Path(t.mean_file)
-        check_regular_file(path, f"layer '{param.name}' ({param.type}) transform_param.mean_file")
-        if not path.is_file():
-            raise DataError(f"layer '{param.name}' ({param.type}): mean_file '{t.mean_file}' not found (Caffe opens "
-                            f"it relative to the working directory {Path.cwd()})")
+        require_regular_file(path, f"layer '{param.name}' ({param.type}) transform_param.mean_file", error=DataError,
+                             missing=lambda: f"layer '{param.name}' ({param.type}): mean_file '{t.mean_file}' not "
+                                             f"found (Caffe opens it relative to the working directory {Path.cwd()})")
         mean = read_blob(path)
     try:
         return DataTransformer(crop_size=int(t.crop_size), mirror=bool(t.mirror), mean_file=mean,
