@@ -38,7 +38,7 @@ import torch
 from caffe_compat.errors import CaffeCompatError
 from caffe_compat.io import read_net, read_solver
 from caffe_compat.io.atomic import write_text_atomic
-from caffe_compat.io.safe_open import check_regular_file, memory_budget, read_regular_text
+from caffe_compat.io.safe_open import check_regular_file, memory_budget, read_regular_text, require_regular_file
 from caffe_compat.proto import caffe_pb2
 
 _RECORD_MAX_BYTES = 16 << 20  # the settings and progress records are a few KB of JSON
@@ -93,9 +93,7 @@ def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
 
 
 def file_sha256(path) -> str:
-    path = Path(path)
-    if not path.is_file():
-        raise CaffeCompatError(f"{path}: no such file")
+    path = require_regular_file(Path(path), "a reproduced run's file")  # a FIFO is named as such, not as missing
     stat = path.stat()
     return _sha256_cached(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
 

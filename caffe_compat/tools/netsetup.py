@@ -122,9 +122,8 @@ def load_inputs(specs, net=None) -> dict[str, np.ndarray]:
         file, key = rest, None
         if not Path(rest).is_file() and ":" in rest:
             file, _, key = rest.rpartition(":")
-        path = Path(file)
-        if not path.is_file():
-            raise DataError(f"--input {spec!r}: {path}: no such file")
+        path = require_regular_file(Path(file), f"--input {spec!r}", error=DataError,  # a FIFO is named as such
+                                    missing=f"--input {spec!r}: {Path(file)}: no such file")
         array = np.asarray(_read_array(path, key, blob))
         if not np.issubdtype(array.dtype, np.number) and array.dtype != np.bool_:
             raise FormatError(f"--input {spec!r}: {array.dtype} values are not numbers")

@@ -109,6 +109,20 @@ def test_require_regular_file_refuses_a_fifo_and_a_folder_naming_them(tmp_path):
     assert "directory" in str(exc)
 
 
+def test_fifo_as_array_input_and_reproduced_file(tmp_path):
+    from caffe_compat.reproduce.training import file_sha256
+    from caffe_compat.tools.netsetup import load_inputs
+
+    fifo = _fifo(tmp_path, "x.npy")
+    exc = raises_at_once(fifo, lambda: load_inputs([f"data={fifo}"]), f"--input 'data={fifo}'")
+    assert "FIFO" in str(exc) and isinstance(exc, DataError)
+    assert "FIFO" in str(raises_at_once(fifo, lambda: file_sha256(fifo)))
+    with pytest.raises(DataError, match=f"^--input 'data={tmp_path}/y.npy': {tmp_path}/y.npy: no such file$"):
+        load_inputs([f"data={tmp_path}/y.npy"])
+    with pytest.raises(CaffeCompatError, match=f"^{tmp_path}/y.npy: no such file$"):
+        file_sha256(tmp_path / "y.npy")
+
+
 def test_socket_is_refused(tmp_path):
     import socket
 
