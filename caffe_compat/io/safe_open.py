@@ -78,11 +78,18 @@ def require_regular_file(path: str | os.PathLike, what: str | None = None, *,
     """``Path(path)`` when it is a regular file (or a link to one).  Only regular files: a FIFO would block
     its reader forever and a device (``/dev/zero``) never ends, so either one, a socket or a directory is a
     :class:`~caffe_compat.errors.NotRegularFileError` naming it and ``what`` named it (as
-    :func:`check_regular_file`, which stats and never opens).  A path that does not exist (or a dangling link,
-    or one that cannot be stat'ed) is ``error(missing)``, ``missing`` being the caller's whole message, by
-    default ``"<path>: no such file"``; a callable ``missing`` is called only then (a message that names
-    the working directory: ``os.getcwd`` fails once the folder is removed)."""
+    :func:`check_regular_file`, which stats and never opens).  A path that does not exist (or a dangling link)
+    is ``error(missing)``, ``missing`` being the caller's whole message, by default ``"<path>: no such file"``;
+    a callable ``missing`` is called only then (a message that names the working directory: ``os.getcwd``
+    fails once the folder is removed).  A path that exists but cannot be looked at (a folder on the way
+    without search permission) is ``error`` saying so, not that it is missing."""
     if check_regular_file(path, what) is None:
+        try:
+            os.stat(path)
+        except PermissionError as exc:
+            raise error(f"{_named(path, what)}: cannot be read ({exc.strerror})") from None
+        except (OSError, ValueError):
+            pass
         message = missing() if callable(missing) else missing
         raise error(f"{path}: no such file" if message is None else message)
     return Path(path)

@@ -5,6 +5,7 @@ naming it (checked with ``os.stat``, so nothing blocks in ``open()`` and ``/dev/
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 
@@ -318,3 +319,24 @@ def test_fifo_as_checkpoint_onnx_model_and_log(tmp_path):
     from caffe_compat.export.metadata import read_metadata
 
     raises_at_once(fifo, lambda: read_metadata(fifo))
+
+
+def test_require_regular_file_says_a_path_it_may_not_look_at_is_unreadable(tmp_path, monkeypatch):
+    """stat failing with EACCES (a folder on the way without search permission; root is never refused, so the
+    refusal is simulated): the caller's error type saying so, not its 'no such file' message."""
+    import caffe_compat.io.safe_open as safe_open
+
+    target = tmp_path / "locked" / "net.prototxt"
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if str(path) == str(target):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(safe_open.os, "stat", stat)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(target))} \(named by the net\): cannot be read "
+                                         rf"\(Permission denied\)$"):
+        safe_open.require_regular_file(target, "the net", error=DataError, missing="gone")
+    with pytest.raises(DataError, match="^gone$"):
+        safe_open.require_regular_file(tmp_path / "absent", "the net", error=DataError, missing="gone")
