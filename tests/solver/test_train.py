@@ -74,7 +74,8 @@ def test_summary_lists_periodic_snapshots_too(tmp_path):
     solver = make_solver(CASE, snapshot_prefix=str(tmp_path / "p"))
     solver.param.max_iter, solver.param.snapshot = 4, 2
     summary = train(solver, loader(), progress=False)
-    assert summary.snapshots == [str(tmp_path / f"p_iter_{i}.{ext}") for i in (2, 4) for ext in ("caffemodel", "solverstate")]
+    assert summary.snapshots == [str(tmp_path / f"p_iter_{i}.{ext}") for i in (2, 4)
+                                 for ext in ("caffemodel", "solverstate")]
     assert all(Path(p).is_file() for p in summary.snapshots)
 
 
