@@ -38,6 +38,10 @@ What is reproduced from pycaffe / Caffe:
   ``force_backward`` has nothing to back-propagate (Caffe skips every layer): ``backward()`` then changes
   nothing and warns.  Ranges: :mod:`caffe_compat.pycaffe.net_backward`.  Returns ``{blob: diff}`` for the
   inputs (``end``'s bottoms when given) plus ``diffs``.
+* pycaffe's private members scripts use: ``_blobs`` (the blobs in blob order), ``_blob_loss_weights`` (a
+  list in blob order), ``_inputs``/``_outputs`` (blob indices), ``_top_ids(i)``/``_bottom_ids(i)`` (blob
+  indices of layer ``i``'s tops/bottoms; an in-place top is its bottom's blob), ``_set_input_arrays(data,
+  labels)`` (labels already n × 1 × 1 × 1).
 * ``net.params[layer][i].data`` / ``.diff`` (:class:`~caffe_compat.pycaffe.blob.ParamBlob`, valid as long
   as someone holds them, even after the net is gone), ``layers`` (``type``, ``name``, ``blobs``,
   ``reshape(bottom, top)``; a user Python layer's also the user object's methods and attributes, as
@@ -182,7 +186,7 @@ class Net(NetParamsMixin, NetBatchMixin):
         self._pending_inputs: set[str] = set()
         self._last = None
         self._warned_no_backward = False
-        self._blobs: OrderedDict[str, Blob] = OrderedDict()
+        self._blob_map: OrderedDict[str, Blob] = OrderedDict()
         self._sync_blobs_with_net()
         self._fill_kept_tops()
 
@@ -199,16 +203,16 @@ class Net(NetParamsMixin, NetBatchMixin):
 
     @property
     def blobs(self) -> OrderedDict:
-        return self._blobs
+        return self._blob_map
 
     @property
     def _blob_names(self) -> list[str]:
-        return list(self._blobs)
+        return list(self._blob_map)
 
     @property
     def blob_loss_weights(self) -> OrderedDict:
         """Every blob -> its loss weight (0 for blobs that are not part of the objective)."""
-        return OrderedDict((name, float(self._cnet.loss_weights.get(name, 0.0))) for name in self._blobs)
+        return OrderedDict((name, float(self._cnet.loss_weights.get(name, 0.0))) for name in self._blob_map)
 
     def _layer_param_blobs(self, step) -> list:
         if step.module_key is None:
@@ -258,20 +262,55 @@ class Net(NetParamsMixin, NetBatchMixin):
     def phase(self) -> int:
         return phase_value(self._phase)
 
+    # pycaffe's private members (the _caffe.cpp bindings its pycaffe.py builds the public ones from), which
+    # scripts reach for too: views on the above, blob indices in ``_blob_names`` order.
+
+    @property
+    def _blobs(self) -> list[Blob]:
+        """The blobs in blob order (``Net::blobs()``): ``net._blobs[i]`` is ``net.blobs[net._blob_names[i]]``."""
+        return list(self._blob_map.values())
+
+    @property
+    def _blob_loss_weights(self) -> list[float]:
+        """Every blob's loss weight, in blob order (``Net::blob_loss_weights()``)."""
+        return list(self.blob_loss_weights.values())
+
+    def _blob_indices(self, names) -> list[int]:
+        index = {name: i for i, name in enumerate(self._blob_map)}
+        return [index[name] for name in names]
+
+    @property
+    def _inputs(self) -> list[int]:
+        """Blob indices of ``inputs`` (``Net::input_blob_indices()``)."""
+        return self._blob_indices(self.inputs)
+
+    @property
+    def _outputs(self) -> list[int]:
+        """Blob indices of ``outputs`` (``Net::output_blob_indices()``)."""
+        return self._blob_indices(self.outputs)
+
+    def _top_ids(self, i: int) -> list[int]:
+        """Blob indices of layer ``i``'s tops (``Net::top_ids``; an in-place top is its bottom's blob)."""
+        return self._blob_indices(self._cnet.steps[self._layer_index(i)].tops)
+
+    def _bottom_ids(self, i: int) -> list[int]:
+        """Blob indices of layer ``i``'s bottoms (``Net::bottom_ids``)."""
+        return self._blob_indices(self._cnet.steps[self._layer_index(i)].bottoms)
+
     def _sync_blobs_with_net(self) -> None:
         """One Blob per blob of the CaffeNet, in its order; existing blobs keep their memory when the shape
         is unchanged.  Loss tops get ``loss_weight`` as diff (Caffe's SetLossWeights)."""
-        old = self._blobs
-        self._blobs = OrderedDict()
+        old = self._blob_map
+        self._blob_map = OrderedDict()
         for name, shape in self._cnet.blob_shapes.items():
             blob = old.get(name)
             if blob is None:
                 blob = self._new_blob(name, shape)
             elif blob.shape != tuple(shape):
                 blob._realloc(tuple(shape))
-            self._blobs[name] = blob
+            self._blob_map[name] = blob
         for name, weight in self._cnet.loss_weights.items():
-            self._blobs[name]._diff.fill(weight)
+            self._blob_map[name]._diff.fill(weight)
 
     def _new_blob(self, name: str, shape) -> Blob:
         return Blob(name, shape, self._device, self)
@@ -295,10 +334,10 @@ class Net(NetParamsMixin, NetBatchMixin):
             fillers = self._cnet.layers[step.module_key].fillers
             for top, filler in zip(step.tops, fillers):
                 if top in kept:
-                    self._blobs[top]._data.fill(float(filler.value))
+                    self._blob_map[top]._data.fill(float(filler.value))
 
     def _feed_tensor(self, name: str) -> torch.Tensor:
-        return self._blobs[name]._data.device()
+        return self._blob_map[name]._data.device()
 
     # ------------------------------------------------------------------------------ reshaping
 
@@ -314,7 +353,7 @@ class Net(NetParamsMixin, NetBatchMixin):
         """Apply the input shapes set by ``blob.reshape`` to the whole net (pycaffe's ``net.reshape()``)."""
         if not self._pending_inputs:
             return
-        shapes = {n: self._blobs[n].shape for n in self._cnet.input_names}
+        shapes = {n: self._blob_map[n].shape for n in self._cnet.input_names}
         source = caffe_pb2.NetParameter()
         source.CopyFrom(self._source)
         for layer in source.layer:
@@ -350,12 +389,15 @@ class Net(NetParamsMixin, NetBatchMixin):
         except ValueError:
             raise FormatError(f"no layer named '{name}' in net '{self._cnet.name}'") from None
 
-    def _layer_name(self, index: int) -> str:
+    def _layer_index(self, index: int) -> int:
         index = int(index)
         if not 0 <= index < len(self._cnet.steps):
             raise CaffeCompatError(f"net '{self._cnet.name}': layer index {index} out of range "
                                    f"(0..{len(self._cnet.steps) - 1})")
-        return self._cnet.steps[index].name
+        return index
+
+    def _layer_name(self, index: int) -> str:
+        return self._cnet.steps[self._layer_index(index)].name
 
     def _set_from_kwargs(self, kwargs: dict, names: list[str], field: str, what: str) -> None:
         if set(kwargs) != set(names):
@@ -363,10 +405,10 @@ class Net(NetParamsMixin, NetBatchMixin):
                                    f"{'inputs' if field == 'data' else 'outputs'} {names}")
         for name, value in kwargs.items():
             value = np.asarray(value)
-            if value.shape[:1] != self._blobs[name].shape[:1]:
+            if value.shape[:1] != self._blob_map[name].shape[:1]:
                 raise ShapeMismatchError(f"{what}(): '{name}' is not batch sized: {value.shape[:1]} vs "
-                                         f"{self._blobs[name].shape[:1]} (reshape the blob first)")
-            getattr(self._blobs[name], field)[...] = value
+                                         f"{self._blob_map[name].shape[:1]} (reshape the blob first)")
+            getattr(self._blob_map[name], field)[...] = value
 
     def forward(self, blobs=None, start=None, end=None, **kwargs) -> dict:
         """pycaffe's ``net.forward``: keyword inputs are copied into the input blobs first; returns
@@ -395,10 +437,10 @@ class Net(NetParamsMixin, NetBatchMixin):
         with torch.set_grad_enabled(self._needs_backward):
             result = self._cnet.run(feed, start=start, end=end)
         for name, tensor in result.items():
-            self._blobs[name]._data.assign(tensor)
+            self._blob_map[name]._data.assign(tensor)
         self._last = result
         outputs = set((list(steps[last].tops) if end is not None else self.outputs) + blobs)
-        return {name: self._blobs[name].data for name in outputs}
+        return {name: self._blob_map[name].data for name in outputs}
 
     def _forward(self, start: int, end: int) -> None:
         """pycaffe's ``net._forward(start_index, end_index)`` (Caffe's ``ForwardFromTo``)."""
@@ -420,7 +462,7 @@ class Net(NetParamsMixin, NetBatchMixin):
                 warnings.warn(f"net '{self._cnet.name}' has no loss and no force_backward: Caffe computes no "
                               f"gradient, so backward() changes nothing", RuntimeWarning, stacklevel=2)
                 self._warned_no_backward = True
-            return {name: self._blobs[name].diff for name in outputs}
+            return {name: self._blob_map[name].diff for name in outputs}
         self._upload_params()
         full = start is None and end is None and self._last is not None and not self._last.step_outputs.keys() ^ \
             set(range(len(steps)))
@@ -428,7 +470,7 @@ class Net(NetParamsMixin, NetBatchMixin):
             self._backward_all()
         elif first <= last:
             backward_range(self, first, last)
-        return {name: self._blobs[name].diff for name in outputs}
+        return {name: self._blob_map[name].diff for name in outputs}
 
     def _backward(self, start: int, end: int) -> None:
         """pycaffe's ``net._backward(start_index, end_index)`` (Caffe's ``BackwardFromTo``, start >= end)."""
@@ -437,7 +479,7 @@ class Net(NetParamsMixin, NetBatchMixin):
     def _backward_all(self) -> None:
         """The whole net's backward on the last (full) forward's graph."""
         last = self._last
-        top_diffs = {n: self._blobs[n]._diff.device() for n in self.outputs
+        top_diffs = {n: self._blob_map[n]._diff.device() for n in self.outputs
                      if n in last and last[n].requires_grad}
         params = [p for p in self._cnet.parameters() if p.requires_grad]
         before = {id(p): grad_of(p) for p in params}
@@ -452,7 +494,7 @@ class Net(NetParamsMixin, NetBatchMixin):
         for name, grad in computed.items():
             target = last.diff_targets.get(name)
             if target is not None and target.requires_grad:
-                self._blobs[name]._diff.assign(grad)
+                self._blob_map[name]._diff.assign(grad)
 
     def __repr__(self) -> str:
-        return f"Net({self._cnet.name!r}, phase={self._phase!r}, device={self._device}, blobs={len(self._blobs)})"
+        return f"Net({self._cnet.name!r}, phase={self._phase!r}, device={self._device}, blobs={len(self._blob_map)})"

@@ -88,9 +88,9 @@ def _recompute(net: "Net", first: int, last: int):
     for step in steps[first:last + 1]:
         for name in [b for b in step.bottoms if b not in produced]:
             if name not in feed:
-                feed[name] = net._blobs[name]._data.device().detach().clone().requires_grad_()
+                feed[name] = net._blob_map[name]._data.device().detach().clone().requires_grad_()
         for name in ([] if step.bottoms else step.tops):  # a data layer's tops: Caffe reads its memory, draws
-            feed[name] = net._blobs[name]._data.device().detach().clone()  # nothing new; their diff only
+            feed[name] = net._blob_map[name]._data.device().detach().clone()  # nothing new; their diff only
             feed[name].requires_grad_(cnet.force_backward)  # with force_backward
         produced.update(step.tops)
     with torch.enable_grad():
@@ -115,7 +115,7 @@ def backward_range(net: "Net", first: int, last: int) -> list[str]:
             if user is not None and first < user <= last:
                 continue  # read by a later layer of the range: its gradient comes from that layer
             sources.append(out)
-            grads.append(net._blobs[top]._diff.device().to(out.dtype).reshape(out.shape))
+            grads.append(net._blob_map[top]._diff.device().to(out.dtype).reshape(out.shape))
     targets: dict[str, torch.Tensor] = {}
     for index in range(last, first - 1, -1):  # the earliest reader's version wins, as in Caffe's memory
         step = steps[index]
@@ -131,7 +131,7 @@ def backward_range(net: "Net", first: int, last: int) -> list[str]:
     with torch.no_grad():
         for name, grad in zip(names, results[:len(names)]):
             if grad is not None:
-                net._blobs[name]._diff.assign(grad)
+                net._blob_map[name]._diff.assign(grad)
                 written.append(name)
         for param, grad in zip(params, results[len(names):]):
             if grad is not None:

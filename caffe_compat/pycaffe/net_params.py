@@ -220,3 +220,12 @@ class NetParamsMixin:
     def set_input_arrays(self, data, labels) -> None:
         """Feed the first layer, a MemoryData layer (pycaffe's checks: float32, C-contiguous, 4-D data)."""
         set_input_arrays_of(self._cnet, data, labels)
+
+    def _set_input_arrays(self, data, labels) -> None:
+        """The binding under ``set_input_arrays`` (``_caffe.cpp``'s ``Net_SetInputArrays``): the same, but
+        the labels must already be 4-D, n × 1 × 1 × 1 (pycaffe's wrapper reshapes 1-D labels first)."""
+        shape = np.shape(labels)
+        if len(shape) != 4 or tuple(shape[1:]) != (1, 1, 1):
+            raise ShapeMismatchError(f"_set_input_arrays: labels array must be 4-d, n x 1 x 1 x 1, got shape "
+                                     f"{tuple(shape)}")
+        set_input_arrays_of(self._cnet, data, labels)

@@ -109,7 +109,7 @@ class SolverNet(Net):
                        _arrays=arrays, _last_blobs={})
         for name in net._kept_tops:  # Caffe fills constant DummyData tops once: the solver feeds them
             if name not in arrays:
-                arrays[name] = net._blobs[name].data.copy()
+                arrays[name] = net._blob_map[name].data.copy()
         net._sync_blobs_with_net()
         return net
 
@@ -150,9 +150,9 @@ class SolverNet(Net):
 
     def _sync_blobs_with_net(self) -> None:
         arrays = getattr(self, "_arrays", {})
-        for name in list(getattr(self, "_blobs", {})):
-            if name in arrays and not isinstance(self._blobs[name], _ArrayBlob):
-                del self._blobs[name]
+        for name in list(getattr(self, "_blob_map", {})):
+            if name in arrays and not isinstance(self._blob_map[name], _ArrayBlob):
+                del self._blob_map[name]
         super()._sync_blobs_with_net()
 
     def _feed_tensor(self, name: str) -> torch.Tensor:
@@ -219,12 +219,12 @@ class SolverNet(Net):
             return
         arrays = self.input_arrays
         for name, value in blobs.items():
-            if name in self._blobs and name not in arrays:
-                self._blobs[name]._data.assign(value.detach())
+            if name in self._blob_map and name not in arrays:
+                self._blob_map[name]._data.assign(value.detach())
         for name, target in getattr(blobs, "diff_targets", {}).items():
             grad = target.grad if target.requires_grad else None
-            if grad is not None and name in self._blobs:
-                self._blobs[name]._diff.assign(grad)
+            if grad is not None and name in self._blob_map:
+                self._blob_map[name]._diff.assign(grad)
         self._last = None  # the step's graph is freed: backward() needs a new forward
 
 
