@@ -99,10 +99,12 @@ class NetExecution:
         return self.run(inputs)
 
     def run(self, inputs: dict | None = None, start: str | None = None, end: str | None = None,
-            input_grad: bool | None = None) -> Blobs:
+            input_grad: bool | None = None, step_hooks: tuple | None = None) -> Blobs:
         """Run layers ``start`` .. ``end`` (Caffe layer names, inclusive; default all).  ``inputs`` feed
         tops of bottomless layers; with ``start`` they may name any blob the run reads.  ``input_grad``
-        (default: the net's ``force_backward``) makes fed floating-point tensors require grad."""
+        (default: the net's ``force_backward``) makes fed floating-point tensors require grad.
+        ``step_hooks``: ``(before, after)``, called as ``before(index)`` just before a step runs and
+        ``after(index, blobs)`` once its tops are in ``blobs`` (pycaffe's layer callbacks)."""
         names = [s.name for s in self.steps]
         first = 0 if start is None else self._step_index(start, names)
         last = len(self.steps) - 1 if end is None else self._step_index(end, names)
@@ -111,7 +113,8 @@ class NetExecution:
         want_grad = ((self.force_backward if input_grad is None else input_grad) and torch.is_grad_enabled()
                      and not torch.compiler.is_compiling())
         inputs = self._checked_inputs(inputs, start is None, want_grad)
-        return self._run_steps(inputs, inputs if start is not None else {}, first, last, want_grad)
+        return self._run_steps(inputs, inputs if start is not None else {}, first, last, want_grad,
+                               step_hooks=step_hooks)
 
     def _checked_inputs(self, inputs: dict | None, from_start: bool, want_grad: bool) -> dict:
         """``inputs`` as tensors on the net's device (requiring grad when ``want_grad``), after checking their
@@ -132,7 +135,7 @@ class NetExecution:
         return inputs
 
     def _run_steps(self, inputs: dict, seeded: dict, first: int, last: int, want_grad: bool,
-                   blobs: Blobs | None = None) -> Blobs:
+                   blobs: Blobs | None = None, step_hooks: tuple | None = None) -> Blobs:
         """Steps ``first`` .. ``last`` (indices, inclusive) into ``blobs`` (default: a new table), after the
         ``seeded`` blobs (values of blobs made before ``first``); ``inputs`` feed the tops of bottomless
         layers.  What :meth:`run` does once it has checked and converted its arguments."""
@@ -140,7 +143,10 @@ class NetExecution:
         for n, value in seeded.items():
             blobs[n] = value
             blobs.diff_targets[n] = value
+        before, after = step_hooks if step_hooks is not None else (None, None)
         for index, step in enumerate(self.steps[first:last + 1], first):
+            if before is not None:
+                before(index)
             outs = self._run_step(step, blobs, inputs, want_grad)
             if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # for backward ranges only
                 blobs.step_outputs[index] = outs
@@ -152,6 +158,8 @@ class NetExecution:
                 blobs[top] = out
                 if weight:
                     blobs.loss_terms.append((top, weight, out))
+            if after is not None:
+                after(index, blobs)
         return blobs
 
     @staticmethod

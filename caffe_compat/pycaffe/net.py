@@ -38,6 +38,19 @@ What is reproduced from pycaffe / Caffe:
   ``force_backward`` has nothing to back-propagate (Caffe skips every layer): ``backward()`` then changes
   nothing and warns.  Ranges: :mod:`caffe_compat.pycaffe.net_backward`.  Returns ``{blob: diff}`` for the
   inputs (``end``'s bottoms when given) plus ``diffs``.
+* Layer callbacks, ``before_forward(fn)``, ``after_forward(fn)``, ``before_backward(fn)``,
+  ``after_backward(fn)`` (``Net::add_before_forward`` ... as ``_caffe.cpp`` binds them): each ``fn(i)`` is
+  called with the layer index (``_layer_names`` numbering, Split layers counted) just before / after layer
+  ``i``'s Forward or Backward, in the order registered, for the layers a run visits: ascending over
+  ``forward``'s range, descending over ``backward``'s; Caffe's ``BackwardFromTo`` calls them for every layer
+  of the range, those that need no backward included (and so does a net with nothing to back-propagate).
+  In ``after_forward(i)`` layer ``i``'s tops are in ``blobs`` (an in-place top: the value after layer ``i``);
+  in ``after_backward(i)`` its bottoms' diffs and its parameter diffs.  While backward callbacks are
+  registered the backward runs one layer at a time (one vector-Jacobian product per layer instead of one for
+  the whole range), and diffs a callback writes are what the next layers read; without callbacks nothing
+  changes.  Not reproduced: a forward callback's writes into ``data`` are not read by the layers of that run
+  (they read the run's tensors), and a solver's ``step``/``solve`` (the core's TRAIN iterations, compiled or
+  whole-net autograd) calls no callbacks; ``solver.net.forward()``/``backward()`` do.
 * pycaffe's private members scripts use: ``_blobs`` (the blobs in blob order), ``_blob_loss_weights`` (a
   list in blob order), ``_inputs``/``_outputs`` (blob indices), ``_top_ids(i)``/``_bottom_ids(i)`` (blob
   indices of layer ``i``'s tops/bottoms; an in-place top is its bottom's blob), ``_set_input_arrays(data,
@@ -68,11 +81,13 @@ from caffe_compat.net_graph import PHASE_NAMES, phase_value
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.pycaffe._mode import current_device, filler_seed
 from caffe_compat.pycaffe.blob import Blob, ParamBlob, grad_of
-from caffe_compat.pycaffe.net_backward import backward_range
+from caffe_compat.pycaffe.net_backward import backward_layers, backward_range
 from caffe_compat.pycaffe.net_batch import NetBatchMixin
 from caffe_compat.pycaffe.net_params import NetParamsMixin, is_hdf5_weights, set_input_arrays_of, transplant_state
 
 __all__ = ["Net", "NetLayer", "set_input_arrays_of"]
+
+_CALLBACKS = ("before_forward", "after_forward", "before_backward", "after_backward")
 
 
 def _looks_like_phase(value) -> bool:
@@ -186,6 +201,7 @@ class Net(NetParamsMixin, NetBatchMixin):
         self._pending_inputs: set[str] = set()
         self._last = None
         self._warned_no_backward = False
+        self._callbacks: dict[str, list] = {kind: [] for kind in _CALLBACKS}
         self._blob_map: OrderedDict[str, Blob] = OrderedDict()
         self._sync_blobs_with_net()
         self._fill_kept_tops()
@@ -435,7 +451,7 @@ class Net(NetParamsMixin, NetBatchMixin):
                 if name not in feed and name in produced:
                     feed[name] = self._feed_tensor(name)
         with torch.set_grad_enabled(self._needs_backward):
-            result = self._cnet.run(feed, start=start, end=end)
+            result = self._cnet.run(feed, start=start, end=end, step_hooks=self._forward_hooks())
         for name, tensor in result.items():
             self._blob_map[name]._data.assign(tensor)
         self._last = result
@@ -457,13 +473,21 @@ class Net(NetParamsMixin, NetBatchMixin):
         last = len(steps) - 1 if start is None else self._step_index(start)
         first = 0 if end is None else self._step_index(end)
         outputs = set((list(steps[first].bottoms) if end is not None else self.inputs) + diffs)
+        before, after = self._callbacks["before_backward"], self._callbacks["after_backward"]
         if not self._needs_backward:
             if not self._warned_no_backward:
                 warnings.warn(f"net '{self._cnet.name}' has no loss and no force_backward: Caffe computes no "
                               f"gradient, so backward() changes nothing", RuntimeWarning, stacklevel=2)
                 self._warned_no_backward = True
+            for index in range(last, first - 1, -1):  # Caffe visits the layers, running no Backward
+                for fn in before + after:
+                    fn(index)
             return {name: self._blob_map[name].diff for name in outputs}
         self._upload_params()
+        if before or after:
+            if first <= last:
+                backward_layers(self, first, last, before, after)
+            return {name: self._blob_map[name].diff for name in outputs}
         full = start is None and end is None and self._last is not None and not self._last.step_outputs.keys() ^ \
             set(range(len(steps)))
         if full:
@@ -471,6 +495,45 @@ class Net(NetParamsMixin, NetBatchMixin):
         elif first <= last:
             backward_range(self, first, last)
         return {name: self._blob_map[name].diff for name in outputs}
+
+    # ------------------------------------------------------------------------------ layer callbacks
+
+    def before_forward(self, fn) -> None:
+        """Call ``fn(i)`` just before layer ``i``'s forward (``Net::add_before_forward``), see the module
+        docstring."""
+        self._callbacks["before_forward"].append(fn)
+
+    def after_forward(self, fn) -> None:
+        """Call ``fn(i)`` just after layer ``i``'s forward, its tops already in ``blobs``."""
+        self._callbacks["after_forward"].append(fn)
+
+    def before_backward(self, fn) -> None:
+        """Call ``fn(i)`` just before layer ``i``'s backward (``Net::add_before_backward``)."""
+        self._callbacks["before_backward"].append(fn)
+
+    def after_backward(self, fn) -> None:
+        """Call ``fn(i)`` just after layer ``i``'s backward, its bottoms' diffs already in ``blobs``."""
+        self._callbacks["after_backward"].append(fn)
+
+    def _forward_hooks(self):
+        """The CaffeNet run's ``step_hooks`` for the forward callbacks (None, costing nothing, without any):
+        after layer ``i`` its tops are copied into the blobs before the ``after_forward`` callbacks."""
+        before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]
+        if not before and not after:
+            return None
+        steps = self._cnet.steps
+
+        def run_before(index: int) -> None:
+            for fn in before:
+                fn(index)
+
+        def run_after(index: int, blobs) -> None:
+            for top in steps[index].tops:
+                self._blob_map[top]._data.assign(blobs[top])
+            for fn in after:
+                fn(index)
+
+        return run_before, run_after
 
     def _backward(self, start: int, end: int) -> None:
         """pycaffe's ``net._backward(start_index, end_index)`` (Caffe's ``BackwardFromTo``, start >= end)."""

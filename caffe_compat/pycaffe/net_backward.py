@@ -33,7 +33,7 @@ from caffe_compat.pycaffe.blob import grad_of
 if TYPE_CHECKING:
     from caffe_compat.pycaffe.net import Net
 
-__all__ = ["backward_range"]
+__all__ = ["backward_layers", "backward_range"]
 
 
 def _consumers(steps, blobs):
@@ -138,3 +138,70 @@ def backward_range(net: "Net", first: int, last: int) -> list[str]:
                 grad_of(param).add_(grad)
     net._forget_param_mirrors()
     return written
+
+
+def _shared_earlier(cnet, steps, index: int, params) -> bool:
+    """Whether a parameter of step ``index`` is also a blob of an earlier layer (weight sharing): autograd
+    from this step's tops would then reach it through that layer too."""
+    mine = {id(p) for p in params}
+    for step in steps[:index]:
+        if step.module_key is not None and any(id(b) in mine for b in cnet.layers[step.module_key].caffe_blobs()):
+            return True
+    return False
+
+
+def _one_layer(net: "Net", blobs, read, index: int) -> None:
+    """Caffe's ``layers_[index]->Backward``: the step's bottoms' diffs from its tops' current diffs, its
+    parameters' gradients added to their diffs."""
+    cnet, step = net._cnet, net._cnet.steps[index]
+    params = _range_params(cnet, cnet.steps, index, index)
+    outs, bottoms = blobs.step_outputs[index], read[index]
+    if params and _shared_earlier(cnet, cnet.steps, index, params):  # this layer alone, on its bottoms
+        local = {}  # under autograd _run_step only reads the bottoms from it
+        for name, tensor in zip(step.bottoms, bottoms):
+            if torch.is_tensor(tensor):
+                local[name] = tensor.detach().requires_grad_(tensor.requires_grad)
+        bottoms = [local.get(name) for name in step.bottoms]
+        with torch.enable_grad():
+            outs = cnet._run_step(step, local, {}, False)
+    sources, grads = [], []
+    for top, out in zip(step.tops, outs):
+        if torch.is_tensor(out) and out.requires_grad:
+            sources.append(out)
+            grads.append(net._blob_map[top]._diff.device().to(out.dtype).reshape(out.shape))
+    targets = [(name, tensor) for name, tensor, keep in zip(step.bottoms, bottoms, step.propagate_down)
+               if keep and torch.is_tensor(tensor) and tensor.requires_grad]
+    if not sources or not (targets or params):
+        return  # Caffe: a layer that needs no backward
+    results = torch.autograd.grad(sources, [t for _, t in targets] + params, grads, allow_unused=True,
+                                  retain_graph=True)
+    with torch.no_grad():
+        for (name, _), grad in zip(targets, results[:len(targets)]):
+            if grad is not None:
+                net._blob_map[name]._diff.assign(grad)
+        for param, grad in zip(params, results[len(targets):]):
+            if grad is not None:
+                grad_of(param).add_(grad)
+
+
+def backward_layers(net: "Net", first: int, last: int, before: list, after: list) -> None:
+    """Caffe's ``BackwardFromTo(last, first)`` one layer at a time, for the layer callbacks: for ``i`` from
+    ``last`` down to ``first``, ``before_backward`` callbacks, layer ``i``'s backward (bottom diffs written,
+    parameter diffs accumulated), ``after_backward`` callbacks, each called with ``i``.  The same diffs as
+    :func:`backward_range` (autograd on the last forward's graph, or the range recomputed from the blobs),
+    one layer's vector-Jacobian product at a time; a layer sharing a parameter with an earlier layer is
+    recomputed alone from its bottoms (a Dropout there draws a new mask).  Diffs the callbacks write into
+    the blobs (or into parameter diffs) are what the next layers read, as in Caffe's memory."""
+    cnet, steps = net._cnet, net._cnet.steps
+    blobs = net._last
+    if not _covers(blobs, first, last):
+        blobs = _recompute(net, first, last)
+    _, read = _consumers(steps, blobs)
+    for index in range(last, first - 1, -1):
+        for fn in before:
+            fn(index)
+        net._upload_params()
+        _one_layer(net, blobs, read, index)
+        net._forget_param_mirrors()
+        for fn in after:
+            fn(index)
