@@ -44,7 +44,8 @@ What is reproduced from pycaffe / Caffe:
   ``i``'s Forward or Backward, in the order registered, for the layers a run visits: ascending over
   ``forward``'s range, descending over ``backward``'s; Caffe's ``BackwardFromTo`` calls them for every layer
   of the range, those that need no backward included (and so does a net with nothing to back-propagate).
-  In ``after_forward(i)`` layer ``i``'s tops are in ``blobs`` (an in-place top: the value after layer ``i``);
+  Weights a ``before_forward(i)`` callback writes are what layer ``i`` reads.  In ``after_forward(i)`` layer
+  ``i``'s tops are in ``blobs`` (an in-place top: the value after layer ``i``);
   in ``after_backward(i)`` its bottoms' diffs and its parameter diffs.  While backward callbacks are
   registered the backward runs one layer at a time (one vector-Jacobian product per layer instead of one for
   the whole range), and diffs a callback writes are what the next layers read; without callbacks nothing
@@ -526,6 +527,7 @@ class Net(NetParamsMixin, NetBatchMixin):
         def run_before(index: int) -> None:
             for fn in before:
                 fn(index)
+            self._upload_params()  # weights a callback wrote (a host copy on CUDA) are what the layer reads
 
         def run_after(index: int, blobs) -> None:
             for top in steps[index].tops:

@@ -114,6 +114,27 @@ def test_forward_callbacks_see_each_layer_s_tops(tmp_path, text):
     np.testing.assert_array_equal(net.blobs["conv"].data, np.maximum(pre, 0))
 
 
+@pytest.mark.parametrize("text", [TRAIN, DEPLOY], ids=["autograd", "without-autograd"])
+def test_weights_written_before_a_layer_are_what_it_reads(tmp_path, text):
+    net = _net(tmp_path, text)
+    ip = net._layer_names.index("ip")
+    kept = {}
+
+    def zero(i):  # e.g. a quantization script: other weights for this layer's forward only
+        if i == ip:
+            kept["w"] = net.params["ip"][0].data.copy()
+            net.params["ip"][0].data[...] = 0
+
+    def restore(i):
+        if i == ip:
+            net.params["ip"][0].data[...] = kept["w"]
+    net.before_forward(zero)
+    net.after_forward(restore)
+    net.forward()
+    assert not net.blobs["ip"].data.any()  # zero weights, zero bias
+    assert net.params["ip"][0].data.any()
+
+
 def test_backward_callbacks_see_each_layer_s_diffs(tmp_path):
     net = _net(tmp_path)
     net.forward()
