@@ -66,7 +66,7 @@ from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_
 from caffe_compat.net_run import (Blobs, DataAheadOfGraph, GraphSegments, LayerStep, NetExecution, breaking_step,
                                   compile_net, data_steps, graph_breaking_step, step_whose_port_says, traces_whole,
                                   with_data_tops)
-from caffe_compat.net_shapes import check_memory_budget
+from caffe_compat.net_shapes import BudgetTracker, budget_tracker, layer_shapes
 from caffe_compat.net_weights import CaffemodelWeights, overwritten_layers
 from caffe_compat.proto import caffe_pb2
 
@@ -135,25 +135,26 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             self._saved_params: list[caffe_pb2.LayerParameter] = []  # layer params as Caffe's ToProto writes them
             self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
             self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
-            inferred = check_memory_budget(self.net_param, f"net '{self.name}'")
+            inferred, budget = budget_tracker(self.net_param, f"net '{self.name}'")
             stored = None if weights is None else read_weights(weights)
             if fill:
-                blobs_of = self._build(filtered, overwritten_layers(filtered.layer, stored), inferred)
+                blobs_of = self._build(filtered, overwritten_layers(filtered.layer, stored), inferred, budget)
                 self.reinitialize(seed, skip=self._supplied_by(stored, blobs_of))
             else:  # the caller overwrites every blob (a checkpoint's state_dict): allocate, draw and write nothing
-                blobs_of = self._build(filtered, frozenset(layer.name for layer in filtered.layer), inferred)
+                blobs_of = self._build(filtered, frozenset(layer.name for layer in filtered.layer), inferred, budget)
             if stored is not None:
                 self._load_stored([(weights, stored)], strict, blobs_of)
             self._set_built_modes()
 
     # ------------------------------------------------------------------------------ building
 
-    def _build(self, filtered: caffe_pb2.NetParameter, overwritten: frozenset[str], inferred=None
-               ) -> dict[str, list[torch.Tensor]]:
+    def _build(self, filtered: caffe_pb2.NetParameter, overwritten: frozenset[str], inferred=None,
+               budget: BudgetTracker | None = None) -> dict[str, list[torch.Tensor]]:
         """Build every layer in order; the layers named in ``overwritten`` get uninitialised blobs (the
         caffemodel about to be copied in overwrites them all: ``overwritten_layers``).  ``inferred``: the
         memory-budget inference of ``self.net_param`` (one entry per layer), whose shape rule answers the
-        ports reuse where their bottoms' shapes are the ones it assumed.  Returns every port's
+        ports reuse where their bottoms' shapes are the ones it assumed; ``budget``: its tracker, told what the
+        inference could not know (a data layer's tops, the layers after it) before it is allocated.  Returns every port's
         ``caffe_blobs()`` by module key, shares applied (what the rest of construction reads, asked once)."""
         blobs_of: dict[str, list[torch.Tensor]] = {}
         rules = [None] * len(self.net_param.layer) if inferred is None else [
@@ -180,8 +181,19 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             else:
                 cls = layer_class(layer)
                 rule = rules[index]
-                if rule is not None and inferred[index].bottom_shapes != bottom_shapes:
-                    rule = None  # a data layer's top the inference could not know: ask the port
+                if inferred is not None and inferred[index].bottom_shapes != bottom_shapes:
+                    # a data layer's top the inference could not know: ask the port, and budget the answer
+                    # before anything of this layer is allocated
+                    rule = None
+                    if budget is not None:
+                        try:
+                            rule = layer_shapes(layer, bottom_shapes)
+                        except FormatError:
+                            pass  # the port's build reports it, in its own words
+                    if rule is not None and len(rule.tops) == len(tops) and None not in rule.tops:
+                        budget.learn(name, dict(zip(tops, rule.tops)), rule.params)
+                    else:
+                        rule = None
                 if name in overwritten:
                     with blobs_overwritten():
                         module = cls.build(layer, bottom_shapes, phase, rule)
@@ -194,11 +206,10 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                 if len(top_shapes) != len(tops):
                     raise FormatError(f"layer '{name}' ({type_}): {len(tops)} tops given, the layer "
                                       f"produces {len(top_shapes)}")
-                if inferred is not None and None in inferred[index].top_shapes:
-                    # a data layer's tops, unknown before its source was opened: the budget again with them
-                    # (a huge batch_size, or a layer after it whose blobs follow from the images' size)
-                    known = {**blob_shapes, **dict(zip(tops, top_shapes))}
-                    check_memory_budget(self.net_param, f"net '{self.name}'", input_shapes=known)
+            if budget is not None and inferred[index].top_shapes != top_shapes:
+                # tops the inference could not know (a data layer's, unknown before its source was opened: a huge
+                # batch_size; a Split after it): budgeted before the first batch
+                budget.learn(name, dict(zip(tops, top_shapes)))
             for j, top in enumerate(tops):
                 in_place = j < len(bottoms) and bottoms[j] == top
                 if top in blob_shapes and not in_place:
