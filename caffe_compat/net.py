@@ -154,8 +154,8 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
         caffemodel about to be copied in overwrites them all: ``overwritten_layers``).  ``inferred``: the
         memory-budget inference of ``self.net_param`` (one entry per layer), whose shape rule answers the
         ports reuse where their bottoms' shapes are the ones it assumed; ``budget``: its tracker, told what the
-        inference could not know (a data layer's tops, the layers after it) before it is allocated.  Returns every port's
-        ``caffe_blobs()`` by module key, shares applied (what the rest of construction reads, asked once)."""
+        inference could not know (a data layer's tops, the layers after it) before it is allocated.  Returns every
+        port's ``caffe_blobs()`` by module key, shares applied (what the rest of construction reads, asked once)."""
         blobs_of: dict[str, list[torch.Tensor]] = {}
         rules = [None] * len(self.net_param.layer) if inferred is None else [
             entry.rule for entry in inferred]

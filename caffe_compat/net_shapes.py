@@ -209,5 +209,5 @@ def check_memory_budget(net, where: str, budget: int | None = None,
     return table
 
 
-__all__ = ["BudgetTracker", "LayerShapes", "budget_tracker", "check_memory_budget", "count", "has_shape_rule", "infer_shapes",
-           "layer_shapes", "memory_needed", "types_without_rule"]
+__all__ = ["BudgetTracker", "LayerShapes", "budget_tracker", "check_memory_budget", "count", "has_shape_rule",
+           "infer_shapes", "layer_shapes", "memory_needed", "types_without_rule"]
