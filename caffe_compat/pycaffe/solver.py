@@ -365,40 +365,20 @@ class _RuleSolver(Solver):
         super().__init__(solver, weights=weights, device=device, solver_type=self.solver_type)
 
 
-class SGDSolver(_RuleSolver):
-    """pycaffe's ``caffe.SGDSolver(path)``: Caffe's SGD rule whatever the file's ``type``."""
-
-    solver_type = "SGD"
-
-
-class NesterovSolver(_RuleSolver):
-    """pycaffe's ``caffe.NesterovSolver(path)``: Caffe's Nesterov rule whatever the file's ``type``."""
-
-    solver_type = "Nesterov"
+def _rule_class(kind: str) -> type[_RuleSolver]:
+    """pycaffe's ``caffe.<kind>Solver``, a class of its own (``isinstance`` and ``type(s).__name__`` as in
+    pycaffe)."""
+    doc = f"pycaffe's ``caffe.{kind}Solver(path)``: Caffe's {kind} rule whatever the file's ``type``."
+    return type(f"{kind}Solver", (_RuleSolver,), {"solver_type": kind, "__doc__": doc, "__module__": __name__,
+                                                  "__qualname__": f"{kind}Solver"})
 
 
-class AdaGradSolver(_RuleSolver):
-    """pycaffe's ``caffe.AdaGradSolver(path)``: Caffe's AdaGrad rule whatever the file's ``type``."""
-
-    solver_type = "AdaGrad"
-
-
-class RMSPropSolver(_RuleSolver):
-    """pycaffe's ``caffe.RMSPropSolver(path)``: Caffe's RMSProp rule whatever the file's ``type``."""
-
-    solver_type = "RMSProp"
-
-
-class AdaDeltaSolver(_RuleSolver):
-    """pycaffe's ``caffe.AdaDeltaSolver(path)``: Caffe's AdaDelta rule whatever the file's ``type``."""
-
-    solver_type = "AdaDelta"
-
-
-class AdamSolver(_RuleSolver):
-    """pycaffe's ``caffe.AdamSolver(path)``: Caffe's Adam rule whatever the file's ``type``."""
-
-    solver_type = "Adam"
+SGDSolver = _rule_class("SGD")
+NesterovSolver = _rule_class("Nesterov")
+AdaGradSolver = _rule_class("AdaGrad")
+RMSPropSolver = _rule_class("RMSProp")
+AdaDeltaSolver = _rule_class("AdaDelta")
+AdamSolver = _rule_class("Adam")
 
 
 #: the file's ``type`` -> the pycaffe class of that solver
