@@ -109,13 +109,16 @@ def download_addresses(card: dict) -> list[str]:
     return _ADDRESS.findall(card.get("obtain") or "")
 
 
-def find_card(filename: str, cards: dict[str, dict] | None = None) -> dict | None:
-    """The card listing a file of this name, or None."""
+def find_cards(filename: str, cards: dict[str, dict] | None = None) -> list[dict]:
+    """The cards listing a file of this name (a name such as ``deploy.prototxt`` may be on several)."""
     cards = load_cards() if cards is None else cards
-    for card in cards.values():
-        if Path(filename).name in card.get("files", {}):
-            return card
-    return None
+    return [card for card in cards.values() if Path(filename).name in card.get("files", {})]
+
+
+def find_card(filename: str, cards: dict[str, dict] | None = None) -> dict | None:
+    """The first card listing a file of this name, or None."""
+    found = find_cards(filename, cards)
+    return found[0] if found else None
 
 
 def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict:
@@ -123,14 +126,29 @@ def verify_caffemodel(path: str | os.PathLike, card: dict | None = None) -> dict
     (``bytes``; sha256, sha1, md5) and the expected blob shapes (those of the card's ``weights``: another
     file the card lists, such as its deploy prototxt, is checked by size and digests only).
     ``result["digests"]``: the digests computed (also ``result[name]``); ``result["problems"]``: the
-    mismatches; ``result["ok"]``: none."""
-    from caffe_compat.io import blob_shape, legacy_shape_equals, read_net
-
+    mismatches; ``result["ok"]``: none.  Without ``card``, the cards listing the file's name are tried in
+    turn and the first it matches is the result (else the first card's), with ``result["by_name"]``: the
+    names of those cards (a plain ``deploy.prototxt`` of another net is not that card's file)."""
     path = require_regular_file(path)  # a FIFO, a device or a folder is named as such, not as missing
-    card = card or find_card(path.name)
-    if card is None:
+    if card is not None:
+        return _verify_against(path, card)
+    candidates = find_cards(path.name)
+    if not candidates:
         raise CaffeCompatError(f"{path.name}: no model card lists this file name (cards in {CARDS_DIR}); "
                                f"name one with --card")
+    results = []
+    for candidate in candidates:
+        results.append(_verify_against(path, candidate))
+        if results[-1]["ok"]:
+            break
+    result = results[-1] if results[-1]["ok"] else results[0]
+    result["by_name"] = [c["name"] for c in candidates]
+    return result
+
+
+def _verify_against(path: Path, card: dict) -> dict:
+    from caffe_compat.io import blob_shape, legacy_shape_equals, read_net
+
     entry = card.get("files", {}).get(path.name) or {}
     result = {"card": card["name"], "file": str(path), "problems": [], "digests": {}}
     if entry.get("bytes") is not None and path.stat().st_size != int(entry["bytes"]):

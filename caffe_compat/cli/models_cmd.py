@@ -72,6 +72,8 @@ def run_fetch(args) -> int:
 
 
 def run_verify(args) -> int:
+    from pathlib import Path
+
     from caffe_compat.models import card_named, verify_caffemodel
 
     result = verify_caffemodel(args.file, card_named(args.card) if args.card else None)
@@ -85,4 +87,9 @@ def run_verify(args) -> int:
             print("  (the card lists no digest for this file: only the blob shapes were checked)")
         for problem in result["problems"]:
             print(f"  - {problem}")
+        if not result["ok"] and result.get("by_name"):
+            cards = ", ".join(f"'{name}'" for name in result["by_name"])
+            print(f"  (the card was picked by the file name '{Path(args.file).name}', which {cards} "
+                  f"list{'s' if len(result['by_name']) == 1 else ''}: another net's file of that name is no match; "
+                  "--card NAME checks it against another card)")
     return 0 if result["ok"] else 1

@@ -288,3 +288,26 @@ def test_shipped_googlenet_card_accepts_real_caffes_full_width_net(capsys):
     weights = shared_reference("large/googlenet_full/weights.caffemodel")
     status, out, _ = verify(weights, "--card", "bvlc_googlenet", capsys=capsys)
     assert status == 0 and "card 'bvlc_googlenet': OK" in out
+
+
+def test_a_file_name_on_several_cards_is_checked_against_each(cards, tmp_path, capsys):
+    """Two cards list a 'deploy.prototxt': the file is checked against each in turn and matches the second
+    (it was a MISMATCH against the first found); a prototxt neither lists is a mismatch that says the card
+    was picked by the file name."""
+    model, write_card = cards
+    deploy = tmp_path / "files" / "deploy.prototxt"
+    deploy.write_text('name: "tiny"\n')
+    write_card(files={"deploy.prototxt": {"sha256": "0" * 64}, "tiny.caffemodel": digests(model)},
+               weights="tiny.caffemodel")
+    (models.CARDS_DIR / "zeta.json").write_text(json.dumps(
+        {"name": "zeta", "files": {"deploy.prototxt": {"sha256": digests(deploy)["sha256"]}}, "obtain": "nowhere"}))
+    status, out, _ = verify(deploy, capsys=capsys)
+    assert status == 0 and out.splitlines()[0] == f"{deploy}: card 'zeta': OK"
+    deploy.write_text('name: "another net"\n')
+    status, out, _ = verify(deploy, capsys=capsys)
+    assert status == 1 and out.splitlines()[0] == f"{deploy}: card 'tiny': MISMATCH"
+    assert out.splitlines()[-1] == ("  (the card was picked by the file name 'deploy.prototxt', which 'tiny', 'zeta' "
+                                    "list: another net's file of that name is no match; --card NAME checks it "
+                                    "against another card)")
+    status, out, _ = verify(deploy, "--card", "zeta", capsys=capsys)
+    assert status == 1 and "picked by the file name" not in out
