@@ -227,7 +227,8 @@ def test_list_prints_every_card_with_its_digests(cards, capsys):
     assert set(rows) == {"other", "tiny"}
     assert rows["tiny"][1:3] == ["tiny.caffemodel", "sha256,"] and rows["tiny"][3:] == ["sha1,", "md5", "by", "hand"]
     assert rows["other"][1:] == ["other.caffemodel", "-", "by", "hand"]
-    assert out.split("\n\n")[1].splitlines() == ["where to get them:", "  other: nowhere", "  tiny: written by the test"]
+    assert out.split("\n\n")[1].splitlines() == ["where to get them:", "  other: nowhere",
+                                                 "  tiny: written by the test"]
 
 
 @pytest.mark.parametrize("state", ["missing", "empty"])
