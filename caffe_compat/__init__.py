@@ -27,6 +27,10 @@ _LAZY = {
     "save_checkpoint": "caffe_compat.checkpoint",
     "Solver": "caffe_compat.solver",
     "get_solver": "caffe_compat.pycaffe",
+    "get_solver_from_file": "caffe_compat.pycaffe",
+    "SolverParameter": "caffe_compat.pycaffe",
+    "NetParameter": "caffe_compat.pycaffe",
+    "NetState": "caffe_compat.pycaffe",
     "SGDSolver": "caffe_compat.pycaffe",
     "NesterovSolver": "caffe_compat.pycaffe",
     "AdaGradSolver": "caffe_compat.pycaffe",
@@ -70,4 +74,5 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["install_alias", "uninstall_alias", "read_blob", "read_net", "read_solver", "read_solverstate", "read_weights", "write_blob", "write_net", *_LAZY]
+__all__ = ["install_alias", "uninstall_alias", "read_blob", "read_net", "read_solver", "read_solverstate",
+           "read_weights", "write_blob", "write_net", *_LAZY]

@@ -61,11 +61,17 @@ from caffe_compat.pycaffe.classifier import Classifier
 from caffe_compat.pycaffe.detector import Detector
 from caffe_compat.pycaffe.net_spec import NetSpec, layers, params, to_proto
 from caffe_compat.pycaffe.solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver, PycaffeSolver,
-                                         RMSPropSolver, SGDSolver, Solver, SolverNet, get_solver)
+                                         RMSPropSolver, SGDSolver, Solver, SolverNet, get_solver,
+                                         get_solver_from_file)
+
+#: the messages Caffe's OpenCL-branch pycaffe exports at its top level (``caffe.SolverParameter()`` ...)
+NetParameter, NetState, SolverParameter = proto.caffe_pb2.NetParameter, proto.caffe_pb2.NetState, \
+    proto.caffe_pb2.SolverParameter
 
 __all__ = ["TRAIN", "TEST", "Net", "Blob", "ParamBlob", "Layer", "SolverNet", "Solver", "PycaffeSolver", "get_solver",
            "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver",
            "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed", "NetSpec", "layers", "params", "to_proto",
            "coord_map", "Classifier", "Detector", "register_python_layer", "allow_python_imports", "layer_type_list",
-           "has_nccl", "NCCL", "solver_count", "solver_rank", "set_solver_count", "set_solver_rank", "set_multiprocess",
-           "Timer", "init_log", "log", "io", "proto"]
+           "has_nccl", "NCCL", "solver_count", "solver_rank", "set_solver_count", "set_solver_rank",
+           "set_multiprocess", "Timer", "init_log", "log", "io", "proto", "get_solver_from_file", "SolverParameter",
+           "NetParameter", "NetState"]

@@ -192,7 +192,7 @@ def backward_layers(net: "Net", first: int, last: int, before: list, after: list
     one layer's vector-Jacobian product at a time; a layer sharing a parameter with an earlier layer is
     recomputed alone from its bottoms (a Dropout there draws a new mask).  Diffs the callbacks write into
     the blobs (or into parameter diffs) are what the next layers read, as in Caffe's memory."""
-    cnet, steps = net._cnet, net._cnet.steps
+    steps = net._cnet.steps
     blobs = net._last
     if not _covers(blobs, first, last):
         blobs = _recompute(net, first, last)

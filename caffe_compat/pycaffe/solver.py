@@ -52,8 +52,8 @@ from caffe_compat.pycaffe.net import Net
 from caffe_compat.pycaffe.net_params import share_trained_layers
 from caffe_compat.solver import Solver as CoreSolver
 
-__all__ = ["Solver", "PycaffeSolver", "SolverNet", "get_solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
-           "RMSPropSolver", "AdaDeltaSolver", "AdamSolver"]
+__all__ = ["Solver", "PycaffeSolver", "SolverNet", "get_solver", "get_solver_from_file", "SGDSolver", "NesterovSolver",
+           "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver"]
 
 
 class _BuiltNet(CaffeNet):
@@ -395,3 +395,9 @@ def get_solver(solver, weights=None, device=None) -> Solver:
     made = Solver(solver, weights=weights, device=device)
     made.__class__ = SOLVER_CLASSES.get(made.param.type or "SGD", Solver)
     return made
+
+
+def get_solver_from_file(path, weights=None, device=None) -> Solver:
+    """``caffe.get_solver_from_file(path)``, the spelling of Caffe's OpenCL branch (whose ``get_solver`` takes a
+    ``SolverParameter``; this one takes either): :func:`get_solver` of the file."""
+    return get_solver(path, weights=weights, device=device)

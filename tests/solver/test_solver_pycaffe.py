@@ -335,3 +335,21 @@ def test_the_core_never_imports_the_facade():
             "print([m for m in sys.modules if m.startswith('caffe_compat.pycaffe')])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_opencl_branch_spellings_get_solver_from_file_and_solver_parameter(tmp_path):
+    """Caffe's OpenCL-branch pycaffe (its own test_solver.py calls caffe.get_solver_from_file) exports
+    get_solver_from_file(path) and the SolverParameter/NetParameter/NetState messages at the top level; its
+    get_solver takes a SolverParameter: the class of the message's type, as from a file."""
+    from google.protobuf import text_format
+
+    from caffe_compat.proto import caffe_pb2
+
+    assert pycaffe_module.SolverParameter is caffe_pb2.SolverParameter and caffe.NetState is caffe_pb2.NetState
+    assert pycaffe_module.NetParameter is caffe_pb2.NetParameter
+    assert caffe.get_solver_from_file is pycaffe_module.get_solver_from_file
+    path = _typed_solver_file(tmp_path, 'type: "Adam"')
+    _assert_solver_of_class(pycaffe_module.get_solver_from_file(path), "Adam")
+    param = text_format.Parse(open(path).read(), pycaffe_module.SolverParameter())
+    param.type = "RMSProp"
+    _assert_solver_of_class(pycaffe_module.get_solver(param), "RMSProp")
