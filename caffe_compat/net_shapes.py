@@ -140,10 +140,9 @@ class BudgetTracker:
 
     def __init__(self, blobs: dict, table: list[LayerShapes], where: str, budget: int):
         self.where, self.budget = where, budget
-        self.shapes = {name: shape for name, shape in blobs.items()}
+        self.shapes = dict(blobs)
         self.layers = {entry.name: (list(entry.tops), sum(count(p) for p in entry.param_shapes)) for entry in table}
-        self.total = sum(count(s) for s in self.shapes.values() if s is not None) + sum(
-            n for _, n in self.layers.values())
+        self.total = memory_needed(blobs, table, bytes_per_value=1)[0]  # values
 
     def learn(self, layer: str, tops: dict, param_shapes=None) -> None:
         """Layer ``layer``'s tops (name -> shape) and, when given, its learnable blobs' shapes, as they will be
@@ -187,26 +186,16 @@ def budget_tracker(net, where: str, budget: int | None = None) -> tuple[list[Lay
     return table, tracker
 
 
-def check_memory_budget(net, where: str, budget: int | None = None,
-                        input_shapes: dict | None = None) -> list[LayerShapes] | None:
+def check_memory_budget(net, where: str, budget: int | None = None) -> list[LayerShapes] | None:
     """FormatError before anything is allocated when the net's blobs and parameters (float32, from the
     shape rules) exceed ``budget`` bytes (default: all the memory available, or ``CAFFE_COMPAT_MEMORY_BUDGET``,
     :func:`caffe_compat.io.safe_open.memory_budget`): a hostile or mistyped
     prototxt (an Input of 10^6 × 10^6, ``num_output: 2000000000``) is refused with the layer named,
     instead of exhausting memory.  Caffe allocates every blob in ``Net::Init`` too, so a net it could
     build passes.  Shapes that cannot be inferred (data layers, errors the build reports itself) are
-    left out: the check never refuses what it cannot measure; ``input_shapes`` (as :func:`infer_shapes`)
-    gives such tops once known (a built data layer's).  Returns the inference's per-layer table (None
-    when the inference failed), which the caller may reuse."""
-    budget = memory_budget(fraction=1.0) if budget is None else budget
-    try:
-        blobs, table = infer_shapes(net, input_shapes)
-    except FormatError:
-        return None  # the build reports the net's own error, with the port's message
-    needed, largest = memory_needed(blobs, table)
-    if needed > budget:
-        _refuse(where, needed, largest, budget)
-    return table
+    left out: the check never refuses what it cannot measure (a build budgets them once known,
+    :func:`budget_tracker`).  Returns the inference's per-layer table (None when the inference failed)."""
+    return budget_tracker(net, where, budget)[0]
 
 
 __all__ = ["BudgetTracker", "LayerShapes", "budget_tracker", "check_memory_budget", "count", "has_shape_rule",

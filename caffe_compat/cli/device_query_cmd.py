@@ -62,21 +62,14 @@ def device_lines(index: int, props) -> list[str]:
 
 
 def requested_ids(gpu) -> list[int] | None:
-    """The IDs of ``-gpu``: a list of integers, or ``None`` for ``all`` (known once CUDA is checked)."""
+    """The IDs of ``-gpu`` (:func:`caffe_compat.tools.netsetup.gpu_ids`: a list of integers, or ``None`` for
+    ``all``, known once CUDA is checked); no ``-gpu`` is Caffe's "Need a device ID to query."."""
     from caffe_compat.errors import CaffeCompatError
+    from caffe_compat.tools.netsetup import gpu_ids
 
     if gpu is None or not str(gpu).strip():
         raise CaffeCompatError("Need a device ID to query.")
-    text = str(gpu).strip()
-    if text.lower() == "all":
-        return None
-    try:
-        ids = [int(part) for part in text.split(",")]
-    except ValueError:
-        ids = []
-    if not ids or any(i < 0 for i in ids):
-        raise CaffeCompatError(f"-gpu must be a device id, a comma-separated list of ids or 'all', got {gpu!r}")
-    return ids
+    return gpu_ids(gpu)
 
 
 def query(gpu) -> list[str]:

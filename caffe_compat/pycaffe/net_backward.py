@@ -140,23 +140,15 @@ def backward_range(net: "Net", first: int, last: int) -> list[str]:
     return written
 
 
-def _shared_earlier(cnet, steps, index: int, params) -> bool:
-    """Whether a parameter of step ``index`` is also a blob of an earlier layer (weight sharing): autograd
-    from this step's tops would then reach it through that layer too."""
-    mine = {id(p) for p in params}
-    for step in steps[:index]:
-        if step.module_key is not None and any(id(b) in mine for b in cnet.layers[step.module_key].caffe_blobs()):
-            return True
-    return False
-
-
 def _one_layer(net: "Net", blobs, read, index: int) -> None:
     """Caffe's ``layers_[index]->Backward``: the step's bottoms' diffs from its tops' current diffs, its
     parameters' gradients added to their diffs."""
     cnet, step = net._cnet, net._cnet.steps[index]
     params = _range_params(cnet, cnet.steps, index, index)
     outs, bottoms = blobs.step_outputs[index], read[index]
-    if params and _shared_earlier(cnet, cnet.steps, index, params):  # this layer alone, on its bottoms
+    # a parameter another layer uses too: autograd from this step's tops would also reach it through an
+    # earlier user, so this layer alone, on its bottoms
+    if params and _shared_outside(cnet, cnet.steps, index, index, params):
         local = {}  # under autograd _run_step only reads the bottoms from it
         for name, tensor in zip(step.bottoms, bottoms):
             if torch.is_tensor(tensor):
@@ -189,7 +181,7 @@ def backward_layers(net: "Net", first: int, last: int, before: list, after: list
     ``last`` down to ``first``, ``before_backward`` callbacks, layer ``i``'s backward (bottom diffs written,
     parameter diffs accumulated), ``after_backward`` callbacks, each called with ``i``.  The same diffs as
     :func:`backward_range` (autograd on the last forward's graph, or the range recomputed from the blobs),
-    one layer's vector-Jacobian product at a time; a layer sharing a parameter with an earlier layer is
+    one layer's vector-Jacobian product at a time; a layer sharing a parameter with another layer is
     recomputed alone from its bottoms (a Dropout there draws a new mask).  Diffs the callbacks write into
     the blobs (or into parameter diffs) are what the next layers read, as in Caffe's memory."""
     steps = net._cnet.steps

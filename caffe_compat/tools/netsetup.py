@@ -19,7 +19,7 @@ import torch
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError, naming_file
 from caffe_compat.io.safe_open import require_regular_file
 
-__all__ = ["as_tensors", "build_net", "load_inputs", "resolve_device", "split_list", "synchronize"]
+__all__ = ["as_tensors", "build_net", "gpu_ids", "load_inputs", "resolve_device", "split_list", "synchronize"]
 
 log = logging.getLogger("caffe_compat.tools")
 
@@ -33,6 +33,21 @@ def split_list(text) -> list[str]:
     return [part.strip() for part in str(text).split(",") if part.strip()]
 
 
+def gpu_ids(gpu) -> list[int] | None:
+    """The device IDs of Caffe's ``-gpu`` (``0``, ``1,2``), as its ``get_gpus`` reads them; None for ``all``.
+    Each comma-separated item must be a non-negative integer (Caffe's ``lexical_cast`` fails on an empty one)."""
+    text = str(gpu).strip()
+    if text.lower() == "all":
+        return None
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids):
+        raise CaffeCompatError(f"-gpu must be a device id, a comma-separated list of ids or 'all', got {gpu!r}")
+    return ids
+
+
 def resolve_device(gpu=None, device=None) -> torch.device:
     """The device from Caffe's ``-gpu`` (``0``, ``1,2`` — the first is used, as ``caffe test``/``time``
     do —, or ``all``) or from ``--device`` (cpu, cuda, cuda:N, auto); neither: the CPU, as Caffe."""
@@ -44,17 +59,9 @@ def resolve_device(gpu=None, device=None) -> torch.device:
         return parse_device(device, option="--device")
     if gpu in (None, ""):
         return torch.device("cpu")
-    text = str(gpu).strip().lower()
-    if text == "all":
+    ids = gpu_ids(gpu)
+    if ids is None:
         ids = list(range(torch.cuda.device_count())) or [0]
-    else:
-        try:
-            ids = [int(part) for part in split_list(text)]
-        except ValueError:
-            raise CaffeCompatError(f"-gpu must be a device id, a comma-separated list of ids or 'all', "
-                                   f"got {gpu!r}") from None
-        if not ids or any(i < 0 for i in ids):
-            raise CaffeCompatError(f"-gpu must be a device id, a comma-separated list of ids or 'all', got {gpu!r}")
     for extra in reversed(ids[1:]):
         log.info("Not using GPU #%d for single-GPU function", extra)
     if not torch.cuda.is_available():  # Caffe's CPU mode is the absence of -gpu

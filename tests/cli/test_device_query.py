@@ -48,7 +48,8 @@ def test_without_gpu_it_needs_a_device_id():
 
 def test_on_a_machine_without_cuda_it_names_what_is_missing():
     if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+        pytest.skip("this machine has CUDA: the real CLI cannot miss it here (the CUDA paths are the fake-device "
+                    "tests below)")
     done = run_cli("device_query", "-gpu", "0")
     build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", built without CUDA")
     assert_usage_error(done, "device_query", f"-gpu 0: CUDA is not available ({build}; torch.cuda.is_available() "
