@@ -103,7 +103,7 @@ class NetExecution:
         """Run layers ``start`` .. ``end`` (Caffe layer names, inclusive; default all).  ``inputs`` feed
         tops of bottomless layers; with ``start`` they may name any blob the run reads.  ``input_grad``
         (default: the net's ``force_backward``) makes fed floating-point tensors require grad.
-        ``step_hooks``: ``(before, after)``, called as ``before(index)`` just before a step runs and
+        ``step_hooks``: ``(before, after)``, called as ``before(index, blobs)`` just before a step runs and
         ``after(index, blobs)`` once its tops are in ``blobs`` (pycaffe's layer callbacks)."""
         names = [s.name for s in self.steps]
         first = 0 if start is None else self._step_index(start, names)
@@ -146,7 +146,7 @@ class NetExecution:
         before, after = step_hooks if step_hooks is not None else (None, None)
         for index, step in enumerate(self.steps[first:last + 1], first):
             if before is not None:
-                before(index)
+                before(index, blobs)
             outs = self._run_step(step, blobs, inputs, want_grad)
             if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # for backward ranges only
                 blobs.step_outputs[index] = outs

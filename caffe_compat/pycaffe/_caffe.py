@@ -125,6 +125,14 @@ class NCCL:
     def on_start(self) -> None:
         pass
 
+    #: ``net.after_backward(nccl)`` registers no layer callback (see :meth:`__call__`)
+    reduces_at_gradients_ready = True
+
+    def __call__(self, layer: int) -> None:
+        """Caffe's ``NCCL::run(layer)``, the layer-wise reduce (``layer_wise_reduce``, registered by
+        ``solver.net.after_backward(nccl)``): here the whole reduction is :meth:`on_gradients_ready`'s, after
+        the backward, so this does nothing and the net keeps its one whole-net backward."""
+
     def on_gradients_ready(self) -> None:
         """Average the gradients over the group (Caffe sums, then scales by 1/solver_count)."""
         size = torch.distributed.get_world_size()

@@ -49,9 +49,10 @@ What is reproduced from pycaffe / Caffe:
   in ``after_backward(i)`` its bottoms' diffs and its parameter diffs.  While backward callbacks are
   registered the backward runs one layer at a time (one vector-Jacobian product per layer instead of one for
   the whole range), and diffs a callback writes are what the next layers read; without callbacks nothing
-  changes.  Not reproduced: a forward callback's writes into ``data`` are not read by the layers of that run
-  (they read the run's tensors), and a solver's ``step``/``solve`` (the core's TRAIN iterations, compiled or
-  whole-net autograd) calls no callbacks; ``solver.net.forward()``/``backward()`` do.
+  changes.  What a forward callback writes into a blob's ``data`` is that blob's value for the rest of the
+  run (layer ``i``'s bottoms are checked before it runs, its tops after its ``after_forward`` callbacks), as
+  Caffe's layers read the blob's memory.  A solver's ``step``/``solve``/``test`` call them too
+  (:mod:`caffe_compat.pycaffe.solver`).
 * pycaffe's private members scripts use: ``_blobs`` (the blobs in blob order), ``_blob_loss_weights`` (a
   list in blob order), ``_inputs``/``_outputs`` (blob indices), ``_top_ids(i)``/``_bottom_ids(i)`` (blob
   indices of layer ``i``'s tops/bottoms; an in-place top is its bottom's blob), ``_set_input_arrays(data,
@@ -513,29 +514,58 @@ class Net(NetParamsMixin, NetBatchMixin):
         self._callbacks["before_backward"].append(fn)
 
     def after_backward(self, fn) -> None:
-        """Call ``fn(i)`` just after layer ``i``'s backward, its bottoms' diffs already in ``blobs``."""
-        self._callbacks["after_backward"].append(fn)
+        """Call ``fn(i)`` just after layer ``i``'s backward, its bottoms' diffs already in ``blobs`` (a
+        ``caffe.NCCL``, which reduces once the whole backward is done, is not called)."""
+        if not getattr(fn, "reduces_at_gradients_ready", False):
+            self._callbacks["after_backward"].append(fn)
+
+    @property
+    def _has_forward_callbacks(self) -> bool:
+        return bool(self._callbacks["before_forward"] or self._callbacks["after_forward"])
+
+    @property
+    def _has_backward_callbacks(self) -> bool:
+        return bool(self._callbacks["before_backward"] or self._callbacks["after_backward"])
 
     def _forward_hooks(self):
         """The CaffeNet run's ``step_hooks`` for the forward callbacks (None, costing nothing, without any):
-        after layer ``i`` its tops are copied into the blobs before the ``after_forward`` callbacks."""
-        before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]
-        if not before and not after:
+        after layer ``i`` its tops are copied into the blobs before the ``after_forward`` callbacks; what the
+        callbacks write into a blob's ``data`` is written into the run's tensor of that blob (Caffe's blob
+        memory), checked for layer ``i``'s bottoms before it runs and for its tops after it ran."""
+        if not self._has_forward_callbacks:
             return None
+        before, after = self._callbacks["before_forward"], self._callbacks["after_forward"]
         steps = self._cnet.steps
 
-        def run_before(index: int) -> None:
+        def run_before(index: int, blobs) -> None:
             for fn in before:
                 fn(index)
             self._upload_params()  # weights a callback wrote (a host copy on CUDA) are what the layer reads
+            self._take_written(steps[index].bottoms, blobs)
 
         def run_after(index: int, blobs) -> None:
             for top in steps[index].tops:
                 self._blob_map[top]._data.assign(blobs[top])
             for fn in after:
                 fn(index)
+            self._take_written(steps[index].tops, blobs)
 
         return run_before, run_after
+
+    def _take_written(self, names, blobs) -> None:
+        """Blob data a callback changed becomes the run's value of that blob, in place (Caffe's layers read
+        and back-propagate through the blob's memory, so the later layers, and the backward of those that
+        read it, see the written values); unchanged blobs are left alone."""
+        for name in dict.fromkeys(names):
+            value, blob = blobs.get(name), self._blob_map.get(name)
+            if not torch.is_tensor(value) or blob is None:
+                continue
+            stored = blob._data.device()
+            if stored.data_ptr() == value.data_ptr() or tuple(stored.shape) != tuple(value.shape):
+                continue
+            stored = stored.to(value.dtype)
+            if not torch.equal(stored, value.detach()):
+                value.data.copy_(stored)
 
     def _backward(self, start: int, end: int) -> None:
         """pycaffe's ``net._backward(start_index, end_index)`` (Caffe's ``BackwardFromTo``, start >= end)."""

@@ -31,6 +31,12 @@ What Caffe does and this reproduces:
   ``ShareTrainedLayersWith``, which ``Test`` re-applies); ``share_weights(net)`` makes another net share
   them too.
 * The nets outlive the solver (``del solver`` leaves ``solver.net`` working on its last input arrays).
+* The nets' layer callbacks (``solver.net.before_forward(fn)`` ...) are called as Caffe's ``Step`` and
+  ``Test`` call them: around each layer of every TRAIN forward and backward, and of every TEST forward.  With
+  forward callbacks the TRAIN forward runs eagerly (not ``forward_fn``); with backward callbacks the backward
+  runs layer by layer from the loss tops' diffs (``loss_weight``), and diffs a callback writes are what the
+  lower layers and the update read.  ``solver.net.after_backward(nccl)`` (Caffe's ``train.py``) adds none:
+  ``caffe.NCCL`` reduces in ``on_gradients_ready``.
 * ``add_callback(on_start, on_gradients_ready)`` (two callables, or one object with those methods, e.g.
   ``caffe.NCCL``), ``apply_update()``, ``iter``, ``step``, ``solve(resume_file=None)``, ``restore``,
   ``snapshot``, ``test``, ``param``.
@@ -49,6 +55,7 @@ from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.net import CaffeNet
 from caffe_compat.pycaffe.blob import Blob, _Synced, grad_of
 from caffe_compat.pycaffe.net import Net
+from caffe_compat.pycaffe.net_backward import backward_layers
 from caffe_compat.pycaffe.net_params import share_trained_layers
 from caffe_compat.solver import Solver as CoreSolver
 
@@ -172,7 +179,8 @@ class SolverNet(Net):
     # ------------------------------------------------------------------------------ the core's names
 
     def __call__(self, **inputs):
-        blobs = self._cnet(**inputs)
+        hooks = self._forward_hooks()
+        blobs = self._cnet(**inputs) if hooks is None else self._cnet.run(inputs, step_hooks=hooks)
         self.record(blobs)
         return blobs
 
@@ -336,6 +344,29 @@ class Solver(CoreSolver):
         return super().snapshot()
 
     # ------------------------------------------------------------------------------ the core's hooks
+
+    def _train_forward(self, inputs: dict):
+        """With layer callbacks on the TRAIN net, its eager forward calling them (a ``forward_fn`` runs none)."""
+        if self.net._has_forward_callbacks or self.net._has_backward_callbacks:
+            return self.net(**inputs)
+        return super()._train_forward(inputs)
+
+    def _train_backward(self, objective: torch.Tensor, blobs) -> None:
+        """With backward callbacks on the TRAIN net, Caffe's ``Backward`` one layer at a time calling them, from
+        the loss tops' diffs (their ``loss_weight``, as ``Net::SetLossWeights`` set them); else the whole
+        net's autograd backward."""
+        net = self.net
+        if not net._has_backward_callbacks:
+            return super()._train_backward(objective, blobs)
+        if self.grad_scaler is not None:
+            raise CaffeCompatError("backward layer callbacks: the layer-by-layer backward they need does not "
+                                   "apply fp16's gradient scaling (train in fp32 or bf16, or remove them)")
+        net._last = blobs
+        try:
+            backward_layers(net, 0, len(net.steps) - 1, net._callbacks["before_backward"],
+                            net._callbacks["after_backward"])
+        finally:
+            net._last = None
 
     def _share_weights(self, test_net) -> None:
         """Caffe's ``ShareTrainedLayersWith`` at each ``Test``: the TEST net shares the TRAIN net's tensors."""

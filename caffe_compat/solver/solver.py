@@ -226,16 +226,24 @@ class Solver(SolverSetup, SolverSnapshots):
         """:meth:`forward_backward` eagerly on ``inputs`` (prepared: :meth:`_next_inputs`)."""
         with self._autocast():
             notify(self, "before_forward", self.net)
-            # `is not None`: a torch.compile'd module must not be truth-tested (bool() on it raises TypeError)
-            forward = self.forward_fn if self.forward_fn is not None else self.net
-            blobs = forward(**inputs)
+            blobs = self._train_forward(inputs)
             notify(self, "after_forward", self.net, blobs)
             objective = self.net.objective(blobs)
         if objective.requires_grad:
-            scaled = self.grad_scaler.scale(objective) if self.grad_scaler is not None else objective
-            scaled.backward()
+            self._train_backward(objective, blobs)
         self.outputs = {name: blobs[name].detach() for name in self.net.output_names}
         return float(objective.detach())
+
+    def _train_forward(self, inputs: dict):
+        """The TRAIN net's forward of one iteration (``forward_fn`` when set): its blobs."""
+        # `is not None`: a torch.compile'd module must not be truth-tested (bool() on it raises TypeError)
+        forward = self.forward_fn if self.forward_fn is not None else self.net
+        return forward(**inputs)
+
+    def _train_backward(self, objective: torch.Tensor, blobs) -> None:
+        """The TRAIN net's backward of one iteration: the objective's gradient accumulated into ``.grad``."""
+        scaled = self.grad_scaler.scale(objective) if self.grad_scaler is not None else objective
+        scaled.backward()
 
     def _nonfinite_diff(self) -> str | None:
         """``layer 'name' blob i`` of the first learnable blob whose diff holds NaN or ±inf, else None: one
