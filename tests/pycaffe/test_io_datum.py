@@ -58,3 +58,14 @@ def test_blobproto_shapes_new_legacy_and_none():
     assert io.blobproto_to_array(blob).shape == (1, 1, 10, 10)
     new = io.array_to_blobproto(np.arange(6.0).reshape(2, 3))
     assert list(new.shape.dim) == [2, 3] and np.array_equal(io.blobproto_to_array(new), np.arange(6.0).reshape(2, 3))
+
+
+def test_pycaffes_misspelled_arraylist_to_blobprotovecor_str_is_there():
+    # pycaffe's io.py defines the list writer only as ``arraylist_to_blobprotovecor_str`` (sic); scripts call it so
+    arrays = [np.arange(6.0).reshape(2, 3), np.full((1, 2, 2), -0.5)]
+    data = io.arraylist_to_blobprotovecor_str(arrays)
+    vec = caffe_pb2.BlobProtoVector.FromString(data)
+    assert [list(b.shape.dim) for b in vec.blobs] == [[2, 3], [1, 2, 2]]
+    assert list(vec.blobs[1].data) == [-0.5] * 4
+    assert data == io.arraylist_to_blobprotovector_str(arrays)
+    assert [a.tolist() for a in io.blobprotovector_str_to_arraylist(data)] == [a.tolist() for a in arrays]
