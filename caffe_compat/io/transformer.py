@@ -279,9 +279,13 @@ class Transformer:
 
     def set_mean(self, in_, mean):
         """Mean to subtract (per channel, or per pixel of the input's C x H x W); a shape that does not fit
-        raises :class:`~caffe_compat.errors.ArrayShapeError`, a ValueError, as pycaffe's ``set_mean``."""
+        raises :class:`~caffe_compat.errors.ArrayShapeError`, a ValueError, as pycaffe's ``set_mean``.
+
+        The mean keeps its dtype, as pycaffe stores the array it is given: a float64 mean (``np.load`` of
+        ``ilsvrc_2012_mean.npy``) is subtracted from the float32 input in float64 and the difference rounded
+        once to float32 (``caffe_in -= mean``), not rounded to float32 first."""
         self._check(in_)
-        mean = np.asarray(mean, dtype=np.float32)
+        mean = np.asarray(mean)
         shape = self.inputs[in_]
         if mean.ndim == 1:
             if mean.shape[0] != shape[1]:
@@ -315,8 +319,10 @@ class Transformer:
         return np.ascontiguousarray(caffe_in, dtype=np.float32)
 
     def deprocess(self, in_, data) -> np.ndarray:
+        """The inverse of :meth:`preprocess` on a squeezed copy of ``data``, which keeps its dtype (pycaffe's
+        ``data.copy().squeeze()``; the blob's float32 stays float32, a float64 array stays float64)."""
         self._check(in_)
-        decaf_in = np.array(data, dtype=np.float32, copy=True).squeeze()
+        decaf_in = np.array(data, copy=True).squeeze()
         if in_ in self.input_scale:
             decaf_in /= self.input_scale[in_]
         if in_ in self.mean:

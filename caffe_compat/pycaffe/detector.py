@@ -16,8 +16,8 @@ As pycaffe's ``detector.py``:
   image, resized and placed into a ``crop_dims`` canvas filled with ``crop_mean`` so that the part outside
   the image preprocesses to the mean (zero after mean subtraction);
 * ``configure_crop(context_pad)``: ``crop_dims`` (the input's H×W×K) and ``crop_mean`` (the Transformer's
-  mean taken back to raw image space: transposed, channel swap undone, divided by ``raw_scale``; zeros
-  without a mean).
+  mean taken back to raw image space: transposed, channel swap undone, divided by ``raw_scale``, in the
+  mean's dtype, e.g. float64, so a context crop is float64 until preprocessing; zeros without a mean).
 
 Not reproduced: ``detect_selective_search`` needs the external selective-search MATLAB tool; it raises
 :class:`SelectiveSearchUnavailable` (a CaffeCompatError and NotImplementedError) saying to compute the
@@ -127,7 +127,7 @@ class Detector(Net):
         if mean is None:
             self.crop_mean = np.zeros(self.crop_dims, dtype=np.float32)
             return
-        crop_mean = np.array(mean, dtype=np.float32).transpose(inverse)
+        crop_mean = np.array(mean, copy=True).transpose(inverse)  # the mean's own dtype, as pycaffe's copy
         order = self.transformer.channel_swap.get(in_)
         if order is not None:
             crop_mean = crop_mean[:, :, [list(order).index(i) for i in range(crop_mean.shape[2])]]

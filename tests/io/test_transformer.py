@@ -36,6 +36,27 @@ def test_preprocess_order_and_deprocess_inverse():
     np.testing.assert_allclose(t.deprocess("data", t.preprocess("data", x)), x, atol=1e-5)
 
 
+def test_a_float64_mean_is_subtracted_in_float64_as_pycaffe():
+    """pycaffe keeps the mean's dtype: ``caffe_in -= mean`` rounds the float64 difference once to float32,
+    and deprocess adds it back the same way to a copy of the data in the data's own dtype."""
+    mean = np.array([104.00698793, 116.66876762, 122.67891434])  # np.load(ilsvrc_2012_mean.npy).mean(1).mean(1)
+    t = caffe.io.Transformer({"data": (1, 3, 8, 8)})
+    t.set_transpose("data", (2, 0, 1))
+    t.set_channel_swap("data", (2, 1, 0))
+    t.set_raw_scale("data", 255)
+    t.set_mean("data", mean)
+    assert t.mean["data"].dtype == np.float64 and t.mean["data"].shape == (3, 1, 1)
+    x = np.random.RandomState(0).rand(8, 8, 3).astype(np.float32)
+    scaled = x.transpose(2, 0, 1)[[2, 1, 0]] * np.float32(255)  # float32, as pycaffe's in-place raw scale
+    expected = (scaled.astype(np.float64) - mean[:, None, None]).astype(np.float32)
+    out = t.preprocess("data", x)
+    assert out.dtype == np.float32 and np.array_equal(out, expected)
+    back = ((out.astype(np.float64) + mean[:, None, None]).astype(np.float32) / np.float32(255))[[2, 1, 0]]
+    restored = t.deprocess("data", out[None])
+    assert restored.dtype == np.float32 and np.array_equal(restored, back.transpose(1, 2, 0))
+    assert t.deprocess("data", out[None].astype(np.float64)).dtype == np.float64
+
+
 def test_mean_shape_checked():
     """pycaffe raises ValueError here (scripts catch it), ours is also a CaffeCompatError."""
     t = caffe.io.Transformer({"data": (1, 3, 4, 5)})

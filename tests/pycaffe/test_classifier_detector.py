@@ -123,3 +123,21 @@ def test_detector_context_padding_closed_form(tmp_path):
     np.testing.assert_array_equal(no_context.crop(im, np.array([1, 2, 5, 9])), im[1:5, 2:9])
     zero_mean = Detector(proto, weights, context_pad=2)
     np.testing.assert_array_equal(zero_mean.crop(im, np.array([0, 0, 3, 3]))[:2], 0)
+
+
+def test_detector_context_padding_keeps_a_float64_mean(tmp_path):
+    """pycaffe's crop_mean is the Transformer's mean copied in its dtype (float64 here), so the padding of a
+    context crop is float64 m/255 until preprocess rounds it: float32(m/255) x 255 in float32, minus m in float64."""
+    proto, weights = _model(tmp_path, batch=1, size=8)
+    mean = np.array([104.00698793, 116.66876762, 122.67891434])
+    det = Detector(proto, weights, mean=mean, raw_scale=255, channel_swap=(2, 1, 0), context_pad=2)
+    assert det.crop_mean.dtype == np.float64
+    np.testing.assert_array_equal(det.crop_mean.reshape(3), mean[::-1] / 255)
+    im = np.random.RandomState(4).uniform(0, 1, (16, 16, 3)).astype(np.float32)
+    crop = det.crop(im, np.array([0, 0, 3, 3]))
+    assert crop.dtype == np.float64
+    padded = det.transformer.preprocess("data", crop)[:, :2, :]
+    raw = (mean / 255).astype(np.float32) * np.float32(255)
+    expected = (raw.astype(np.float64) - mean).astype(np.float32)
+    assert expected.any()  # not 0: the round trip through float32 leaves a residue pycaffe leaves too
+    np.testing.assert_array_equal(padded, np.broadcast_to(expected[:, None, None], padded.shape))
