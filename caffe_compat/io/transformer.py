@@ -15,7 +15,8 @@ Nearly every old inference script does::
 channel swap, raw scale, mean subtraction, input scale.  ``load_image`` returns an H×W×3 float32
 **RGB** image in [0, 1] (8-bit images divided by 255, 16-bit by 65535), grey images repeated to three
 channels when ``color``; with ``color=False`` a single channel of luminance
-``0.2125 R + 0.7154 G + 0.0721 B`` (scikit-image's weights, which pycaffe used).
+``0.2125 R + 0.7154 G + 0.0721 B`` (scikit-image's ``rgb2gray``, which pycaffe's ``imread(as_grey=True)``
+calls: computed in float64 and rounded once to float32, as there).
 
 Difference from pycaffe, documented: :func:`resize_image` (also used by ``preprocess``) resizes with
 OpenCV (``cv2.resize``, per channel, on the min-max normalised image) instead of scikit-image's
@@ -69,12 +70,20 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
     if image is None:
         raise DataError(f"{filename}: cannot read image (missing file or unsupported format)")
     scale = 65535.0 if image.dtype == np.uint16 else 255.0 if image.dtype == np.uint8 else 1.0
+    if not color and image.ndim == 3:
+        # scikit-image's rgb2gray: img_as_float (x * (1 / 255.) in float64), the weighted sum in float64,
+        # rounded once to float32 by pycaffe's astype
+        def channel(k):
+            return np.multiply(image[:, :, k], 1.0 / scale, dtype=np.float64)
+
+        grey = 0.2125 * channel(2)  # BGR(A): red is channel 2
+        grey += 0.7154 * channel(1)
+        grey += 0.0721 * channel(0)
+        return np.ascontiguousarray(grey[:, :, None], dtype=np.float32)
     image = image.astype(np.float32) / np.float32(scale)
     if image.ndim == 3:
         image = image[:, :, :3][:, :, ::-1]  # BGR(A) -> RGB
     if not color:
-        if image.ndim == 3:
-            image = image @ np.asarray([0.2125, 0.7154, 0.0721], dtype=np.float32)
         return np.ascontiguousarray(image[:, :, None], dtype=np.float32)
     if image.ndim == 2:
         image = np.repeat(image[:, :, None], 3, axis=2)

@@ -23,6 +23,19 @@ def test_load_image_is_rgb_float_in_unit_range(tmp_path):
     assert grey[0, 0, 0] == pytest.approx(0.2125 * 1.0 + 0.7154 * 20 / 255 + 0.0721 * 10 / 255, rel=1e-6)
 
 
+def test_load_image_grey_of_a_colour_image_is_scikit_images_float64_luminance(tmp_path):
+    """pycaffe's load_image(color=False) is skimage's imread(as_grey=True): rgb2gray on img_as_float's float64
+    values (x * (1 / 255.)), 0.2125 R + 0.7154 G + 0.0721 B summed in float64, then astype(float32)."""
+    rgb = np.random.RandomState(7).randint(0, 256, (16, 16, 3)).astype(np.uint8)
+    path = tmp_path / "c.png"
+    cv2.imwrite(str(path), rgb[:, :, ::-1])
+    unit = rgb.astype(np.float64) * (1 / 255.)
+    expected = (0.2125 * unit[..., 0] + 0.7154 * unit[..., 1] + 0.0721 * unit[..., 2]).astype(np.float32)
+    grey = caffe.io.load_image(str(path), color=False)
+    assert grey.dtype == np.float32 and grey.shape == (16, 16, 1)
+    assert np.array_equal(grey[:, :, 0], expected)
+
+
 def test_preprocess_order_and_deprocess_inverse():
     t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
     t.set_transpose("data", (2, 0, 1))
