@@ -51,6 +51,19 @@ class DataError(CaffeCompatError):
     """A data set file is missing or malformed: names the file and the line."""
 
 
+class ImageReadError(DataError, OSError):
+    """pycaffe's ``caffe.io.load_image`` could not read the file as an image (undecodable, unsupported,
+    unreadable): names the file.  Also an :class:`OSError` (``IOError``), what pycaffe's scikit-image / PIL
+    reader raised there, so scripts that skip bad images with ``except IOError`` keep working."""
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno N] ..." form
+        return str(self.args[0]) if self.args else super().__str__()
+
+
+class ImageNotFoundError(ImageReadError, FileNotFoundError):
+    """``caffe.io.load_image`` of a path that does not exist: a :class:`FileNotFoundError`, as pycaffe's."""
+
+
 class TrainingDiverged(CaffeCompatError):
     """The loss became NaN or infinite: names the iteration."""
 

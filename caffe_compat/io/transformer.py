@@ -41,9 +41,12 @@ other than 1 or 3 channels, every channel count goes through the same OpenCV pat
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from caffe_compat.errors import ArrayShapeError, CaffeCompatError, DataError, FormatError
+from caffe_compat.errors import (ArrayShapeError, CaffeCompatError, FormatError, ImageNotFoundError,
+                                 ImageReadError)
 from caffe_compat.io.blobs import blob_shape, set_packed_floats
 from caffe_compat.proto import caffe_pb2
 
@@ -53,22 +56,32 @@ __all__ = ["Transformer", "array_to_blobproto", "array_to_datum", "arraylist_to_
 
 
 def load_image(filename: str, color: bool = True) -> np.ndarray:
+    """pycaffe's ``caffe.io.load_image`` (the module docstring gives the values).  A file that cannot be read
+    as an image is an :class:`~caffe_compat.errors.ImageReadError`, a missing one an
+    :class:`~caffe_compat.errors.ImageNotFoundError`: both OSErrors (``IOError``; the latter a
+    FileNotFoundError), as pycaffe's scikit-image reader raised, and DataErrors."""
     import cv2
 
     from caffe_compat.io.safe_open import check_regular_file
 
     from caffe_compat.io.image_header import IMREAD_UNCHANGED, check_decode_budget
 
-    check_regular_file(filename, "load_image")
+    if check_regular_file(filename, "load_image") is None:  # could not stat it: missing (or unreadable)
+        try:
+            os.stat(filename)
+        except FileNotFoundError:
+            raise ImageNotFoundError(f"{filename}: no such file") from None
+        except (OSError, ValueError):
+            pass  # no permission, a NUL byte: OpenCV's read below fails and says so
     check_decode_budget(filename, str(filename), IMREAD_UNCHANGED)
     try:
         image = cv2.imread(str(filename), cv2.IMREAD_UNCHANGED)
     except cv2.error as exc:
         from caffe_compat.io.datum_lmdb import cv_reason
 
-        raise DataError(f"{filename}: OpenCV could not decode the image ({cv_reason(exc)})") from None
+        raise ImageReadError(f"{filename}: OpenCV could not decode the image ({cv_reason(exc)})") from None
     if image is None:
-        raise DataError(f"{filename}: cannot read image (missing file or unsupported format)")
+        raise ImageReadError(f"{filename}: cannot read image (unreadable file or unsupported format)")
     scale = 65535.0 if image.dtype == np.uint16 else 255.0 if image.dtype == np.uint8 else 1.0
     if not color and image.ndim == 3:
         # scikit-image's rgb2gray: img_as_float (x * (1 / 255.) in float64), the weighted sum in float64,

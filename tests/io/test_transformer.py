@@ -36,6 +36,22 @@ def test_load_image_grey_of_a_colour_image_is_scikit_images_float64_luminance(tm
     assert np.array_equal(grey[:, :, 0], expected)
 
 
+def test_load_image_errors_are_oserrors_as_pycaffes(tmp_path):
+    """pycaffe's skimage/PIL reader raised IOError (FileNotFoundError for a missing path); scripts skip bad
+    images with ``except IOError``."""
+    from caffe_compat.errors import DataError
+
+    with pytest.raises(FileNotFoundError, match="missing.png: no such file") as missing:
+        caffe.io.load_image(str(tmp_path / "missing.png"))
+    assert isinstance(missing.value, DataError)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not an image at all")
+    with pytest.raises(IOError, match="bad.jpg: cannot read image") as unreadable:
+        caffe.io.load_image(str(bad))
+    assert isinstance(unreadable.value, DataError) and not isinstance(unreadable.value, FileNotFoundError)
+    assert str(unreadable.value).startswith(str(bad))
+
+
 def test_preprocess_order_and_deprocess_inverse():
     t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
     t.set_transpose("data", (2, 0, 1))
