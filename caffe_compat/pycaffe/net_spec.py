@@ -29,7 +29,8 @@ Reproduced from Caffe's ``net_spec.py`` (1.0):
   Deconvolution's ``convolution_param``), falling back to Caffe's convention (the ``<Type>Parameter``
   field) for a type without a port.  Caffe's own table has no entry for types whose message is named
   otherwise (Deconvolution, SoftmaxWithLoss), where its keywords fail; here they reach the port's message.
-* Values (``assign_proto``): a list fills a repeated field (a list of dicts adds one message per dict),
+* Values (``assign_proto``): a list fills a repeated field (a list of dicts adds one message per dict, a
+  list of messages, e.g. ``param=[caffe_pb2.ParamSpec(lr_mult=1)]``, copies them as Caffe's ``extend`` does),
   a dict fills a nested message, a single value given to a repeated field is a one-element list, anything
   else is assigned.  ``P.<Type>.<ENUM>`` reads the enum value from ``<Type>Parameter``.
 
@@ -40,6 +41,8 @@ an ``AttributeError``, what Caffe raises), naming the layer, its type and the ke
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+
+from google.protobuf.message import Message
 
 from caffe_compat.errors import CaffeCompatError, FormatError
 from caffe_compat.proto import caffe_pb2
@@ -73,7 +76,8 @@ def _has_field(message, name: str) -> bool:
 
 def assign_proto(proto, name: str, value, where: str = "") -> None:
     """Caffe's ``assign_proto``: set field ``name`` of ``proto`` from a Python value (lists fill repeated
-    fields, dicts nested messages, recursively; a single value for a repeated field becomes a list)."""
+    fields, dicts nested messages, recursively; a single value for a repeated field becomes a list; the items
+    of a repeated message field may be messages of its type, copied in)."""
     if not _has_field(proto, name):
         raise UnknownFieldError(f"{where or proto.DESCRIPTOR.name}: {proto.DESCRIPTOR.name} has no field '{name}'")
     field = proto.DESCRIPTOR.fields_by_name[name]
@@ -85,9 +89,12 @@ def assign_proto(proto, name: str, value, where: str = "") -> None:
             target = getattr(proto, name)
             if field.message_type is not None:
                 for item in value:
+                    if isinstance(item, Message):  # Caffe extends the field with the messages themselves
+                        target.add().CopyFrom(item)  # another message type: protobuf's TypeError
+                        continue
                     if not isinstance(item, dict):
                         raise FormatError(f"{where}: '{name}' holds {field.message_type.name} messages: give "
-                                          f"dicts, got {item!r}")
+                                          f"dicts or {field.message_type.name}s, got {item!r}")
                     message = target.add()
                     for key, sub in item.items():
                         assign_proto(message, key, sub, where)

@@ -165,3 +165,24 @@ def test_errors_are_typed_and_name_the_layer():
         n.to_proto()
     with pytest.raises(AttributeError, match="no top 'missing'"):
         n.missing
+
+
+def test_repeated_message_fields_take_messages_as_caffes_extend_does():
+    """Caffe's assign_proto extends a repeated field with a list that is not of dicts (``param=[ParamSpec]``)
+    and wraps a single value in a list first (``include=NetStateRule``): the messages are copied in."""
+    n = NetSpec()
+    n.data = L.Input(shape=[caffe_pb2.BlobShape(dim=[1, 2, 3, 3])])
+    weight, bias = caffe_pb2.ParamSpec(lr_mult=1), caffe_pb2.ParamSpec(lr_mult=2, decay_mult=0)
+    n.conv = L.Convolution(n.data, num_output=4, kernel_size=1, param=[weight, bias],
+                           include=caffe_pb2.NetStateRule(phase=caffe_pb2.TEST))
+    proto = n.to_proto()
+    assert proto == _parse("""
+        layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 dim: 3 dim: 3 } } }
+        layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" include { phase: TEST }
+                param { lr_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+                convolution_param { num_output: 4 kernel_size: 1 } }""")
+    weight.lr_mult = 5  # copied into the NetParameter, as protobuf's extend copies
+    assert proto.layer[1].param[0].lr_mult == 1
+    n.conv = L.Convolution(n.data, num_output=4, kernel_size=1, param=[caffe_pb2.NetStateRule()])
+    with pytest.raises(FormatError, match="layer 'conv'.*'param'"):
+        n.to_proto()
