@@ -251,14 +251,15 @@ def array_to_datum(arr, label=None) -> caffe_pb2.Datum:
 def datum_to_array(datum) -> np.ndarray:
     """pycaffe's ``caffe.io.datum_to_array``: the Datum's C×H×W values, uint8 from ``data`` (bytes), else
     float64 from ``float_data`` (the label is ``datum.label``).  An encoded Datum (JPEG/PNG bytes) is
-    refused, as pycaffe's reshape of the compressed bytes fails; a value count that does not fit
-    channels×height×width raises :class:`~caffe_compat.errors.ArrayShapeError`."""
+    refused with an :class:`~caffe_compat.errors.ArrayShapeError` (a ValueError), as pycaffe's reshape of the
+    compressed bytes to the unset 0×0×0 shape fails with numpy's ValueError; so is a value count that does
+    not fit channels×height×width."""
     if not isinstance(datum, caffe_pb2.Datum):
         raise CaffeCompatError(f"datum_to_array: expected a caffe_pb2.Datum, got {type(datum).__name__}")
     shape = (int(datum.channels), int(datum.height), int(datum.width))
     if datum.encoded:
-        raise FormatError("datum_to_array: the Datum is encoded (compressed image bytes); decode it with "
-                          "caffe_compat.io.decode_datum")
+        raise ArrayShapeError("datum_to_array: the Datum is encoded (compressed image bytes); decode it with "
+                              "caffe_compat.io.decode_datum")
     if len(datum.data):
         values = np.frombuffer(datum.data, dtype=np.uint8)
     else:

@@ -69,3 +69,12 @@ def test_pycaffes_misspelled_arraylist_to_blobprotovecor_str_is_there():
     assert list(vec.blobs[1].data) == [-0.5] * 4
     assert data == io.arraylist_to_blobprotovector_str(arrays)
     assert [a.tolist() for a in io.blobprotovector_str_to_arraylist(data)] == [a.tolist() for a in arrays]
+
+
+def test_an_encoded_datum_is_a_value_error_as_pycaffes_failed_reshape():
+    # convert_imageset --encoded leaves channels/height/width unset: pycaffe reshapes the JPEG bytes to
+    # (0, 0, 0) and numpy raises ValueError, which scripts catch to decode the bytes themselves
+    datum = caffe_pb2.Datum(data=b"\xff\xd8\xff\xe0" + b"\0" * 16, encoded=True, label=3)
+    with pytest.raises(ValueError, match="encoded") as info:
+        io.datum_to_array(datum)
+    assert isinstance(info.value, FormatError)
