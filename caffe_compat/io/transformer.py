@@ -1,5 +1,5 @@
-"""pycaffe's ``caffe.io`` helpers (numpy + OpenCV, no torch): :class:`Transformer`, :func:`load_image`,
-:func:`resize_image`, :func:`oversample` and the BlobProto converters :func:`blobproto_to_array`,
+"""pycaffe's ``caffe.io`` helpers (numpy + OpenCV, scipy for one resize, no torch): :class:`Transformer`,
+:func:`load_image`, :func:`resize_image`, :func:`oversample` and the BlobProto converters :func:`blobproto_to_array`,
 :func:`array_to_blobproto`, :func:`arraylist_to_blobprotovector_str`,
 :func:`blobprotovector_str_to_arraylist`, and the Datum converters :func:`array_to_datum`,
 :func:`datum_to_array`.
@@ -35,8 +35,8 @@ scipy.ndimage: ≤ 1e-7 on [0, 1] data), but they are *not* equal in two cases:
 Feed images already at the blob size for exact parity.  ``interp_order`` 0 (nearest, OpenCV's
 half-pixel ``INTER_NEAREST_EXACT``: scikit-image's order 0 except at exact half-way ties) and 1
 (bilinear) are supported; scikit-image's spline orders 2-5 are refused rather than approximated.
-Unlike pycaffe, which switches to ``scipy.ndimage.zoom`` (corner-aligned sampling) for images with
-other than 1 or 3 channels, every channel count goes through the same OpenCV path.
+Images with other than 1 or 3 channels go, as in pycaffe, through ``scipy.ndimage.zoom`` (corner-aligned
+sampling, no normalising, any order 0-5): the same numbers as pycaffe.
 """
 
 from __future__ import annotations
@@ -109,9 +109,11 @@ _INTERPOLATION = {0: "INTER_NEAREST_EXACT", 1: "INTER_LINEAR"}
 def resize_image(im: np.ndarray, new_dims, interp_order: int = 1) -> np.ndarray:
     """pycaffe's ``caffe.io.resize_image``: an H×W×K image resized to ``new_dims`` (H', W'), float32.
 
-    As pycaffe: the image is min-max normalised, resized and mapped back; a constant image gives the
-    constant (no division by 0).  ``interp_order`` 0 = nearest, 1 = bilinear (the module docstring
-    says where the numbers differ from pycaffe's scikit-image resize)."""
+    As pycaffe, for 1 or 3 channels: the image is min-max normalised, resized and mapped back; a constant
+    image gives the constant (no division by 0).  ``interp_order`` 0 = nearest, 1 = bilinear (the module
+    docstring says where the numbers differ from pycaffe's scikit-image resize).  Any other channel count
+    goes, as in pycaffe, through ``scipy.ndimage.zoom`` by ``(H'/H, W'/W, 1)`` with ``interp_order`` (0-5):
+    corner-aligned sampling of the image as it is (no normalising), pycaffe's very numbers."""
     import cv2
 
     image = np.asarray(im)
@@ -123,6 +125,14 @@ def resize_image(im: np.ndarray, new_dims, interp_order: int = 1) -> np.ndarray:
         raise CaffeCompatError(f"resize_image: new_dims must be (height, width), got {new_dims!r}") from None
     if h < 1 or w < 1:
         raise CaffeCompatError(f"resize_image: new_dims must be positive, got {(h, w)}")
+    if image.shape[-1] not in (1, 3):  # pycaffe: "ndimage interpolates anything but more slowly"
+        from scipy.ndimage import zoom
+
+        if interp_order not in range(6):
+            raise CaffeCompatError(f"resize_image: interp_order must be 0-5 (scipy.ndimage.zoom's spline orders), "
+                                   f"got {interp_order!r}")
+        scale = tuple(np.array((h, w), dtype=float) / np.array(image.shape[:2]))
+        return zoom(image, scale + (1,), order=interp_order).astype(np.float32)
     if interp_order not in _INTERPOLATION:
         raise CaffeCompatError(f"resize_image: interp_order must be 0 (nearest) or 1 (bilinear), got {interp_order!r} "
                                f"(scikit-image's spline orders 2-5 are not reproduced)")

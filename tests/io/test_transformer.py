@@ -130,6 +130,24 @@ def test_resize_image_samples_at_half_pixel_centres():
     assert shape == (10, 3, 4)  # any channel count
 
 
+@pytest.mark.parametrize("channels", [2, 4])
+def test_resize_image_of_other_channel_counts_samples_corner_aligned_as_scipy_zoom(channels):
+    """pycaffe resizes images of other than 1 or 3 channels with scipy.ndimage.zoom: output (i, j) samples
+    the input at (i (H-1)/(H'-1), j (W-1)/(W'-1)), corners on corners.  A plane 10 y + x (and its
+    multiples per channel) is reproduced exactly by bilinear sampling: 4x5 -> 7x9 samples y = i/2, x = j/2."""
+    y, x = np.mgrid[0:4, 0:5].astype(np.float32)
+    image = np.stack([(10 * y + x) * (c + 1) for c in range(channels)], axis=-1)
+    out = caffe.io.resize_image(image, (7, 9))
+    i, j = np.mgrid[0:7, 0:9]
+    expected = np.stack([(10 * i / 2 + j / 2) * (c + 1) for c in range(channels)], axis=-1)
+    assert out.dtype == np.float32 and out.shape == (7, 9, channels)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-4)
+    nearest = caffe.io.resize_image(image, (7, 9), interp_order=0)
+    assert np.array_equal(nearest[-1, -1], image[-1, -1]) and np.array_equal(nearest[0, 0], image[0, 0])
+    constant = caffe.io.resize_image(np.full((3, 3, channels), 2.5), (5, 5))
+    assert np.all(constant == np.float32(2.5))
+
+
 def test_resize_image_rejects_bad_input():
     with pytest.raises(CaffeCompatError, match="interp_order must be 0.*or 1"):
         caffe.io.resize_image(np.zeros((2, 2, 3)), (4, 4), interp_order=3)
