@@ -290,6 +290,10 @@ class Transformer:
         if in_ not in self.inputs:
             raise CaffeCompatError(f"{in_} is not one of the net inputs: {sorted(self.inputs)}")
 
+    # pycaffe's own name for the check, ``__check_input`` (so ``_Transformer__check_input``), which
+    # subclasses adding their own settings call: ``caffe.io.Transformer._Transformer__check_input(self, in_)``
+    __check_input = _check
+
     def set_transpose(self, in_, order):
         self._check(in_)
         if len(order) != len(self.inputs[in_]) - 1:

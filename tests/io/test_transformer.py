@@ -86,6 +86,21 @@ def test_a_float64_mean_is_subtracted_in_float64_as_pycaffe():
     assert t.deprocess("data", out[None].astype(np.float64)).dtype == np.float64
 
 
+def test_subclasses_reach_pycaffes_private_input_check():
+    """Scripts subclass Transformer and call pycaffe's name-mangled check, _Transformer__check_input."""
+    class Cropper(caffe.io.Transformer):
+        def set_crop(self, in_, size):
+            caffe.io.Transformer._Transformer__check_input(self, in_)
+            self.crop = {in_: size}
+
+    t = Cropper({"data": (1, 3, 8, 8)})
+    t.set_crop("data", 4)
+    assert t.crop == {"data": 4}
+    with pytest.raises(Exception, match="label is not one of the net inputs") as raised:
+        t.set_crop("label", 4)
+    assert isinstance(raised.value, CaffeCompatError)
+
+
 def test_mean_shape_checked():
     """pycaffe raises ValueError here (scripts catch it), ours is also a CaffeCompatError."""
     t = caffe.io.Transformer({"data": (1, 3, 4, 5)})
