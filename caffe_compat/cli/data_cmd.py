@@ -4,8 +4,9 @@
 Caffe script (``create_imagenet.sh``, ``make_imagenet_mean.sh``) runs with only the program's name changed:
 ``convert_imageset [--resize_height=H --resize_width=W --gray --shuffle --check_size --encoded --encode_type=T
 --backend=lmdb] ROOTFOLDER/ LISTFILE DB_NAME`` (root first; gflags' ``--flag=true|false`` spelling of the
-switches) and ``compute_image_mean [--backend=lmdb] INPUT_DB [OUTPUT_FILE]`` (without an output it prints the
-channel means only, as Caffe logs them).  LMDB is the only backend (``leveldb`` exits 2).
+switches) and ``compute_image_mean [--backend=lmdb] INPUT_DB [OUTPUT_FILE]`` (the mean image written when an
+output is given; the channel means printed either way, as Caffe logs them).  LMDB is the only backend
+(``leveldb`` exits 2).
 
 The folder an output goes into must exist: it is checked before anything is read (exit 2), never created.
 """
@@ -118,15 +119,33 @@ def _run_convert_imageset(args) -> int:
     return run_lmdb(args)
 
 
-def _run_compute_image_mean(args) -> int:
-    _lmdb_only(args.backend)
-    if args.out is not None:
-        return run_mean(args)
-    from caffe_compat.data.imageset import compute_image_mean
+def caffe_channel_means(mean) -> list:
+    """compute_image_mean's per-channel means of a 1xCxHxW mean image as Caffe computes them: a float
+    (float32) running sum over the channel's H*W values in order, divided by H*W (NumPy's pairwise mean
+    rounds differently in the 5th-6th digit on image-sized channels)."""
+    import numpy as np
 
+    planes = np.asarray(mean, dtype=np.float32)[0].reshape(mean.shape[1], -1)
+    return [np.float32(np.cumsum(plane, dtype=np.float32)[-1]) / np.float32(plane.size) for plane in planes]
+
+
+def _run_compute_image_mean(args) -> int:
+    """Caffe's compute_image_mean: the mean image is written when OUTPUT_FILE is given, and the channel means
+    are printed either way, as Caffe logs them (``mean_value channel [c]:v``, no space after the colon)."""
+    _lmdb_only(args.backend)
+    from caffe_compat.data.imageset import compute_image_mean
+    from caffe_compat.io.glog import g6
+
+    if args.out is not None:
+        from caffe_compat.io import write_blob
+        from caffe_compat.io.atomic import require_folder
+
+        require_folder(args.out)
     mean = compute_image_mean(args.db)
-    for c, value in enumerate(mean[0].reshape(mean.shape[1], -1).mean(axis=1)):
-        print(f"mean_value channel [{c}]: {value:.6g}")
+    if args.out is not None:
+        write_blob(mean, args.out)
+    for c, value in enumerate(caffe_channel_means(mean)):
+        print(f"mean_value channel [{c}]:{g6(value)}")
     return 0
 
 

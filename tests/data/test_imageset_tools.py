@@ -240,8 +240,8 @@ def test_caffe_command_lines_of_convert_imageset_and_compute_image_mean(images, 
     grey = np.mean([cv2.imread(str(tmp / "img" / f"a{i}.png"), cv2.IMREAD_GRAYSCALE).astype(np.float64)
                     for i in range(5)])  # Caffe's grey decode (ReadImageToCVMat)
     printed = capsys.readouterr().out.strip().splitlines()
-    assert len(printed) == 1 and printed[0].startswith("mean_value channel [0]: ")
-    assert float(printed[0].split(": ")[1]) == pytest.approx(grey, rel=1e-5)
+    assert len(printed) == 1 and printed[0].startswith("mean_value channel [0]:")
+    assert float(printed[0].split("]:")[1]) == pytest.approx(grey, rel=1e-5)
     assert main(["compute_image_mean", str(tmp / "grey"), str(tmp / "grey_mean.binaryproto")]) == 0
     assert read_blob(tmp / "grey_mean.binaryproto").shape == (1, 1, 6, 7)
 
@@ -267,3 +267,34 @@ def test_check_size_and_backend_as_caffe(tmp_path, capsys):
     assert main(["convert_imageset", "--backend=leveldb", *args, str(tmp_path / "ldb")]) == 2
     assert "only lmdb is supported" in capsys.readouterr().err
     assert not (tmp_path / "enc").exists() and not (tmp_path / "ldb").exists()
+
+
+def test_compute_image_mean_prints_caffes_float_channel_means_with_or_without_output(tmp_path, capsys):
+    """Caffe's compute_image_mean sums each channel of the mean image in a float, value after value, divides by
+    H*W and logs ``mean_value channel [c]:v`` (no space) whether or not OUTPUT_FILE is given."""
+    rng = np.random.RandomState(2)  # a seed where the float running sum and NumPy's pairwise mean print apart
+    root = tmp_path / "img"
+    root.mkdir()
+    images = [rng.randint(0, 256, size=(64, 64, 3)).astype(np.uint8) for _ in range(3)]
+    for i, image in enumerate(images):
+        cv2.imwrite(str(root / f"m{i}.png"), image)
+    (tmp_path / "list.txt").write_text("".join(f"m{i}.png 0\n" for i in range(3)))
+    assert main(["convert_imageset", f"{root}/", str(tmp_path / "list.txt"), str(tmp_path / "db")]) == 0
+    total = np.zeros((3, 64, 64), np.float32)
+    for image in images:
+        total += image.transpose(2, 0, 1).astype(np.float32)
+    mean = total / np.float32(3)
+    expected, numpy_means = [], []
+    for c, plane in enumerate(mean.reshape(3, -1)):
+        running = np.float32(0)
+        for value in plane:  # Caffe's float mean_values[c] += sum_blob.data(dim * c + i)
+            running = np.float32(running + value)
+        expected.append(f"mean_value channel [{c}]:{float(running / np.float32(plane.size)):.6g}")
+        numpy_means.append(f"mean_value channel [{c}]:{float(plane.mean()):.6g}")
+    assert expected != numpy_means  # the test tells the two sums apart
+    capsys.readouterr()
+    assert main(["compute_image_mean", str(tmp_path / "db")]) == 0
+    assert capsys.readouterr().out.splitlines() == expected
+    assert main(["compute_image_mean", str(tmp_path / "db"), str(tmp_path / "mean.binaryproto")]) == 0
+    assert capsys.readouterr().out.splitlines() == expected  # printed with the output file too
+    np.testing.assert_array_equal(read_blob(tmp_path / "mean.binaryproto")[0], mean)
