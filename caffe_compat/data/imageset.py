@@ -19,9 +19,12 @@ with ``ReadImageToDatum`` does:
   shuffled order with ``shuffle``;
 * raw (default): the decoded image stored as C×H×W bytes;
 * encoded: the file's own bytes when no resize is asked and ``encode_type`` matches the file's extension
-  (Caffe's ``matchExt``: case-insensitive, ``jpg`` also matches ``.jpeg``; no ``encode_type`` means the
-  file's own extension) -- Caffe's ``ReadFileToDatum``; otherwise the decoded (resized) image
-  re-encoded with ``cv::imencode("." + encode_type)``.  Caffe quirks kept: ``encode_type`` alone
+  -- Caffe's ``ReadFileToDatum``; otherwise the decoded (resized) image re-encoded with
+  ``cv::imencode("." + encode_type)``.  Caffe's ``matchExt`` compares the extension *with its dot*
+  (case-insensitive): with no ``encode_type`` convert_imageset guesses the dotted extension (``.jpg``),
+  which matches, so the file's bytes are kept; an ``encode_type`` spelt as usual, ``jpg``, never matches,
+  so every image is decoded and re-encoded (a JPEG at OpenCV's default quality 95, whatever its own
+  extension); ``.jpg`` matches ``.jpg`` files only (not ``.jpeg``).  Caffe quirks kept: ``encode_type`` alone
   implies ``encoded`` (Caffe passes it to ``ReadImageToDatum`` whatever ``--encoded`` says), and
   ``gray`` does not change stored file bytes (the condition ``(channels == 3) == is_color`` always holds
   after a grey decode), so a colour JPEG stored with ``gray`` + ``encoded`` and no resize stays colour:
@@ -94,10 +97,12 @@ def read_list_file(list_file: str | os.PathLike, what: str | None = None) -> lis
 
 
 def match_ext(filename: str, encoding: str) -> bool:
-    """Caffe's ``matchExt``: the file's extension equals ``encoding`` (case-insensitive); ``jpg`` also
-    matches ``jpeg``; a name without a dot is its own extension."""
+    """Caffe's ``matchExt``: the file's extension *with its dot* (``.jpg``) equals ``encoding``
+    (case-insensitive); a name without a dot is its own extension.  So the extension convert_imageset
+    guesses (``.jpg``, dot included) matches, and an ``--encode_type`` spelt without the dot (``jpg``)
+    never does; Caffe's clause ``jpg`` matching ``jpeg`` compares the dotted extension and is dead too."""
     dot = filename.rfind(".")
-    ext = (filename[dot + 1:] if dot >= 0 else filename).lower()
+    ext = (filename[dot:] if dot >= 0 else filename).lower()
     encoding = encoding.lower()
     return ext == encoding or (encoding == "jpg" and ext == "jpeg")
 
@@ -198,7 +203,8 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
         image = image[:, :, None]
     if encode_type is None:
         return make_datum(chw_planes(image), label)
-    encoding = encode_type or (name[name.rfind(".") + 1:] if "." in name else name).lower()
+    # convert_imageset's guess keeps the dot (fn.substr(p)): '.jpg'; cv::imencode("." + '.jpg') reads '.jpg'
+    encoding = encode_type or (name[name.rfind("."):] if "." in name else name).lower()
     if not (h or w) and match_ext(name, encoding):
         return make_datum(raw, label, encoded=True)  # ReadFileToDatum: the file's own bytes
     try:
@@ -206,7 +212,7 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
     except cv2.error:
         ok = False
     if not ok:
-        raise DataError(f"{where}: OpenCV cannot encode {image_path} as '.{encoding}' (no such encoder); "
+        raise DataError(f"{where}: OpenCV cannot encode {image_path} as '.{encoding.lstrip('.')}' (no such encoder); "
                         f"set --encode-type to jpg or png")
     return make_datum(buf.tobytes(), label, encoded=True)
 
@@ -229,9 +235,9 @@ def convert_imageset(list_file, root, out, resize=None, gray: bool = False, enco
     from caffe_compat.io import write_lmdb
 
     report = on_skip or (lambda message: warnings.warn(message, UserWarning, stacklevel=4))
-    encode_type = (encode_type or "").strip().lstrip(".").lower()
+    encode_type = (encode_type or "").strip().lower()  # a leading dot kept: it decides Caffe's matchExt
     if encode_type and not cv2.haveImageWriter("." + encode_type):
-        raise DataError(f"encode type '{encode_type}': OpenCV has no encoder for '.{encode_type}' "
+        raise DataError(f"encode type '{encode_type}': OpenCV has no encoder for '.{encode_type.lstrip('.')}' "
                         f"(use jpg, png, bmp, ...)")
     if resize is not None and (len(resize) != 2 or min(resize) < 0):
         raise DataError(f"resize must be two sizes H W >= 0, got {resize}")

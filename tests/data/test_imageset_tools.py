@@ -181,18 +181,31 @@ def test_make_lmdb_nothing_readable_writes_nothing(tmp_path, capsys):
 
 
 def test_encode_type_matches_like_caffes_matchext_and_implies_encoded(tmp_path):
+    """Caffe's matchExt compares the file's extension with its dot (``.jpeg``) with the encoding: the usual
+    ``--encode_type=jpg`` never matches, so every image is re-encoded (JPEGs too, at quality 95); ``.jpg``
+    matches ``.jpg`` files only; no encode_type guesses the dotted extension, which matches (file bytes)."""
     root = tmp_path / "img"
     root.mkdir()
     image = np.random.RandomState(2).randint(0, 256, size=(8, 8, 3)).astype(np.uint8)
-    cv2.imwrite(str(root / "p.JPEG"), image)
-    cv2.imwrite(str(root / "q.png"), image)
-    (tmp_path / "list.txt").write_text("p.JPEG 0\nq.png 1\n")
-    convert_imageset(tmp_path / "list.txt", root, tmp_path / "db", encode_type="jpg", progress=False)
-    (_, p, _), (_, q, _) = iter_lmdb(tmp_path / "db", decode=False)
-    assert p.encoded and p.data == (root / "p.JPEG").read_bytes()  # 'jpg' matches '.JPEG': file bytes
-    assert q.encoded and q.data[:2] == b"\xff\xd8"  # the PNG re-encoded as JPEG
-    ok, expected = cv2.imencode(".jpg", image)
-    assert q.data == expected.tobytes()
+    for name in ("p.JPEG", "q.png", "r.jpg"):
+        cv2.imwrite(str(root / name), image)
+    (tmp_path / "list.txt").write_text("p.JPEG 0\nq.png 1\nr.jpg 2\n")
+
+    def stored(db, **kwargs):
+        convert_imageset(tmp_path / "list.txt", root, tmp_path / db, progress=False, **kwargs)
+        return [datum for _, datum, _ in iter_lmdb(tmp_path / db, decode=False)]
+
+    def reencoded(name):  # Caffe's ReadImageToCVMat then cv::imencode(".jpg")
+        return cv2.imencode(".jpg", cv2.imread(str(root / name), cv2.IMREAD_COLOR))[1].tobytes()
+
+    p, q, r = stored("plain", encode_type="jpg")
+    assert p.encoded and q.encoded and r.encoded
+    assert [p.data, q.data, r.data] == [reencoded("p.JPEG"), reencoded("q.png"), reencoded("r.jpg")]
+    assert p.data != (root / "p.JPEG").read_bytes() and r.data != (root / "r.jpg").read_bytes()
+    p, q, r = stored("dotted", encode_type=".jpg")
+    assert [p.data, q.data, r.data] == [reencoded("p.JPEG"), reencoded("q.png"), (root / "r.jpg").read_bytes()]
+    p, q, r = stored("guessed", encoded=True)
+    assert [p.data, q.data, r.data] == [(root / n).read_bytes() for n in ("p.JPEG", "q.png", "r.jpg")]
 
 
 def test_corrupt_jpeg_that_decodes_is_kept_and_libjpeg_message_names_list_line(tmp_path, capfd):
