@@ -3,10 +3,10 @@
 ``convert_imageset`` and ``compute_image_mean`` are the same two tools with Caffe's own command lines, so a
 Caffe script (``create_imagenet.sh``, ``make_imagenet_mean.sh``) runs with only the program's name changed:
 ``convert_imageset [--resize_height=H --resize_width=W --gray --shuffle --check_size --encoded --encode_type=T
---backend=lmdb] ROOTFOLDER/ LISTFILE DB_NAME`` (root first; gflags' ``--flag=true|false`` spelling of the
-switches) and ``compute_image_mean [--backend=lmdb] INPUT_DB [OUTPUT_FILE]`` (the mean image written when an
-output is given; the channel means printed either way, as Caffe logs them).  LMDB is the only backend
-(``leveldb`` exits 2).
+--backend=lmdb] ROOTFOLDER/ LISTFILE DB_NAME`` (root first; gflags' ``--flag=true|false`` and
+``--noflag`` spellings of the switches, the last one winning) and ``compute_image_mean [--backend=lmdb]
+INPUT_DB [OUTPUT_FILE]`` (the mean image written when an output is given; the channel means printed either
+way, as Caffe logs them).  LMDB is the only backend (``leveldb`` exits 2).
 
 The folder an output goes into must exist: it is checked before anything is read (exit 2), never created.
 """
@@ -59,20 +59,41 @@ _GFLAG_VALUES = {"true": True, "t": True, "yes": True, "y": True, "1": True,
 
 
 def _accept_gflag_switches(parser, names: tuple[str, ...]) -> None:
-    """Let ``parser``'s switches ``names`` also be given as gflags spells booleans, ``--name=true|false``
-    (argparse's store_true takes no value; ``--name`` alone, the usual spelling, stays as it is)."""
+    """Let ``parser``'s switches ``names`` be given as gflags spells booleans: ``-name`` / ``--name``,
+    ``--name=true|false`` (and gflags' other words: yes/no, t/f, y/n, 1/0) and ``-noname`` / ``--noname``;
+    as gflags, the last spelling of a switch wins (``--gray --nogray``: off).  Arguments after ``--`` are
+    left alone."""
     parse = parser.parse_known_args
 
+    def switch(token: str) -> tuple[str, bool] | None:
+        """``(name, value)`` when ``token`` spells one of the switches, else None."""
+        dashes = len(token) - len(token.lstrip("-"))
+        if not 1 <= dashes <= 2:
+            return None
+        flag, equals, value = token[dashes:].partition("=")
+        if not equals:
+            if flag in names:
+                return flag, True
+            if flag.startswith("no") and flag[2:] in names:
+                return flag[2:], False
+            return None
+        if flag in names and value.lower() in _GFLAG_VALUES:
+            return flag, _GFLAG_VALUES[value.lower()]
+        return None
+
     def parse_known_args(args=None, namespace=None):
-        rewritten = []
-        for token in list(sys.argv[1:] if args is None else args):
-            flag, equals, value = token.partition("=")
-            if equals and flag.lstrip("-") in names and flag.startswith("-") and value.lower() in _GFLAG_VALUES:
-                if _GFLAG_VALUES[value.lower()]:
-                    rewritten.append(flag)
-                continue
-            rewritten.append(token)
-        return parse(rewritten, namespace)
+        tokens = list(sys.argv[1:] if args is None else args)
+        rest = tokens.index("--") if "--" in tokens else len(tokens)
+        state: dict[str, bool] = {}
+        others = []
+        for token in tokens[:rest]:
+            spelled = switch(token)
+            if spelled is None:
+                others.append(token)
+            else:
+                state[spelled[0]] = spelled[1]
+        on = [f"--{name}" for name, value in state.items() if value]
+        return parse(on + others + tokens[rest:], namespace)
 
     parser.parse_known_args = parse_known_args
 
@@ -86,7 +107,8 @@ def _register_caffe_spellings(sub) -> None:
     switches = {"gray": "decode as grey", "shuffle": "store the records in a random order (seeded: --seed)",
                 "check_size": "every raw record must have the first one's size", "encoded": "store encoded image files"}
     for name, text in switches.items():
-        p.add_argument(f"--{name}", f"-{name}", action="store_true", help=text + " (--NAME=true|false too)")
+        p.add_argument(f"--{name}", f"-{name}", action="store_true",
+                       help=text + " (--NAME=true|false and --noNAME too)")
     _accept_gflag_switches(p, tuple(switches))
     p.add_argument("--encode_type", "-encode_type", default="", help="encode as this type (png, jpg)")
     p.add_argument("--resize_height", "-resize_height", type=int, default=0, help="resize height (both > 0)")

@@ -311,3 +311,18 @@ def test_compute_image_mean_prints_caffes_float_channel_means_with_or_without_ou
     assert main(["compute_image_mean", str(tmp_path / "db"), str(tmp_path / "mean.binaryproto")]) == 0
     assert capsys.readouterr().out.splitlines() == expected  # printed with the output file too
     np.testing.assert_array_equal(read_blob(tmp_path / "mean.binaryproto")[0], mean)
+
+
+def test_convert_imageset_takes_gflags_noswitch_spellings_and_the_last_one_wins(images, capsys):
+    """gflags reads ``-nogray`` / ``--noshuffle`` as the switch off and lets the last spelling of a switch win
+    (``--gray --nogray``, ``-gray=true -gray=false``: colour; ``--nogray --gray``: grey)."""
+    tmp, _ = images
+    root, listed = f"{tmp / 'img'}/", str(tmp / "list.txt")
+    for i, switches in enumerate([["-nogray", "--noshuffle"], ["--gray", "--nogray"], ["-gray=true", "-gray=false"],
+                                  ["--nogray", "--gray"], ["--gray=no", "-gray"]]):
+        assert main(["convert_imageset", *switches, root, listed, str(tmp / f"db{i}")]) == 0, switches
+        records = list(iter_lmdb(tmp / f"db{i}"))
+        assert [key for key, _, _ in records] == [f"{n:08d}_a{n}.png" for n in range(5)]  # not shuffled
+        assert records[0][1].shape == ((1, 6, 7) if i >= 3 else (3, 6, 7)), switches
+    assert main(["convert_imageset", "-nocheck_size", "--noencoded", root, listed, str(tmp / "plain")]) == 0
+    assert not next(iter_lmdb(tmp / "plain", decode=False))[1].encoded
