@@ -135,7 +135,8 @@ def _lmdb_only(backend: str) -> None:
 
 def _run_convert_imageset(args) -> int:
     _lmdb_only(args.backend)
-    sides = (args.resize_height, args.resize_width)
+    # Caffe takes std::max(0, FLAGS_resize_*): a negative side is 0 (no resize), not an error
+    sides = (max(0, args.resize_height), max(0, args.resize_width))
     args.resize = sides if any(sides) else None  # Caffe resizes when both are > 0
     args.strict, args.quiet = False, False
     return run_lmdb(args)

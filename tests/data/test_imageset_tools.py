@@ -326,3 +326,14 @@ def test_convert_imageset_takes_gflags_noswitch_spellings_and_the_last_one_wins(
         assert records[0][1].shape == ((1, 6, 7) if i >= 3 else (3, 6, 7)), switches
     assert main(["convert_imageset", "-nocheck_size", "--noencoded", root, listed, str(tmp / "plain")]) == 0
     assert not next(iter_lmdb(tmp / "plain", decode=False))[1].encoded
+
+
+def test_convert_imageset_negative_resize_is_no_resize(images):
+    """Caffe's convert_imageset takes ``std::max(0, FLAGS_resize_height)`` (and width): -1 means no resize."""
+    tmp, pixels = images
+    root, listed = f"{tmp / 'img'}/", str(tmp / "list.txt")
+    assert main(["convert_imageset", "--resize_height=-1", "--resize_width=-1", root, listed, str(tmp / "a")]) == 0
+    assert main(["convert_imageset", "-resize_height", "4", "-resize_width", "-3", root, listed, str(tmp / "b")]) == 0
+    for db in ("a", "b"):
+        _, image, _ = next(iter_lmdb(tmp / db))
+        np.testing.assert_array_equal(image, pixels[0].transpose(2, 0, 1))
