@@ -4,7 +4,9 @@
 Forwards the TEST-phase net N times and writes every sample of each named blob to its dataset
 (:mod:`caffe_compat.tools.features`): ``lmdb`` (Caffe's Datum records with ``float_data``, keys
 ``0000000000``, ``0000000001``, ...), ``npy`` or ``hdf5`` (needs h5py).  A progress bar on stderr, then
-Caffe's ``Extracted features of N query images for feature blob B`` lines and a table.
+Caffe's ``Extracted features of N query images for feature blob B`` lines and a table.  As Caffe, the
+mode ``GPU`` (any case here) runs on CUDA device DEVICE_ID (default 0), and any other word (``CPU``) on the
+CPU, a DEVICE_ID after it ignored.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ def register(sub) -> None:
     p.add_argument("save_feature_dataset_names", help="one output path per blob, comma-separated")
     p.add_argument("num_mini_batches", type=int, help="number of forward passes (mini-batches)")
     p.add_argument("db_type", help="lmdb (Caffe's Datum records), npy or hdf5")
-    p.add_argument("mode", nargs="?", type=str.upper, choices=["CPU", "GPU"], default="CPU",
-                   help="Caffe's CPU or GPU (default CPU)")
-    p.add_argument("device_id", nargs="?", type=int, default=None, help="the CUDA device id with GPU (default 0)")
+    p.add_argument("mode", nargs="?", type=str.upper, default="CPU",
+                   help="GPU, or CPU (the default; as Caffe, any word other than GPU means CPU)")
+    p.add_argument("device_id", nargs="?", type=int, default=None,
+                   help="the CUDA device id with GPU (default 0; after CPU it is ignored, as Caffe ignores it)")
     add_device_flags(p)
     p.add_argument("--input", action="append", default=[], metavar="BLOB=FILE",
                    help="feed an Input blob the same values every batch: BLOB=FILE.npy or BLOB=FILE.npz[:KEY] "
@@ -37,16 +40,13 @@ def run(args) -> int:
     import sys
 
     from caffe_compat.cli.output import dump_json, print_table, require_output_folders
-    from caffe_compat.errors import CaffeCompatError
     from caffe_compat.tools.features import check_request, extract_features
     from caffe_compat.tools.netsetup import build_net, load_inputs, resolve_device, split_list
 
     require_output_folders(*split_list(args.save_feature_dataset_names), args.json)
-    gpu = None
-    if args.mode == "GPU":
-        gpu = str(args.device_id or 0)
-    elif args.device_id is not None:
-        raise CaffeCompatError("a DEVICE_ID is given without GPU")
+    # Caffe: argv[7] == "GPU" selects the GPU (DEVICE_ID, default 0); anything else runs on the CPU and
+    # whatever follows it is not read
+    gpu = str(args.device_id or 0) if args.mode == "GPU" else None
     device = resolve_device(gpu, args.device)
     net = build_net(args.feature_extraction_proto_file, args.pretrained_net_param, phase="test", device=device)
     inputs = load_inputs(args.input, net)

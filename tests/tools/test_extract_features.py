@@ -59,7 +59,7 @@ def test_data_layer_batches_in_caffes_order(tmp_path, monkeypatch):
     empty = tmp_path / "empty.caffemodel"
     empty.write_bytes(b"")  # an empty NetParameter: the net has no learnable blobs
     assert main(["extract_features", str(empty), "raw_no_transform.prototxt", "data,label",
-                 f"{tmp_path / 'data.npy'},{tmp_path / 'label'}", "2", "npy", "CPU"]) == 0
+                 f"{tmp_path / 'data.npy'},{tmp_path / 'label'}", "2", "npy", "CPU", "0"]) == 0  # Caffe: id unread
     np.testing.assert_array_equal(np.load(tmp_path / "data.npy"), np.concatenate([ref["data_iter0"], ref["data_iter1"]]))
     labels = np.load(tmp_path / "label", allow_pickle=False)
     np.testing.assert_array_equal(labels, np.concatenate([ref["label_iter0"], ref["label_iter1"]]))
