@@ -63,3 +63,38 @@ def test_upgrade_solver_type_enum(tmp_path, capsys):
     assert capsys.readouterr().out == f"wrote {target} (solver type Nesterov)\n"
     assert "solver_type" not in target.read_text()
     assert read_solver(target, upgrade=False) == read_solver(fixture_path("solvers/nesterov/solver.prototxt"))
+
+
+def test_caffe_upgrade_tools_by_their_own_names_fix_the_output_format(tmp_path, capsys):
+    """upgrade_net_proto_text writes a prototxt and upgrade_net_proto_binary a binary NetParameter whatever
+    OUT is called (Caffe's WriteProtoToTextFile / WriteProtoToBinaryFile); upgrade_solver_proto_text a solver;
+    an input already current is written too, after Caffe's 'File already in latest proto format' line."""
+    from caffe_compat.proto import caffe_pb2
+
+    weights = fixture_path(f"{V1}/weights_v1.caffemodel")
+    binary = tmp_path / "weights_upgraded"  # no suffix: the tool, not the name, picks binary
+    assert main(["upgrade_net_proto_binary", str(weights), str(binary)]) == 0
+    assert capsys.readouterr().out == f"Wrote upgraded NetParameter binary proto to {binary}\n"
+    parsed = caffe_pb2.NetParameter()
+    parsed.ParseFromString(binary.read_bytes())
+    assert not parsed.layers and len(parsed.layer) > 0 and read_net(binary) == read_net(weights)
+
+    deploy = fixture_path(f"{V1}/deploy_v1.prototxt")
+    text = tmp_path / "deploy.caffemodel"  # a binary suffix: still a prototxt
+    assert main(["upgrade_net_proto_text", str(deploy), str(text)]) == 0
+    assert capsys.readouterr().out == f"Wrote upgraded NetParameter text proto to {text}\n"
+    assert text.read_text().startswith("name:") and read_net(text, upgrade=False) == read_net(deploy)
+
+    current = fixture_path(f"{V1}/upgraded_by_caffe.prototxt")
+    assert main(["upgrade_net_proto_text", str(current), str(tmp_path / "same")]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"File already in latest proto format: {current}",
+                                                    f"Wrote upgraded NetParameter text proto to {tmp_path / 'same'}"]
+    assert read_net(tmp_path / "same", upgrade=False) == read_net(current, upgrade=False)
+
+    old = tmp_path / "old_solver.prototxt"
+    old.write_text(fixture_path("solvers/nesterov/solver.prototxt").read_text().replace('type: "Nesterov"',
+                                                                                       "solver_type: NESTEROV"))
+    assert main(["upgrade_solver_proto_text", str(old), str(tmp_path / "solver.bin")]) == 0
+    assert capsys.readouterr().out == f"Wrote upgraded SolverParameter text proto to {tmp_path / 'solver.bin'}\n"
+    expected = read_solver(fixture_path("solvers/nesterov/solver.prototxt"))
+    assert read_solver(tmp_path / "solver.bin", upgrade=False) == expected
