@@ -1,6 +1,7 @@
 """``caffe-compat test -model NET -weights W [-iterations N] [-gpu ID]``: Caffe's ``caffe test``.
 
-Runs the TEST-phase net N times and prints Caffe's lines (:mod:`caffe_compat.tools.score`):
+Runs the TEST-phase net N times and prints Caffe's lines: ``Use CPU.`` or ``Use GPU with device ID N`` and
+``GPU device name: ...``, ``Running for N iterations.``, then (:mod:`caffe_compat.tools.score`)
 ``Batch i, name = value`` per batch and output element, ``Loss: x``, then ``name = mean`` per output
 element with `` (* w = w·mean loss)`` for loss outputs.  ``--json PATH`` also writes them as JSON.
 """
@@ -21,7 +22,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from caffe_compat.cli.output import dump_json, require_output_folders
-    from caffe_compat.tools.netsetup import build_net, load_inputs, resolve_device
+    from caffe_compat.tools.netsetup import build_net, device_lines, load_inputs, resolve_device
     from caffe_compat.tools.score import batch_lines, score_net
 
     check_iterations(args)
@@ -37,7 +38,7 @@ def run(args) -> int:
             print("\n".join(batch_lines(i, values)), flush=True)
 
     if not quiet:
-        print(f"Use {'CPU' if device.type == 'cpu' else f'GPU {device}'}.")
+        print("\n".join(device_lines(device, with_name=True)))
         print(f"Running for {args.iterations} iterations.")
     result = score_net(net, args.iterations, inputs, on_batch=show, keep_batches=bool(args.json))
     if not quiet:

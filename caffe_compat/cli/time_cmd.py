@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from caffe_compat.cli.output import dump_json, require_output_folders
-    from caffe_compat.tools.netsetup import build_net, load_inputs, resolve_device
+    from caffe_compat.tools.netsetup import build_net, device_lines, load_inputs, resolve_device
     from caffe_compat.tools.timing import time_net
 
     check_iterations(args)
@@ -36,7 +36,7 @@ def run(args) -> int:
         if not quiet:
             print(text, flush=True)
 
-    say(f"Use {'CPU' if device.type == 'cpu' else f'GPU {device}'}.")
+    say("\n".join(device_lines(device)))  # Use CPU. / Use GPU with device ID N
     say("Performing Forward")
 
     def initial(loss):

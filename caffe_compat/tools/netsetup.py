@@ -19,7 +19,8 @@ import torch
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError, naming_file
 from caffe_compat.io.safe_open import require_regular_file
 
-__all__ = ["as_tensors", "build_net", "gpu_ids", "load_inputs", "resolve_device", "split_list", "synchronize"]
+__all__ = ["as_tensors", "build_net", "device_lines", "gpu_ids", "load_inputs", "resolve_device", "split_list",
+           "synchronize"]
 
 log = logging.getLogger("caffe_compat.tools")
 
@@ -67,6 +68,19 @@ def resolve_device(gpu=None, device=None) -> torch.device:
     if not torch.cuda.is_available():  # Caffe's CPU mode is the absence of -gpu
         raise cuda_missing(f"-gpu {gpu}", "leave out -gpu to run on the CPU")
     return parse_device(f"cuda:{ids[0]}", option="-gpu")
+
+
+def device_lines(device: torch.device, *, with_name: bool = False) -> list[str]:
+    """The lines ``caffe test`` and ``caffe time`` log about their device: ``Use CPU.``, or ``Use GPU with
+    device ID N`` (the CUDA index), which ``caffe test`` follows with ``GPU device name: <name>``
+    (``with_name``)."""
+    if device.type != "cuda":
+        return ["Use CPU."]
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    lines = [f"Use GPU with device ID {index}"]
+    if with_name:
+        lines.append(f"GPU device name: {torch.cuda.get_device_name(index)}")
+    return lines
 
 
 def synchronize(device: torch.device) -> None:

@@ -150,3 +150,24 @@ def test_gpu_without_cuda_says_to_leave_out_gpu(capsys, monkeypatch, command):
     err = capsys.readouterr().err.strip()
     assert "-gpu 0: CUDA is not available" in err and err.endswith("leave out -gpu to run on the CPU")
     assert "-gpu cpu" not in err
+
+
+@pytest.mark.parametrize("command", ["test", "time"])
+def test_device_lines_are_caffes(capsys, monkeypatch, command):
+    """caffe test / caffe time log 'Use CPU.' or 'Use GPU with device ID N'; caffe test then logs 'GPU device
+    name: <name>'.  The GPU case is checked with the net on the CPU and the chosen device reported as cuda:1."""
+    from caffe_compat.tools import netsetup
+
+    model = str(fixture_path("losses/euclidean_lw0.5.prototxt"))
+    assert main([command, "-model", model, "-iterations", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "Use CPU."
+    real_build = netsetup.build_net
+    monkeypatch.setattr(netsetup, "resolve_device", lambda gpu, device: torch.device("cuda:1"))
+    monkeypatch.setattr(netsetup, "build_net", lambda *a, **k: real_build(*a, **{**k, "device": torch.device("cpu")}))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"Fake GPU #{index}")
+    assert main([command, "-model", model, "-iterations", "1", "-gpu", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    if command == "test":
+        assert lines[:3] == ["Use GPU with device ID 1", "GPU device name: Fake GPU #1", "Running for 1 iterations."]
+    else:
+        assert lines[:2] == ["Use GPU with device ID 1", "Performing Forward"]
