@@ -30,7 +30,8 @@ from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchErro
 from caffe_compat.net import CaffeNet
 from caffe_compat.pycaffe.blob import grad_of
 
-__all__ = ["NetParamsMixin", "set_input_arrays_of", "share_trained_layers", "transplant_state"]
+__all__ = ["NetParamsMixin", "copy_hdf5_weights", "is_hdf5_weights", "set_input_arrays_of", "share_trained_layers",
+           "transplant_state"]
 
 
 def _layer_blobs(cnet: CaffeNet) -> list[tuple[str, list]]:
@@ -125,6 +126,40 @@ def _h5py():
     return h5py
 
 
+def copy_hdf5_weights(cnet: CaffeNet, path) -> None:
+    """Caffe's ``CopyTrainedLayersFromHDF5`` into ``cnet``'s blobs: by layer name, source layers the net lacks
+    ignored, a blob count or shape that differs a ShapeMismatchError (what ``copy_from``, ``caffe test
+    -weights`` and ``extract_features`` use for an HDF5 weights file, as Caffe's ``CopyTrainedLayersFrom``)."""
+    h5py = _h5py()
+    path = os.fspath(path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise FormatError(f"load_hdf5: cannot read {path} as HDF5: {exc}") from None
+    with f:
+        if "data" not in f:
+            raise FormatError(f"{path}: no 'data' group (not a Caffe HDF5 weights file)")
+        source = f["data"]
+        targets = dict(_layer_blobs(cnet))
+        with torch.no_grad():
+            for name in source:
+                blobs = targets.get(name)
+                if not blobs:
+                    continue  # Caffe: "Ignoring source layer"
+                group = source[name]
+                if len(group) != len(blobs):
+                    raise ShapeMismatchError(f"{path}: layer '{name}' has {len(group)} blobs, the net's has "
+                                             f"{len(blobs)} (Incompatible number of blobs)")
+                for i, blob in enumerate(blobs):
+                    if str(i) not in group:
+                        raise FormatError(f"{path}: layer '{name}' lacks dataset '{i}'")
+                    value = np.asarray(group[str(i)], dtype=np.float32)
+                    if tuple(value.shape) != tuple(blob.shape):
+                        raise ShapeMismatchError(f"{path}: layer '{name}' blob {i} has shape {value.shape}, "
+                                                 f"the net's {tuple(blob.shape)}")
+                    blob.copy_(torch.from_numpy(value))
+
+
 class NetParamsMixin:
     """The weight methods of :class:`~caffe_compat.pycaffe.net.Net` (see the module docstring)."""
 
@@ -167,35 +202,9 @@ class NetParamsMixin:
 
     def load_hdf5(self, path) -> None:
         """Copy weights by layer name from Caffe's HDF5 weights file (``CopyTrainedLayersFromHDF5``)."""
-        h5py = _h5py()
-        path = os.fspath(path)
+        _h5py()
         self._upload_params()
-        try:
-            f = h5py.File(path, "r")
-        except OSError as exc:
-            raise FormatError(f"load_hdf5: cannot read {path} as HDF5: {exc}") from None
-        with f:
-            if "data" not in f:
-                raise FormatError(f"{path}: no 'data' group (not a Caffe HDF5 weights file)")
-            source = f["data"]
-            targets = dict(_layer_blobs(self._cnet))
-            with torch.no_grad():
-                for name in source:
-                    blobs = targets.get(name)
-                    if not blobs:
-                        continue  # Caffe: "Ignoring source layer"
-                    group = source[name]
-                    if len(group) != len(blobs):
-                        raise ShapeMismatchError(f"{path}: layer '{name}' has {len(group)} blobs, the net's has "
-                                                 f"{len(blobs)} (Incompatible number of blobs)")
-                    for i, blob in enumerate(blobs):
-                        if str(i) not in group:
-                            raise FormatError(f"{path}: layer '{name}' lacks dataset '{i}'")
-                        value = np.asarray(group[str(i)], dtype=np.float32)
-                        if tuple(value.shape) != tuple(blob.shape):
-                            raise ShapeMismatchError(f"{path}: layer '{name}' blob {i} has shape {value.shape}, "
-                                                     f"the net's {tuple(blob.shape)}")
-                        blob.copy_(torch.from_numpy(value))
+        copy_hdf5_weights(self._cnet, path)
         self._forget_param_mirrors()
 
     def share_with(self, other) -> None:

@@ -93,10 +93,12 @@ def build_net(model, weights=None, *, phase: str = "test", level: int | None = N
               device=None, require_weights: bool = False):
     """The :class:`~caffe_compat.net.CaffeNet` of ``model`` in ``phase`` (with ``level``/``stages``), the
     caffemodel(s) in ``weights`` (a path, a list, or Caffe's comma-separated string) copied in by layer
-    name, on ``device``.  ``require_weights``: refuse a net with learnable blobs and no weights (``caffe
+    name (an HDF5 weights file, ``.caffemodel.h5``, read as HDF5, as Caffe's ``CopyTrainedLayersFrom``),
+    on ``device``.  ``require_weights``: refuse a net with learnable blobs and no weights (``caffe
     test``'s "Need model weights to score"); a net without learnable blobs needs none."""
     from caffe_compat.io import read_net
     from caffe_compat.net import CaffeNet
+    from caffe_compat.pycaffe.net_params import copy_hdf5_weights, is_hdf5_weights
 
     for path in [model, *split_list(weights)]:
         if isinstance(path, (str, os.PathLike)):
@@ -111,7 +113,10 @@ def build_net(model, weights=None, *, phase: str = "test", level: int | None = N
                                f"learnable blobs ({', '.join(list(net.params)[:3])}"
                                f"{', ...' if len(net.params) > 3 else ''})")
     for path in paths:
-        net.load_caffemodel(path)
+        if is_hdf5_weights(path):  # Caffe's CopyTrainedLayersFrom: an HDF5 file (H5Fis_hdf5) is read as HDF5
+            copy_hdf5_weights(net, path)
+        else:
+            net.load_caffemodel(path)
     return net.to(torch.device("cpu") if device is None else device)
 
 

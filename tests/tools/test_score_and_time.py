@@ -171,3 +171,27 @@ def test_device_lines_are_caffes(capsys, monkeypatch, command):
         assert lines[:3] == ["Use GPU with device ID 1", "GPU device name: Fake GPU #1", "Running for 1 iterations."]
     else:
         assert lines[:2] == ["Use GPU with device ID 1", "Performing Forward"]
+
+
+def test_test_and_extract_features_read_hdf5_weights_as_caffe(tmp_path, capsys):
+    """Caffe's CopyTrainedLayersFrom reads an HDF5 weights file (H5Fis_hdf5; snapshot_format: HDF5 writes
+    ``_iter_N.caffemodel.h5``) as HDF5: caffe test and extract_features score and extract with it as with the
+    caffemodel."""
+    pytest.importorskip("h5py")
+    import caffe_compat.pycaffe as caffe
+
+    zoo = fixture_path("layer_zoo")
+    h5 = tmp_path / "weights.caffemodel.h5"
+    caffe.Net(str(zoo / "deploy.prototxt"), str(zoo / "weights.caffemodel"), caffe.TEST).save_hdf5(str(h5))
+    common = ["test", "-model", str(zoo / "deploy.prototxt"), "-iterations", "1",
+              "--input", f"data={zoo / 'blobs.npz'}"]
+    assert main([*common, "-weights", str(zoo / "weights.caffemodel")]) == 0
+    expected = capsys.readouterr().out
+    assert main([*common, "-weights", str(h5)]) == 0
+    assert capsys.readouterr().out == expected
+    features = []
+    for weights, out in ((zoo / "weights.caffemodel", "a.npy"), (h5, "b.npy")):
+        assert main(["extract_features", str(weights), str(zoo / "deploy.prototxt"), "bn", str(tmp_path / out), "1",
+                     "npy", "--input", f"data={zoo / 'blobs.npz'}", "--no-progress"]) == 0
+        features.append(np.load(tmp_path / out))
+    np.testing.assert_array_equal(features[0], features[1])
