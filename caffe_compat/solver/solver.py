@@ -127,7 +127,7 @@ class Solver(SolverSetup, SolverSnapshots):
         self.net = self._train_net(max(seed, 0))
         paths = list(self.param.weights) + self._weight_list(weights)
         if paths:
-            self.net.load_caffemodels([self._resolve(path) for path in paths], strict=strict_weights)
+            self._copy_weights(self.net, [self._resolve(path) for path in paths], strict=strict_weights)
         self.net.to(self.device)
         self.test_nets = [n.to(self.device) for n in self._test_nets(max(seed, 0))]
         if len(self.param.test_iter) != len(self.test_nets):

@@ -287,7 +287,7 @@ def _solver_with_weights(solver, data, weights, device, strict_weights, train_st
             raise CaffeCompatError("train_state applies while the nets are built: give the solver file or "
                                    "SolverParameter, or build the Solver with train_state=")
         if weights is not None:
-            solver.net.load_caffemodels(Solver._weight_list(weights), strict=strict_weights)
+            Solver._copy_weights(solver.net, Solver._weight_list(weights), strict=strict_weights)
         return solver
     source_name = solver if isinstance(solver, (str, os.PathLike)) else "the solver"
     solver = Solver(solver, weights=weights, device=device, strict_weights=strict_weights, train_state=train_state)

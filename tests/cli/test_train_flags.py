@@ -161,3 +161,21 @@ def test_level_and_stage_set_the_train_state_as_caffe_train(tmp_path, monkeypatc
         assert "trained 1 iterations" in out
     else:
         assert f"unknown bottom blob '{missing}'" in err
+
+
+def test_weights_may_be_an_hdf5_snapshot(solver_dir, capsys):
+    """caffe train -weights W: Caffe's CopyTrainedLayersFrom reads an HDF5 weights file (snapshot_format: HDF5
+    writes _iter_N.caffemodel.h5) as HDF5; fine-tuning from it is fine-tuning from the same weights."""
+    pytest.importorskip("h5py")
+    import caffe_compat.pycaffe as caffe
+
+    assert main(["train", "-solver", "solver.prototxt", "--iters", "2"]) == 0
+    (solver_dir / "w.caffemodel").write_bytes((solver_dir / "snap" / "s_iter_2.caffemodel").read_bytes())
+    caffe.Net("net.prototxt", "w.caffemodel", caffe.TEST).save_hdf5("w.caffemodel.h5")
+    finetuned = []
+    for weights in ("w.caffemodel", "w.caffemodel.h5"):
+        assert main(["train", "-solver", "solver.prototxt", "-weights", weights, "--iters", "2", "--seed", "3",
+                     "--deterministic"]) == 0
+        finetuned.append((solver_dir / "snap" / "s_iter_2.caffemodel").read_bytes())
+    assert finetuned[0] == finetuned[1] and finetuned[0] != (solver_dir / "w.caffemodel").read_bytes()
+    capsys.readouterr()
