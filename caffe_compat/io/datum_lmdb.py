@@ -283,7 +283,10 @@ def datum_label(label) -> int:
 
 
 def make_datum(image: np.ndarray | bytes, label: int, encoded: bool = False) -> caffe_pb2.Datum:
-    """A Datum from a C×H×W uint8 array (raw) or from encoded image bytes (``encoded=True``)."""
+    """A Datum from a C×H×W uint8 array (raw) or from encoded image bytes (``encoded=True``), with the fields
+    Caffe's convert_imageset sets: a raw one as ``CVMatToDatum`` fills it (``channels``, ``height``,
+    ``width``, ``data`` and ``encoded: false`` set explicitly, so serialized), then the label; an encoded one
+    as ``ReadFileToDatum`` (``data``, ``label``, ``encoded: true``).  The serialized records are Caffe's bytes."""
     datum = caffe_pb2.Datum(label=datum_label(label))
     if encoded:
         datum.data = bytes(image)
@@ -294,6 +297,7 @@ def make_datum(image: np.ndarray | bytes, label: int, encoded: bool = False) -> 
         raise FormatError(f"a raw Datum needs a C×H×W uint8 array, got {image.dtype} {image.shape}")
     datum.channels, datum.height, datum.width = image.shape
     datum.data = np.ascontiguousarray(image).tobytes()
+    datum.encoded = False  # CVMatToDatum's set_encoded(false): present in the record
     return datum
 
 

@@ -337,3 +337,21 @@ def test_convert_imageset_negative_resize_is_no_resize(images):
     for db in ("a", "b"):
         _, image, _ = next(iter_lmdb(tmp / db))
         np.testing.assert_array_equal(image, pixels[0].transpose(2, 0, 1))
+
+
+def test_raw_records_are_caffes_bytes(images):
+    """Caffe's CVMatToDatum sets channels, height, width, data and encoded (false, set explicitly, so on the
+    wire), then ReadImageToDatum the label: each raw record's value is those fields in field-number order."""
+    import lmdb
+
+    tmp, pixels = images
+    assert main(["convert_imageset", f"{tmp / 'img'}/", str(tmp / "list.txt"), str(tmp / "db")]) == 0
+    env = lmdb.open(str(tmp / "db"), readonly=True, lock=False)
+    with env.begin() as txn:
+        values = [value for _, value in txn.cursor()]
+    env.close()
+    for i, (value, image) in enumerate(zip(values, pixels)):
+        planes = image.transpose(2, 0, 1).tobytes()  # 3 x 6 x 7 = 126 bytes: one-byte varints throughout
+        expected = (bytes([0x08, 3, 0x10, 6, 0x18, 7, 0x22, len(planes)]) + planes
+                    + bytes([0x28, i % 2, 0x38, 0]))
+        assert value == expected, i
