@@ -15,12 +15,15 @@ sigmoid    ``base_lr / (1 + exp(-gamma · (it - stepsize)))``
 
 Arithmetic: Caffe stores ``base_lr``, ``gamma`` and ``power`` as protobuf ``float``; ``pow``/``exp`` run
 in double and the result is stored in a float ``Dtype rate``.  We do the same: float32 inputs, double
-arithmetic, float32 result.  ``current_step`` is the state Caffe keeps in the ``.solverstate`` (only
-``step`` and ``multistep`` change it).
+arithmetic, float32 result.  Caffe's CHECKs: ``step`` and ``sigmoid`` need ``stepsize > 0``, every
+policy but ``fixed`` and ``poly`` needs ``gamma >= 0``.  ``current_step`` is the state Caffe keeps in the
+``.solverstate`` (only ``step`` and ``multistep`` change it); when ``multistep`` advances it, Caffe logs
+``MultiStep Status: Iteration <it>, step = <current_step>``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -28,6 +31,8 @@ import numpy as np
 from caffe_compat.errors import FormatError
 
 __all__ = ["POLICIES", "learning_rate"]
+
+log = logging.getLogger("caffe_compat.solver")
 
 POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 
@@ -66,12 +71,17 @@ def learning_rate(param, it: int, current_step: int = 0) -> tuple[float, int]:
         steps = list(param.stepvalue)
         if current_step < len(steps) and it >= steps[current_step]:
             current_step += 1
+            log.info("MultiStep Status: Iteration %d, step = %d", it, current_step)
+        _require_gamma(gamma, policy)
         rate = base_lr * math.pow(gamma, current_step)
     elif policy == "poly":
         if param.max_iter <= 0:
             raise FormatError(f"lr_policy 'poly' needs max_iter > 0, got {param.max_iter}")
         rate = base_lr * math.pow(_f32(1.0 - _f32(_f32(it) / _f32(param.max_iter))), power)
     elif policy == "sigmoid":
+        _require_gamma(gamma, policy)
+        if param.stepsize <= 0:
+            raise FormatError(f"lr_policy 'sigmoid' needs stepsize > 0, got {param.stepsize}")
         rate = base_lr * (1.0 / (1.0 + math.exp(-gamma * (_f32(it) - _f32(param.stepsize)))))
     else:
         raise FormatError(f"unknown lr_policy {policy!r}; Caffe knows {', '.join(POLICIES)}")

@@ -54,8 +54,8 @@ def test_exp_inv_poly_sigmoid_by_hand():
     assert learning_rate(p, 1000)[0] == pytest.approx(base * (1 + f32(0.0001) * 1000) ** -power, rel=1e-7)
     p = solver_param(lr_policy="poly", base_lr=0.1, power=2.0, max_iter=100)
     assert learning_rate(p, 25)[0] == f32(base * 0.75 ** 2)
-    p = solver_param(lr_policy="sigmoid", base_lr=0.1, gamma=-0.5, stepsize=10)
-    assert learning_rate(p, 12)[0] == pytest.approx(base / (1 + math.exp(0.5 * 2)), rel=1e-7)
+    p = solver_param(lr_policy="sigmoid", base_lr=0.1, gamma=0.5, stepsize=10)
+    assert learning_rate(p, 12)[0] == pytest.approx(base / (1 + math.exp(-0.5 * 2)), rel=1e-7)
     assert learning_rate(p, 10)[0] == f32(base / 2)
 
 
@@ -71,6 +71,17 @@ def test_multistep_advances_one_step_per_call():
     assert learning_rate(p, 12, 1) == (0.25, 2)
 
 
+def test_multistep_logs_each_advance_as_caffe(caplog):
+    # Caffe's GetLearningRate logs ``MultiStep Status: Iteration <iter>, step = <current_step>`` when it advances
+    p = solver_param(lr_policy="multistep", base_lr=1.0, gamma=0.5, stepvalue=[2, 3])
+    step = 0
+    with caplog.at_level("INFO", logger="caffe_compat.solver"):
+        for it in range(5):
+            _, step = learning_rate(p, it, step)
+    assert [r.getMessage() for r in caplog.records if "MultiStep" in r.getMessage()] == [
+        "MultiStep Status: Iteration 2, step = 1", "MultiStep Status: Iteration 3, step = 2"]
+
+
 def test_fixed():
     assert learning_rate(solver_param(lr_policy="fixed", base_lr=0.05), 123) == (f32(0.05), 0)
 
@@ -80,6 +91,10 @@ def test_fixed():
     (dict(lr_policy="step", base_lr=0.1, gamma=0.1), "stepsize"),
     (dict(lr_policy="exp", base_lr=0.1, gamma=-1.0), "gamma"),
     (dict(lr_policy="poly", base_lr=0.1, power=1.0), "max_iter"),
+    # Caffe's CHECK_GE(gamma, 0) and CHECK_GT(stepsize, 0) of sigmoid, CHECK_GE(gamma, 0) of multistep
+    (dict(lr_policy="sigmoid", base_lr=0.1, gamma=-0.5, stepsize=10), "gamma"),
+    (dict(lr_policy="sigmoid", base_lr=0.1, gamma=0.5), "stepsize"),
+    (dict(lr_policy="multistep", base_lr=0.1, gamma=-0.1, stepvalue=[2]), "gamma"),
 ])
 def test_bad_settings_raise(fields, message):
     with pytest.raises(FormatError, match=message):
