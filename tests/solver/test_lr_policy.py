@@ -59,6 +59,34 @@ def test_exp_inv_poly_sigmoid_by_hand():
     assert learning_rate(p, 10)[0] == f32(base / 2)
 
 
+@pytest.mark.parametrize("fields, it, caffe_rate", [
+    # LeNet's solver: powf((float)(1 + gamma*it), -power), then a float product with base_lr
+    (dict(lr_policy="inv", base_lr=0.01, gamma=0.0001, power=0.75), 21, 0.009984278120100498),
+    (dict(lr_policy="inv", base_lr=0.01, gamma=0.0001, power=0.75), 38, 0.00997159443795681),
+    # powf((float)(1 - it/max_iter), power), a float product
+    (dict(lr_policy="poly", base_lr=0.01, power=0.9, max_iter=10000), 1, 0.009999100118875504),
+    # expf of the float -gamma*(it - stepsize); 1 + e, 1/(...) and base_lr*(...) each rounded to float
+    (dict(lr_policy="sigmoid", base_lr=0.01, gamma=0.05, stepsize=300), 0, 3.0590223687454454e-09),
+])
+def test_inv_poly_sigmoid_round_as_caffes_float_build(fields, it, caffe_rate):
+    # Caffe's float build calls powf/expf (mkl_alternate.hpp includes <math.h>: std::pow(float, float) and
+    # std::exp(float) in the global namespace); the rates of Caffe's expressions compiled with GCC 12 / glibc
+    # 2.36 (the reference build's); the double pow/exp rounded once gives the neighbouring float
+    assert learning_rate(solver_param(**fields), it)[0] == caffe_rate
+
+
+def test_overflow_and_domain_errors_are_cs_inf_and_nan():
+    # sigmoid long before stepsize: expf(1000) overflows to inf in Caffe, so the rate is 0 (math.exp raised)
+    p = solver_param(lr_policy="sigmoid", base_lr=0.1, gamma=0.1, stepsize=10000)
+    assert learning_rate(p, 0)[0] == 0.0
+    # poly past max_iter (pycaffe's step() does not stop there): powf(-0.5, 0.9) is NaN (math.pow raised)
+    p = solver_param(lr_policy="poly", base_lr=0.1, power=0.9, max_iter=100)
+    assert math.isnan(learning_rate(p, 150)[0])
+    # exp with gamma > 1: pow overflows to inf
+    p = solver_param(lr_policy="exp", base_lr=0.1, gamma=2.0)
+    assert learning_rate(p, 2000)[0] == math.inf
+
+
 def test_multistep_advances_one_step_per_call():
     p = solver_param(lr_policy="multistep", base_lr=1.0, gamma=0.5, stepvalue=[2, 3, 10])
     step, rates = 0, []
