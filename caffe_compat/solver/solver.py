@@ -426,21 +426,29 @@ class Solver(SolverSetup, SolverSnapshots):
     @torch.no_grad()
     def test(self, index: int = 0) -> dict[str, np.ndarray]:
         """Caffe's ``Solver::Test``: ``test_iter[index]`` forwards of TEST net ``index``; the mean of every
-        output blob over the iterations (element-wise), keyed by blob name."""
+        output blob over the iterations (element-wise), keyed by blob name.  With ``test_compute_loss``, Caffe
+        also sums each forward's objective (Σ loss_weight · loss, in float) and logs the mean as
+        ``Test loss: <mean>`` before the outputs."""
         net = self.test_nets[index]
         self._share_weights(net)
         sums: dict[str, np.ndarray] = {}
         iters = int(self.param.test_iter[index])
         source = self.test_data_sources[index]
+        loss = np.float32(0.0)
         for _ in range(iters):
             inputs = self._prepare(next(source) if source is not None else self.test_inputs[index])
             with self._autocast():
                 blobs = net(**inputs)
+            if self.param.test_compute_loss:
+                loss = np.float32(loss + np.float32(float(net.objective(blobs))))
             for name in net.output_names:
                 value = blobs[name].float().cpu().numpy().astype(np.float64)
                 sums[name] = sums.get(name, 0.0) + value
         scores = {name: (total / max(iters, 1)).astype(np.float32) for name, total in sums.items()}
         log.info("Iteration %d, Testing net (#%d)", self.iter, index)
+        if self.param.test_compute_loss:
+            with np.errstate(invalid="ignore"):
+                log.info("Test loss: %s", _g6(float(loss / np.float32(iters))))
         k = 0
         for name, value in scores.items():
             weight = net.loss_weights.get(name, 0.0)

@@ -121,6 +121,27 @@ def test_solve_tests_and_snapshots_with_paths_relative_to_the_solver(tmp_path, m
     assert float(scores["loss"]) == pytest.approx(float(loss), rel=1e-6)
 
 
+def test_test_compute_loss_logs_the_mean_test_objective(tmp_path, caplog):
+    """Caffe's Solver::Test with ``test_compute_loss``: each forward's loss (Σ loss_weight · loss) summed in
+    float, divided by test_iter and logged as ``Test loss: <mean>`` before the ``Test net output`` lines."""
+    path = _solver_file(tmp_path, "test_iter: 2\ntest_interval: 100\ntest_compute_loss: true\n")
+    solver = Solver(path, weights=case_dir(CASE) / "init.caffemodel")
+    inputs, _ = load_case(CASE)
+    solver.test_data_sources[0] = iter([{"data": inputs["data"][t], "label": inputs["label"][t]} for t in (3, 4)])
+    reference = CaffeNet(str(tmp_path / "net.prototxt"), phase="test", weights=str(case_dir(CASE) / "init.caffemodel"))
+    with torch.no_grad():
+        losses = [np.float32(float(reference(data=torch.tensor(inputs["data"][t]),
+                                             label=torch.tensor(inputs["label"][t]))["loss"])) for t in (3, 4)]
+    assert abs(losses[0] - losses[1]) > 1e-3
+    with caplog.at_level("INFO", logger="caffe_compat.solver"):
+        solver.test(0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line for line in lines if line.startswith("Test loss")] == [
+        f"Test loss: {float(np.float32(losses[0] + losses[1]) / np.float32(2)):.6g}"]
+    assert lines.index(next(line for line in lines if line.startswith("Test loss"))) < lines.index(
+        next(line for line in lines if "Test net output #0" in line))
+
+
 def test_hdf5_snapshots_are_refused(tmp_path):
     solver = Solver(_solver_file(tmp_path, "snapshot_format: HDF5\nmax_iter: 1\n"))
     with pytest.raises(FormatError, match="HDF5"):
