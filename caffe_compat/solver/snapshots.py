@@ -1,5 +1,9 @@
 """The Solver's snapshots: Caffe's ``Snapshot`` (``.caffemodel`` then ``.solverstate``, each written
-atomically) and ``Restore`` (a mixin of :class:`~caffe_compat.solver.Solver`)."""
+atomically) and ``Restore`` (a mixin of :class:`~caffe_compat.solver.Solver`).
+
+As Caffe's ``CheckSnapshotWritePermissions`` (in ``Solver::Init``), a solver with ``snapshot > 0`` checks
+when it is built that a file ``<prefix>_iter_0.tempfile`` can be created (then removes it): a missing or
+read-only folder fails at once, not after the first ``snapshot`` iterations of training."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, WriteError
 from caffe_compat.io import array_to_blob, blob_to_array, read_solverstate, write_net, write_solverstate
 from caffe_compat.io.atomic import remove_stale_temporaries
 from caffe_compat.io.blobs import set_packed_floats
@@ -23,6 +27,37 @@ log = logging.getLogger("caffe_compat.solver")
 
 class SolverSnapshots:
     """Snapshot and restore (see the module docstring)."""
+
+    def check_snapshot_write_permissions(self) -> None:
+        """Caffe's ``CheckSnapshotWritePermissions``: with ``snapshot > 0``, a prefix must be set (else
+        FormatError) and ``<prefix>_iter_<iter>.tempfile`` creatable (it is removed again); else WriteError.
+        A folder of the prefix that does not exist yet passes when it can be created (the snapshot writers
+        create it, unlike Caffe's): its nearest existing ancestor must be a writable folder."""
+        if not self.param.snapshot:
+            return
+        prefix = self.param.snapshot_prefix
+        if not prefix:
+            raise FormatError("In solver params, snapshot is specified but snapshot_prefix is not")
+        probe = Path(self.snapshot_filename(".tempfile"))
+        existing = probe.parent
+        while not os.path.lexists(existing) and existing != existing.parent:
+            existing = existing.parent
+        if existing == probe.parent and existing.is_dir():
+            try:
+                with open(probe, "w"):
+                    pass
+                os.remove(probe)
+                return
+            except OSError as exc:
+                reason = f"{probe}: {exc.strerror or exc}"
+        elif not existing.is_dir():
+            reason = f"{existing} is not a folder"
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            reason = f"cannot create folder {probe.parent} in {existing}"
+        else:
+            return
+        raise WriteError(f"Cannot write to snapshot prefix '{prefix}'.  Make sure that the directory exists and is "
+                         f"writeable ({reason})")
 
     def snapshot_filename(self, extension: str) -> str:
         return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"

@@ -115,6 +115,8 @@ class Solver(SolverSetup, SolverSnapshots):
             self.param.snapshot_prefix = str(snapshot_prefix)
         elif self._is_path(solver):
             self._upgrade_snapshot_prefix(str(solver))
+        self.iter = 0
+        self.check_snapshot_write_permissions()  # Caffe's Solver::Init, before the nets are built
         if int(self.param.iter_size) < 1:
             raise FormatError(f"iter_size must be >= 1, got {self.param.iter_size}")
         if device is None:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import caffe_compat.io.atomic as atomic
-from caffe_compat.errors import FormatError, TrainingDiverged
-from caffe_compat.io import read_net, read_solverstate, blob_to_array
+from caffe_compat.errors import FormatError, TrainingDiverged, WriteError
+from caffe_compat.io import read_net, read_solver, read_solverstate, blob_to_array
 from caffe_compat.net import CaffeNet
 from caffe_compat.pycaffe import AdamSolver, SGDSolver, get_solver
 from caffe_compat.solver import SGD, Solver
@@ -140,6 +140,24 @@ def test_test_compute_loss_logs_the_mean_test_objective(tmp_path, caplog):
         f"Test loss: {float(np.float32(losses[0] + losses[1]) / np.float32(2)):.6g}"]
     assert lines.index(next(line for line in lines if line.startswith("Test loss"))) < lines.index(
         next(line for line in lines if "Test net output #0" in line))
+
+
+def test_snapshot_prefix_is_checked_when_the_solver_is_built(tmp_path):
+    """Caffe's Solver::Init runs CheckSnapshotWritePermissions: with ``snapshot > 0`` it creates and removes
+    ``<prefix>_iter_0.tempfile`` and aborts at once when it cannot, instead of after ``snapshot`` iterations."""
+    (tmp_path / "a_file").write_text("x")
+    bad = _solver_file(tmp_path, f'snapshot: 1000\nsnapshot_prefix: "{tmp_path / "a_file" / "snap"}"\n')
+    with pytest.raises(WriteError, match="Cannot write to snapshot prefix .*a_file is not a folder"):
+        Solver(bad)
+    good = _solver_file(tmp_path, f'snapshot: 1000\nsnapshot_prefix: "{tmp_path / "snap"}"\n')
+    before = sorted(os.listdir(tmp_path))
+    Solver(good)
+    assert sorted(os.listdir(tmp_path)) == before  # the probe file was removed
+    Solver(_solver_file(tmp_path, f'snapshot: 0\nsnapshot_prefix: "{tmp_path / "a_file" / "snap"}"\n'))  # no snapshots
+    param = read_solver(_solver_file(tmp_path, "snapshot: 1000\n"))
+    param.net = str(tmp_path / "net.prototxt")
+    with pytest.raises(FormatError, match="snapshot is specified but snapshot_prefix is not"):
+        Solver(param)
 
 
 def test_hdf5_snapshots_are_refused(tmp_path):
