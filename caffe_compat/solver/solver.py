@@ -96,6 +96,8 @@ class Solver(SolverSetup, SolverSnapshots):
     Caffemodel layer names that do not match the TRAIN net give one
     :class:`~caffe_compat.errors.WeightsMismatchWarning` for all the weights; ``strict_weights=True``
     makes that a FormatError (see :meth:`~caffe_compat.net.CaffeNet.load_caffemodels`).
+    ``solver_weights=False`` leaves the solver's own ``weights`` field out (``caffe train`` clears it when
+    given ``-weights`` or ``-snapshot``).
     """
 
     #: the class of the TRAIN and TEST nets built (called as ``net_class(net_param, phase=..., seed=...)``)
@@ -103,7 +105,7 @@ class Solver(SolverSetup, SolverSnapshots):
 
     def __init__(self, solver, weights=None, device=None, solver_type: str | None = None,
                  snapshot_prefix: str | None = None, strict_weights: bool = False,
-                 train_state: caffe_pb2.NetState | None = None):
+                 train_state: caffe_pb2.NetState | None = None, solver_weights: bool = True):
         self.param = self._read_param(solver)
         if train_state is not None:  # caffe train's -level / -stage: set_level, add_stage on the solver's own
             self.param.train_state.MergeFrom(train_state)
@@ -127,7 +129,7 @@ class Solver(SolverSetup, SolverSnapshots):
         if seed >= 0:
             torch.manual_seed(seed)
         self.net = self._train_net(max(seed, 0))
-        paths = list(self.param.weights) + self._weight_list(weights)
+        paths = (list(self.param.weights) if solver_weights else []) + self._weight_list(weights)
         if paths:
             self._copy_weights(self.net, [self._resolve(path) for path in paths], strict=strict_weights)
         self.net.to(self.device)

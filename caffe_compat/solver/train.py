@@ -181,6 +181,9 @@ def train(solver, data=None, *, iters: int | None = None, weights=None, resume=N
     ``Solver::Solve``'s snapshot after training (``TrainSummary.stopped_early``).  ``train_state``: a
     ``NetState`` merged into the solver's ``train_state`` before its nets are built (``caffe train``'s
     ``-level``/``-stage``; only when ``solver`` is a file or a SolverParameter).
+
+    As ``caffe train`` does (``solver_param.clear_weights()``), ``weights`` or ``resume`` replace the
+    caffemodels of the solver file's own ``weights`` field: those are loaded only when neither is given.
     """
     if amp is not None and amp not in AMP_DTYPES:
         raise FormatError(f"amp must be one of {sorted(AMP_DTYPES)} or None, got {amp!r}")
@@ -224,7 +227,8 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
         set_deterministic(0 if seed is None else int(seed))
     elif seed is not None:
         torch.manual_seed(int(seed))
-    solver = _solver_with_weights(solver, data, weights, device, strict_weights, train_state)
+    solver = _solver_with_weights(solver, data, weights, device, strict_weights, train_state,
+                                  solver_weights=weights is None and resume is None)
     if resume is not None:
         solver.restore(resume)
     if distributed:
@@ -278,10 +282,11 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     return summary
 
 
-def _solver_with_weights(solver, data, weights, device, strict_weights, train_state=None) -> Solver:
+def _solver_with_weights(solver, data, weights, device, strict_weights, train_state=None,
+                         solver_weights: bool = True) -> Solver:
     """``solver`` when it is a :class:`Solver` (``weights`` loaded into its TRAIN net), else the Solver it
-    names, built with ``weights`` and ``train_state`` (refused when nothing could feed its Input-only train
-    net)."""
+    names, built with ``weights``, ``train_state`` and ``solver_weights`` (refused when nothing could feed its
+    Input-only train net)."""
     if isinstance(solver, Solver):
         if train_state is not None:
             raise CaffeCompatError("train_state applies while the nets are built: give the solver file or "
@@ -290,7 +295,8 @@ def _solver_with_weights(solver, data, weights, device, strict_weights, train_st
             Solver._copy_weights(solver.net, Solver._weight_list(weights), strict=strict_weights)
         return solver
     source_name = solver if isinstance(solver, (str, os.PathLike)) else "the solver"
-    solver = Solver(solver, weights=weights, device=device, strict_weights=strict_weights, train_state=train_state)
+    solver = Solver(solver, weights=weights, device=device, strict_weights=strict_weights, train_state=train_state,
+                    solver_weights=solver_weights)
     if data is None and _train_net_reads_only_inputs(solver):
         names = ", ".join(solver.net.input_names)
         raise CaffeCompatError(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from caffe_compat.errors import FormatError, WriteError
+from caffe_compat.errors import FormatError, ParseError, WriteError
 from caffe_compat.solver import Solver
 from caffe_compat.solver.train import train
 from tests.solver.caffe_cases import case_dir, feed, load_case, make_solver, param_arrays
@@ -77,6 +77,25 @@ def test_summary_lists_periodic_snapshots_too(tmp_path):
     assert summary.snapshots == [str(tmp_path / f"p_iter_{i}.{ext}") for i in (2, 4)
                                  for ext in ("caffemodel", "solverstate")]
     assert all(Path(p).is_file() for p in summary.snapshots)
+
+
+def test_weights_or_resume_replace_the_solver_files_weights(tmp_path):
+    """caffe train clears the SolverParameter's ``weights`` when given -weights (then adds them) or -snapshot,
+    so the solver file's own caffemodels are not read at all (here: one that does not exist)."""
+    shutil.copy(case_dir(CASE) / "net.prototxt", tmp_path / "net.prototxt")
+    path = tmp_path / "solver.prototxt"
+    path.write_text('net: "net.prototxt"\nbase_lr: 0\nlr_policy: "fixed"\nmax_iter: 1\nrandom_seed: 1\n'
+                    f'snapshot_prefix: "{tmp_path / "run"}"\nweights: "{tmp_path / "missing.caffemodel"}"\n')
+    init = str(case_dir(CASE) / "init.caffemodel")
+    summary = train(str(path), loader(), weights=init, progress=False)  # base_lr 0: the weights stay init's
+    written = Solver(str(path), weights=summary.snapshots[0], solver_weights=False)
+    reference = Solver(str(path), weights=init, solver_weights=False)
+    for key, value in param_arrays(reference).items():
+        np.testing.assert_array_equal(param_arrays(written)[key], value)
+    summary = train(str(path), loader(), resume=summary.snapshots[1], iters=1, progress=False)
+    assert summary.iterations == 1
+    with pytest.raises(ParseError, match="missing.caffemodel: no such file"):  # nothing replaces them: read
+        train(str(path), loader(), progress=False)
 
 
 def test_training_to_max_iter_ends_as_solver_solve(tmp_path, caplog):
