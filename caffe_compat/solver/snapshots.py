@@ -36,7 +36,7 @@ class SolverSnapshots:
         if not self.param.snapshot:
             return
         prefix = self.param.snapshot_prefix
-        if not prefix:
+        if not self.param.HasField("snapshot_prefix"):  # set to "": Caffe writes <cwd>/_iter_N.*
             raise FormatError("In solver params, snapshot is specified but snapshot_prefix is not")
         probe = Path(self.snapshot_filename(".tempfile"))
         existing = probe.parent

@@ -142,7 +142,7 @@ def test_test_compute_loss_logs_the_mean_test_objective(tmp_path, caplog):
         next(line for line in lines if "Test net output #0" in line))
 
 
-def test_snapshot_prefix_is_checked_when_the_solver_is_built(tmp_path):
+def test_snapshot_prefix_is_checked_when_the_solver_is_built(tmp_path, monkeypatch):
     """Caffe's Solver::Init runs CheckSnapshotWritePermissions: with ``snapshot > 0`` it creates and removes
     ``<prefix>_iter_0.tempfile`` and aborts at once when it cannot, instead of after ``snapshot`` iterations."""
     (tmp_path / "a_file").write_text("x")
@@ -158,6 +158,10 @@ def test_snapshot_prefix_is_checked_when_the_solver_is_built(tmp_path):
     param.net = str(tmp_path / "net.prototxt")
     with pytest.raises(FormatError, match="snapshot is specified but snapshot_prefix is not"):
         Solver(param)
+    param.snapshot_prefix = ""  # set, though empty: Caffe's CHECK passes, the probe is ./_iter_0.tempfile
+    monkeypatch.chdir(tmp_path)
+    Solver(param)
+    assert sorted(os.listdir(tmp_path)) == before
 
 
 def test_hdf5_snapshots_are_refused(tmp_path):
