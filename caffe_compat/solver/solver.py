@@ -117,6 +117,9 @@ class Solver(SolverSetup, SolverSnapshots):
             self.param.snapshot_prefix = str(snapshot_prefix)
         elif self._is_path(solver):
             self._upgrade_snapshot_prefix(str(solver))
+        if int(self.param.average_loss) < 1:  # Solver::Init's CHECK_GE(average_loss, 1)
+            raise FormatError(f"average_loss must be >= 1 (Caffe: 'average_loss should be non-negative'), got "
+                              f"{self.param.average_loss}")
         self.iter = 0
         self.check_snapshot_write_permissions()  # Caffe's Solver::Init, before the nets are built
         if int(self.param.iter_size) < 1:

@@ -164,6 +164,13 @@ def test_snapshot_prefix_is_checked_when_the_solver_is_built(tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path)) == before
 
 
+@pytest.mark.parametrize("average", [0, -3])
+def test_average_loss_below_one_is_refused_as_caffes_check(tmp_path, average):
+    """Solver::Init: CHECK_GE(average_loss, 1) (ours smoothed over one iteration instead)."""
+    with pytest.raises(FormatError, match=f"average_loss must be >= 1.*got {average}"):
+        Solver(_solver_file(tmp_path, f"average_loss: {average}\n"))
+
+
 def test_hdf5_snapshots_are_refused(tmp_path):
     solver = Solver(_solver_file(tmp_path, "snapshot_format: HDF5\nmax_iter: 1\n"))
     with pytest.raises(FormatError, match="HDF5"):
