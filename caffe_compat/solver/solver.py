@@ -266,15 +266,18 @@ class Solver(SolverSetup, SolverSnapshots):
         return self._blob_names.get(id(bad), "a learnable blob")
 
     def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
+        """Caffe's ``UpdateSmoothedLoss``, every operation in float (``Dtype smoothed_loss_``): while fewer
+        than ``average_loss`` losses are held ``(s·(n-1) + loss) / n``, then ``s += (loss - oldest) / average``."""
         average = max(int(self.param.average_loss), 1)
+        f32, smoothed, loss = np.float32, np.float32(self.smoothed_loss), np.float32(loss)
         if len(self._losses) < average:
-            self._losses.append(loss)
+            self._losses.append(float(loss))
             size = len(self._losses)
-            self.smoothed_loss = float(np.float32((self.smoothed_loss * (size - 1) + loss) / size))
+            self.smoothed_loss = float(f32(f32(smoothed * f32(size - 1)) + loss) / f32(size))
         else:
             idx = (self.iter - start_iter) % average
-            self.smoothed_loss = float(np.float32(self.smoothed_loss + (loss - self._losses[idx]) / average))
-            self._losses[idx] = loss
+            self.smoothed_loss = float(smoothed + f32(f32(loss - f32(self._losses[idx])) / f32(average)))
+            self._losses[idx] = float(loss)
 
     def apply_update(self) -> float:
         """Caffe's ``ApplyUpdate``: the policy's rate at ``iter``, then clip/normalise/regularise/update."""

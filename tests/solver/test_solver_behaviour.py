@@ -245,6 +245,32 @@ def test_data_source_feeds_each_sub_batch():
             np.testing.assert_allclose(value, reference[key][t + 1], rtol=1e-5, atol=4e-6 * np.abs(value).max())
 
 
+def test_smoothed_loss_is_updated_in_float_as_caffe():
+    """Caffe's UpdateSmoothedLoss keeps ``Dtype smoothed_loss_`` and rounds every operation to float:
+    ``(s·(n-1) + loss) / n`` while filling, then ``s += (loss - oldest) / average``.  Rounded once from double
+    (as ours did) the value drifts off by an ULP or more after a few iterations."""
+    f = np.float32
+    losses = np.random.default_rng(0).uniform(0.1, 5, 100).astype(np.float32)
+    expected, held, s = [], [], f(0)
+    for i, loss in enumerate(losses):
+        if len(held) < 3:
+            held.append(loss)
+            s = f(f(f(s * f(len(held) - 1)) + loss) / f(len(held)))
+        else:
+            s = f(s + f(f(loss - held[i % 3]) / f(3)))
+            held[i % 3] = loss
+        expected.append(float(s))
+    solver = make_solver(CASE)
+    solver.param.average_loss = 3
+    solver._losses, solver.smoothed_loss, got = [], 0.0, []
+    for i, loss in enumerate(losses):
+        solver.iter = i
+        solver._update_smoothed_loss(float(loss), 0)
+        got.append(solver.smoothed_loss)
+    assert got == expected
+    assert got[15] == 1.6335316896438599  # rounded once from double: 1.6335318088531494, the next float up
+
+
 @pytest.mark.parametrize("average", [1, 3, 7])
 def test_displayed_loss_is_the_mean_of_the_last_average_loss_iterations(average):
     """Caffe's UpdateSmoothedLoss: a running mean while fewer than ``average_loss`` losses are held,
