@@ -377,7 +377,7 @@ class Solver(SolverSetup, SolverSnapshots):
         for name, value in self.outputs.items():
             weight = self.net.loss_weights.get(name, 0.0)
             for v in value.reshape(-1).float().cpu().tolist():
-                extra = f" (* {_g6(weight)} = {_g6(weight * v)} loss)" if weight else ""
+                extra = f" (* {_g6(weight)} = {_g6(np.float32(weight) * np.float32(v))} loss)" if weight else ""
                 log.info("    Train net output #%d: %s = %s%s", index, name, _g6(v), extra)
                 index += 1
 
@@ -436,7 +436,8 @@ class Solver(SolverSetup, SolverSnapshots):
     @torch.no_grad()
     def test(self, index: int = 0) -> dict[str, np.ndarray]:
         """Caffe's ``Solver::Test``: ``test_iter[index]`` forwards of TEST net ``index``; the mean of every
-        output blob over the iterations (element-wise), keyed by blob name.  With ``test_compute_loss``, Caffe
+        output blob over the iterations (element-wise, summed and divided in float as Caffe does), keyed by
+        blob name.  With ``test_compute_loss``, Caffe
         also sums each forward's objective (Σ loss_weight · loss, in float) and logs the mean as
         ``Test loss: <mean>`` before the outputs."""
         net = self.test_nets[index]
@@ -451,10 +452,10 @@ class Solver(SolverSetup, SolverSnapshots):
                 blobs = net(**inputs)
             if self.param.test_compute_loss:
                 loss = np.float32(loss + np.float32(float(net.objective(blobs))))
-            for name in net.output_names:
-                value = blobs[name].float().cpu().numpy().astype(np.float64)
-                sums[name] = sums.get(name, 0.0) + value
-        scores = {name: (total / max(iters, 1)).astype(np.float32) for name, total in sums.items()}
+            for name in net.output_names:  # Caffe's float test_score: the first iteration's values, then +=
+                value = blobs[name].float().cpu().numpy().astype(np.float32)
+                sums[name] = value if name not in sums else (sums[name] + value).astype(np.float32)
+        scores = {name: (total / np.float32(iters)).astype(np.float32) for name, total in sums.items()}
         log.info("Iteration %d, Testing net (#%d)", self.iter, index)
         if self.param.test_compute_loss:
             with np.errstate(invalid="ignore"):
@@ -463,7 +464,7 @@ class Solver(SolverSetup, SolverSnapshots):
         for name, value in scores.items():
             weight = net.loss_weights.get(name, 0.0)
             for v in np.ravel(value).tolist():
-                extra = f" (* {_g6(weight)} = {_g6(weight * v)} loss)" if weight else ""
+                extra = f" (* {_g6(weight)} = {_g6(np.float32(weight) * np.float32(v))} loss)" if weight else ""
                 log.info("    Test net output #%d: %s = %s%s", k, name, _g6(v), extra)
                 k += 1
         return scores

@@ -171,6 +171,27 @@ def test_average_loss_below_one_is_refused_as_caffes_check(tmp_path, average):
         Solver(_solver_file(tmp_path, f"average_loss: {average}\n"))
 
 
+def test_test_scores_are_summed_and_divided_in_float_as_caffe(tmp_path):
+    """Solver::Test keeps ``vector<Dtype> test_score``: the first iteration's outputs, then ``+=`` each
+    iteration's in float, then ``/ test_iter`` in float (ours summed in double: another float here)."""
+    path = _solver_file(tmp_path, "test_iter: 30\ntest_interval: 100\n")
+    solver = Solver(path, weights=case_dir(CASE) / "init.caffemodel")
+    inputs, _ = load_case(CASE)
+    rng = np.random.default_rng(0)
+    batches = [{"data": rng.standard_normal((4, 3, 10, 10)).astype(np.float32) * 50, "label": inputs["label"][t % 5]}
+               for t in range(30)]
+    solver.test_data_sources[0] = iter(batches)
+    reference = CaffeNet(str(tmp_path / "net.prototxt"), phase="test", weights=str(case_dir(CASE) / "init.caffemodel"))
+    with torch.no_grad():
+        losses = [np.float32(float(reference(**{k: torch.tensor(v) for k, v in b.items()})["loss"])) for b in batches]
+    total = losses[0]
+    for loss in losses[1:]:
+        total = np.float32(total + loss)
+    score = solver.test(0)["loss"]
+    assert score.dtype == np.float32 and float(score) == float(np.float32(total / np.float32(30))) == 31.23920440673828
+    assert float(np.float32(sum(map(float, losses)) / 30)) == 31.239206314086914  # the double sum's mean
+
+
 def test_hdf5_snapshots_are_refused(tmp_path):
     solver = Solver(_solver_file(tmp_path, "snapshot_format: HDF5\nmax_iter: 1\n"))
     with pytest.raises(FormatError, match="HDF5"):
