@@ -4,6 +4,9 @@
 Nets come from ``net`` / ``net_param`` / ``train_net`` / ``train_net_param`` (exactly one) and
 ``test_net`` / ``test_net_param`` (or the train net's file with the TEST state), with each
 ``test_state``; relative paths are resolved against the solver file's folder, then the working directory.
+Caffe's log lines come with them: ``Creating training net from net file: <net>`` (or ``specified in
+net_param.``, ...), ``Creating test net (#i) specified by <source>``, ``Solver scaffolding done.``, and
+``UpgradeSnapshotPrefixProperty``'s ``snapshot_prefix was not specified and is set to <prefix>``.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ class SolverSetup:
         a prefix naming a directory -> ``<directory>/<solver file stem>``."""
         if not self.param.HasField("snapshot_prefix"):
             self.param.snapshot_prefix = os.path.splitext(path)[0]
+            log.info("snapshot_prefix was not specified and is set to %s", self.param.snapshot_prefix)
         elif os.path.isdir(self.param.snapshot_prefix):
             self.param.snapshot_prefix = os.path.join(self.param.snapshot_prefix, Path(path).stem)
+            log.info("snapshot_prefix is a directory and is set to %s", self.param.snapshot_prefix)
 
     @staticmethod
     def _read_param(solver) -> caffe_pb2.SolverParameter:
@@ -106,7 +111,10 @@ class SolverSetup:
         net_param = (getattr(p, source) if source.endswith("param")
                      else self._read_net_file(getattr(p, source), source))
         net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
-        log.info("Creating training net from %s", source)
+        if source.endswith("param"):
+            log.info("Creating training net specified in %s.", source)
+        else:
+            log.info("Creating training net from %s file: %s", source, getattr(p, source))
         return self._build_net(net_param, "train", seed, None if source.endswith("param") else getattr(p, source))
 
     def _build_net(self, net_param, phase: str, seed: int, file: str | None) -> CaffeNet:
@@ -145,11 +153,17 @@ class SolverSetup:
         if len(p.test_state) not in (0, len(sources)):
             raise FormatError(f"test_state must be unspecified or given once per test net ({len(sources)}), got "
                               f"{len(p.test_state)}")
+        given = len(p.test_net_param) + len(p.test_net)
+        generic_name = "net_param" if p.HasField("net_param") else f"net file: {p.net}"
+        names = (["test_net_param"] * len(p.test_net_param) + [f"test_net file: {f}" for f in p.test_net]
+                 + [generic_name] * (len(sources) - given))
         nets = []
         for i, net_param in enumerate(sources):
             state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
             if p.test_state:
                 state.MergeFrom(p.test_state[i])
                 state.phase = caffe_pb2.TEST
+            log.info("Creating test net (#%d) specified by %s", i, names[i])
             nets.append(self._build_net(self._with_state(net_param, state), "test", seed, files[i]))
+        log.info("Solver scaffolding done.")
         return nets

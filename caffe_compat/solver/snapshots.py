@@ -112,6 +112,7 @@ class SolverSnapshots:
                 learned = str(beside) if beside.exists() else learned
             check_regular_file(learned, f"{state_file} learned_net", PROTOBUF_MAX_BYTES)
             self.net.load_caffemodel(learned)
+        log.info("SGDSolver: restoring history")
         self.optimizer.set_history([blob_to_array(b, source=f"{state_file} history") for b in state.history])
         self.iter = int(state.iter)
         self.current_step = int(state.current_step)

@@ -386,9 +386,10 @@ class Solver(SolverSetup, SolverSnapshots):
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5 and (
                 self.param.snapshot or self.param.snapshot_after_train):
             raise FormatError("snapshot_format: HDF5 is not supported; use BINARYPROTO")
-        if resume_file is not None:
-            self.restore(resume_file)
         self.log_solving()
+        if resume_file is not None:
+            log.info("Restoring previous solver status from %s", resume_file)
+            self.restore(resume_file)
         start_iter = self.iter
         self.requested_early_exit = False
         self.step(int(self.param.max_iter) - self.iter)

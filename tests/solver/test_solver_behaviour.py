@@ -192,6 +192,28 @@ def test_test_scores_are_summed_and_divided_in_float_as_caffe(tmp_path):
     assert float(np.float32(sum(map(float, losses)) / 30)) == 31.239206314086914  # the double sum's mean
 
 
+def test_setup_and_resume_log_caffes_lines(tmp_path, caplog):
+    """Solver::Init/InitTrainNet/InitTestNets, UpgradeSnapshotPrefixProperty, Solve and Restore log lines."""
+    path = _solver_file(tmp_path, "test_iter: 1\ntest_iter: 1\ntest_interval: 100\nmax_iter: 1\n")
+    with caplog.at_level("INFO", logger="caffe_compat.solver"):
+        solver = Solver(path, weights=case_dir(CASE) / "init.caffemodel")
+    lines = [r.getMessage() for r in caplog.records]
+    prefix = str(tmp_path / "solver")
+    assert [line for line in lines if "snapshot_prefix" in line or "Creating" in line or "scaffolding" in line] == [
+        f"snapshot_prefix was not specified and is set to {prefix}",
+        "Creating training net from net file: net.prototxt",
+        "Creating test net (#0) specified by net file: net.prototxt",
+        "Creating test net (#1) specified by net file: net.prototxt",
+        "Solver scaffolding done."]
+    _, state = solver.snapshot()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="caffe_compat.solver"):
+        solver.solve(resume_file=state)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:4] == [f"Solving {solver.net.name}", "Learning Rate Policy: fixed",
+                         f"Restoring previous solver status from {state}", "SGDSolver: restoring history"]
+
+
 def test_hdf5_snapshots_are_refused(tmp_path):
     solver = Solver(_solver_file(tmp_path, "snapshot_format: HDF5\nmax_iter: 1\n"))
     with pytest.raises(FormatError, match="HDF5"):
