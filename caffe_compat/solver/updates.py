@@ -212,7 +212,7 @@ class AdaGrad(CaffeOptimizer):
 
 class RMSProp(CaffeOptimizer):
     """Caffe RMSProp: ``h ← (1−rms_decay)·diff² + rms_decay·h``; update ``local_rate · diff / (sqrt(h) +
-    delta)``.  Momentum must be 0 and 0 <= rms_decay <= 1 (Caffe's CHECKs)."""
+    delta)``.  Momentum must be 0 and 0 <= rms_decay < 1 (Caffe's CHECK_EQ, CHECK_GE and CHECK_LT)."""
 
     caffe_type = "RMSProp"
 
@@ -223,8 +223,9 @@ class RMSProp(CaffeOptimizer):
     def check_group(self, group):
         if group["momentum"] != 0:
             raise FormatError("Momentum cannot be used with RMSProp (Caffe requires momentum 0)")
-        if not 0.0 <= group["rms_decay"] <= 1.0:
-            raise FormatError(f"rms_decay must lie in [0, 1], got {group['rms_decay']}")
+        if not 0.0 <= group["rms_decay"] < 1.0:
+            raise FormatError(f"rms_decay must lie in [0, 1) (Caffe: 'rms_decay should lie between 0 and 1.'), got "
+                              f"{group['rms_decay']}")
 
     def update_value(self, p, diff, history, local_rate, group):
         decay = np.float32(group["rms_decay"])

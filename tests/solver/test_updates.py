@@ -142,6 +142,11 @@ def test_caffe_checks():
         RMSProp(p, momentum=0.9)
     with pytest.raises(FormatError, match="rms_decay"):
         RMSProp(p, rms_decay=1.5)
+    with pytest.raises(FormatError, match=r"rms_decay must lie in \[0, 1\).*got 1.0"):  # CHECK_LT(rms_decay, 1)
+        RMSProp(p, rms_decay=1.0)
+    with pytest.raises(FormatError, match="rms_decay"):
+        RMSProp(p, rms_decay=-0.5)
+    RMSProp(p, rms_decay=0.0)
     with pytest.raises(FormatError, match="regularization type"):
         SGD(p, regularization_type="L3")
     param = caffe_pb2.SolverParameter(type="Adamax", base_lr=0.1)
