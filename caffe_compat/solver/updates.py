@@ -7,7 +7,9 @@ One ``step()`` is Caffe's ``ApplyUpdate`` after the diffs (``p.grad``) were accu
    diff is multiplied by ``clip_gradients / norm``.
 2. per parameter, in Caffe's order: ``Normalize`` (diff × float(1/iter_size) when iter_size > 1),
    ``Regularize`` (L2: ``diff += decay·w``; L1: ``diff += decay·sign(w)``; ``decay = weight_decay ·
-   decay_mult``), ``ComputeUpdateValue`` with ``local_rate = rate · lr_mult`` (the rules below), then
+   decay_mult``; another ``regularization_type`` is an error only where some blob's decay is not 0, as
+   Caffe's LOG(FATAL) sits inside ``if (local_decay)``; it is raised before anything is changed),
+   ``ComputeUpdateValue`` with ``local_rate = rate · lr_mult`` (the rules below), then
    ``Net::Update``: ``w -= diff``.  As in Caffe, the diff (``p.grad``) holds the update value afterwards.
 
 ``lr_mult``/``decay_mult`` are read from attributes of the tensors (CaffeNet sets them), default 1.
@@ -53,8 +55,6 @@ class CaffeOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 0.01, weight_decay: float = 0.0, regularization_type: str = "L2",
                  iter_size: int = 1, clip_gradients: float = -1.0, **hyper):
-        if regularization_type not in ("L2", "L1"):
-            raise FormatError(f"Unknown regularization type: {regularization_type!r} (Caffe knows L2 and L1)")
         if int(iter_size) < 1:
             raise FormatError(f"iter_size must be >= 1, got {iter_size}")
         defaults = dict(lr=lr, weight_decay=weight_decay, regularization_type=regularization_type, **hyper)
@@ -127,6 +127,11 @@ class CaffeOptimizer(torch.optim.Optimizer):
                 d.mul_(scale)
             self.last_clip = (norm, scale)
 
+    @staticmethod
+    def _decay(group: dict, p: torch.Tensor) -> float:
+        """Caffe's ``local_decay``: ``weight_decay · decay_mult`` as a float product."""
+        return _f32(np.float32(group["weight_decay"]) * np.float32(getattr(p, "decay_mult", 1.0)))
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -138,12 +143,16 @@ class CaffeOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 diff = p.grad if p.grad is not None else torch.zeros_like(p)
                 entries.append((group, p, diff))
+        for group, p, _ in entries:  # Caffe's Regularize: LOG(FATAL) only for a blob whose decay is not 0
+            if group["regularization_type"] not in ("L2", "L1") and self._decay(group, p):
+                raise FormatError(f"Unknown regularization type: {group['regularization_type']!r} (Caffe knows L2 "
+                                  f"and L1)")
         self.clip([d for _, _, d in entries])
         normalizer = _f32(np.float32(1.0) / np.float32(self.iter_size))
         for group, p, diff in entries:
             if self.iter_size > 1:
                 diff.mul_(normalizer)
-            decay = _f32(np.float32(group["weight_decay"]) * np.float32(getattr(p, "decay_mult", 1.0)))
+            decay = self._decay(group, p)
             if decay:
                 if group["regularization_type"] == "L2":
                     diff.add_(p, alpha=decay)

@@ -147,8 +147,18 @@ def test_caffe_checks():
     with pytest.raises(FormatError, match="rms_decay"):
         RMSProp(p, rms_decay=-0.5)
     RMSProp(p, rms_decay=0.0)
-    with pytest.raises(FormatError, match="regularization type"):
-        SGD(p, regularization_type="L3")
+    # Caffe's Regularize reaches LOG(FATAL) "Unknown regularization type" only when local_decay != 0
+    w = torch.ones(2, requires_grad=True)
+    w.grad = torch.full((2,), 0.5)
+    SGD([w], lr=1.0, regularization_type="l2").step()  # weight_decay 0: trains
+    assert w.tolist() == [0.5, 0.5]
+    w.decay_mult = 0.0
+    SGD([w], lr=1.0, weight_decay=0.1, regularization_type="l2").step()  # decay_mult 0: local_decay 0
+    assert w.tolist() == [0.0, 0.0]
+    w.decay_mult = 1.0
+    with pytest.raises(FormatError, match="Unknown regularization type: 'l2'"):
+        SGD([w], lr=1.0, weight_decay=0.1, regularization_type="l2").step()
+    assert w.tolist() == [0.0, 0.0]  # refused before any change
     param = caffe_pb2.SolverParameter(type="Adamax", base_lr=0.1)
     with pytest.raises(FormatError, match="unknown solver type"):
         make_optimizer(param, p)
