@@ -7,6 +7,7 @@ read-only folder fails at once, not after the first ``snapshot`` iterations of t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -29,11 +30,13 @@ class SolverSnapshots:
     """Snapshot and restore (see the module docstring)."""
 
     def check_snapshot_write_permissions(self) -> None:
-        """Caffe's ``CheckSnapshotWritePermissions``: with ``snapshot > 0``, a prefix must be set (else
-        FormatError) and ``<prefix>_iter_<iter>.tempfile`` creatable (it is removed again); else WriteError.
+        """Caffe's ``CheckSnapshotWritePermissions`` (on rank 0, which writes the snapshots, as Caffe's root
+        solver): with ``snapshot > 0``, a prefix must be set (else FormatError) and
+        ``<prefix>_iter_<iter>.tempfile`` creatable (it is removed again; another process's probe may have
+        removed it first); else WriteError.
         A folder of the prefix that does not exist yet passes when it can be created (the snapshot writers
         create it, unlike Caffe's): its nearest existing ancestor must be a writable folder."""
-        if not self.param.snapshot:
+        if not self.param.snapshot or int(os.environ.get("RANK", "0") or 0) != 0:  # Caffe: the root solver's
             return
         prefix = self.param.snapshot_prefix
         if not self.param.HasField("snapshot_prefix"):  # set to "": Caffe writes <cwd>/_iter_N.*
@@ -46,7 +49,8 @@ class SolverSnapshots:
             try:
                 with open(probe, "w"):
                     pass
-                os.remove(probe)
+                with contextlib.suppress(FileNotFoundError):  # another rank's probe of the same name removed it
+                    os.remove(probe)
                 return
             except OSError as exc:
                 reason = f"{probe}: {exc.strerror or exc}"

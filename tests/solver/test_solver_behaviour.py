@@ -214,6 +214,26 @@ def test_setup_and_resume_log_caffes_lines(tmp_path, caplog):
                          f"Restoring previous solver status from {state}", "SGDSolver: restoring history"]
 
 
+def test_snapshot_prefix_probes_of_several_ranks_do_not_collide(tmp_path, monkeypatch):
+    """Every data-parallel rank builds its Solver and probes the same <prefix>_iter_0.tempfile; one rank's
+    removal may find it already removed by another's: that is no error."""
+    import caffe_compat.solver.snapshots as snapshots
+
+    real_remove = os.remove
+
+    def removed_by_another_rank_first(path):
+        real_remove(path)
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(snapshots.os, "remove", removed_by_another_rank_first)
+    Solver(_solver_file(tmp_path, f'snapshot: 1000\nsnapshot_prefix: "{tmp_path / "snap"}"\n'))
+    assert not (tmp_path / "snap_iter_0.tempfile").exists()
+    monkeypatch.undo()
+    monkeypatch.setenv("RANK", "1")  # only the root (rank 0, which writes the snapshots) checks, as in Caffe
+    (tmp_path / "a_file").write_text("x")
+    Solver(_solver_file(tmp_path, f'snapshot: 1000\nsnapshot_prefix: "{tmp_path / "a_file" / "snap"}"\n'))
+
+
 def test_hdf5_snapshots_are_refused(tmp_path):
     solver = Solver(_solver_file(tmp_path, "snapshot_format: HDF5\nmax_iter: 1\n"))
     with pytest.raises(FormatError, match="HDF5"):
