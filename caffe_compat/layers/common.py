@@ -33,7 +33,9 @@ class Eltwise(CaffeLayer):
     * MAX: ``y = max_i x_i`` with Caffe's argmax routing: between bottoms 0 and 1 a tie goes to bottom
       1 (``a > b ? a : b``), later bottoms replace the running max only when strictly greater.  The
       gradient flows to that single bottom per element.
-    Coefficients with PROD/MAX are an error, as in Caffe."""
+    ``coeff`` must have one value per bottom whatever the operation; with PROD coefficients are an
+    error, with MAX they are accepted and ignored (Caffe's two CHECKs in LayerSetUp: the count, then
+    "not PROD"; its MAX forward never reads them)."""
 
     bottoms = BlobCount.at_least(2)
     tops = ONE
@@ -53,11 +55,11 @@ class Eltwise(CaffeLayer):
         p = param.eltwise_param
         self.operation = p.operation
         self.coeffs = [float(c) for c in p.coeff]
-        if self.coeffs and self.operation != _Eltwise.SUM:
-            raise FormatError(f"layer '{self.layer_name}': Eltwise only takes coefficients for SUM")
         if self.coeffs and len(self.coeffs) != len(self.bottom_shapes):
             raise FormatError(f"layer '{self.layer_name}': Eltwise has {len(self.coeffs)} coeff(s) for "
                               f"{len(self.bottom_shapes)} bottoms")
+        if self.coeffs and self.operation == _Eltwise.PROD:
+            raise FormatError(f"layer '{self.layer_name}': Eltwise only takes coefficients for SUM")
         self.rule()
 
     def forward(self, *bottoms):

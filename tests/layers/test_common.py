@@ -68,6 +68,22 @@ def test_eltwise_parameter_errors():
         make_layer('type: "Eltwise" bottom: "a" bottom: "b"', [(2,), (3,)])
 
 
+def test_eltwise_max_accepts_and_ignores_coefficients_as_caffe():
+    # Caffe's LayerSetUp refuses coefficients only for PROD (and a count other than one per bottom, for
+    # any operation); MAX takes them and its forward never reads them.
+    a = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    b = torch.tensor([2.0, -3.0, 3.0], requires_grad=True)
+    port = make_layer('type: "Eltwise" bottom: "a" bottom: "b" eltwise_param { operation: MAX coeff: -1 coeff: 5 }',
+                      [(3,), (3,)])
+    (y,) = port(a, b)
+    assert y.tolist() == [2.0, -2.0, 3.0]
+    ga, gb = torch.autograd.grad(y.sum(), (a, b))
+    assert ga.tolist() == [0.0, 1.0, 0.0] and gb.tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(FormatError, match="1 coeff"):
+        make_layer('type: "Eltwise" bottom: "a" bottom: "b" eltwise_param { operation: MAX coeff: 1 }',
+                   [(2,), (2,)])
+
+
 def test_gradcheck_eltwise_prod_and_softmax_float64():
     gen = torch.Generator().manual_seed(11)
     xs = [torch.randn(2, 3, 4, dtype=torch.float64, generator=gen).requires_grad_() for _ in range(3)]
