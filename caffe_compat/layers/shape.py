@@ -19,8 +19,8 @@ from caffe_compat.losses.static_form import asserted_in_graph
 
 @register_layer("Concat")
 class Concat(CaffeLayer):
-    """Concatenate the bottoms along ``concat_param.axis`` (default 1; the legacy ``concat_dim``, if
-    set, wins as in Caffe).  All other axes must agree."""
+    """Concatenate the bottoms along ``concat_param.axis`` (default 1; or the legacy ``concat_dim``, but
+    not both, as in Caffe).  All other axes must agree."""
 
     bottoms = BlobCount.at_least(1)
     tops = ONE
@@ -28,7 +28,12 @@ class Concat(CaffeLayer):
 
     @staticmethod
     def concat_axis(layer, ndim: int) -> int:
+        """``concat_dim`` (legacy, no negative values) or ``axis``; setting both is an error (Caffe's CHECK in
+        LayerSetUp: "Either axis or concat_dim should be specified; not both")."""
         p = layer.concat_param
+        if p.HasField("axis") and p.HasField("concat_dim"):
+            raise FormatError(f"layer '{layer.name}': either concat_param.axis or concat_dim should be specified; "
+                              f"not both")
         axis = int(p.concat_dim) if p.HasField("concat_dim") else int(p.axis)
         return canonical_axis(axis, ndim, layer.name, "concat_param.axis")
 
@@ -58,7 +63,7 @@ class Concat(CaffeLayer):
 
 @register_layer("Slice")
 class Slice(CaffeLayer):
-    """Split one bottom along ``slice_param.axis`` (default 1; legacy ``slice_dim`` wins if set) into
+    """Split one bottom along ``slice_param.axis`` (default 1; or the legacy ``slice_dim``, not both) into
     the tops.  ``slice_point`` (strictly increasing, one fewer than the tops) gives the cut positions;
     without points the axis is divided equally (it must be divisible by the number of tops)."""
 
@@ -68,7 +73,12 @@ class Slice(CaffeLayer):
 
     @staticmethod
     def slice_axis(layer, ndim: int) -> int:
+        """``slice_dim`` (legacy, no negative values) or ``axis``; setting both is an error (Caffe's CHECK in
+        LayerSetUp: "Either axis or slice_dim should be specified; not both")."""
         p = layer.slice_param
+        if p.HasField("axis") and p.HasField("slice_dim"):
+            raise FormatError(f"layer '{layer.name}': either slice_param.axis or slice_dim should be specified; "
+                              f"not both")
         axis = int(p.slice_dim) if p.HasField("slice_dim") else int(p.axis)
         return canonical_axis(axis, ndim, layer.name, "slice_param.axis")
 

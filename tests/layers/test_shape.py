@@ -29,13 +29,13 @@ def test_crop_second_bottom_gets_no_gradient(zoo):
     assert torch.autograd.grad(out.sum(), ref, allow_unused=True)[0] is None
 
 
-def test_legacy_concat_dim_and_slice_dim_win_over_axis():
+def test_legacy_concat_dim_and_slice_dim_choose_the_axis():
     a, b = torch.arange(6.0).reshape(1, 2, 3), torch.arange(6.0, 10.0).reshape(1, 2, 2)
-    concat = make_layer('type: "Concat" concat_param { concat_dim: 2 axis: 1 }', [a.shape, b.shape])
+    concat = make_layer('type: "Concat" concat_param { concat_dim: 2 }', [a.shape, b.shape])
     assert concat.output_shapes() == [(1, 2, 5)]
     assert torch.equal(concat(a, b)[0], torch.cat([a, b], 2))
     x = torch.arange(12.0).reshape(2, 6)
-    sl = make_layer('type: "Slice" top: "p" top: "q" top: "r" slice_param { slice_dim: 1 axis: 0 }', [x.shape])
+    sl = make_layer('type: "Slice" top: "p" top: "q" top: "r" slice_param { slice_dim: 1 }', [x.shape])
     parts = sl(x)
     assert sl.output_shapes() == [(2, 2)] * 3
     assert [p.tolist() for p in parts] == [[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5], [10, 11]]]
@@ -43,6 +43,19 @@ def test_legacy_concat_dim_and_slice_dim_win_over_axis():
         make_layer('type: "Slice" top: "p" top: "q" top: "r" top: "s"', [(2, 6)])
     with pytest.raises(FormatError, match="slice_point"):
         make_layer('type: "Slice" top: "p" top: "q" slice_param { slice_point: 1 slice_point: 2 }', [(2, 6)])
+
+
+def test_legacy_dim_together_with_axis_is_refused_as_caffe():
+    # Concat/SliceLayer::LayerSetUp: CHECK(!(has_axis() && has_concat_dim())) "Either axis or concat_dim
+    # should be specified; not both." (and the same for slice_dim); even when the two agree.
+    with pytest.raises(FormatError, match="not both"):
+        make_layer('type: "Concat" concat_param { concat_dim: 2 axis: 1 }', [(1, 2, 3), (1, 2, 2)])
+    with pytest.raises(FormatError, match="not both"):
+        make_layer('type: "Concat" concat_param { concat_dim: 1 axis: 1 }', [(1, 2, 3), (1, 2, 3)])
+    with pytest.raises(FormatError, match="not both"):
+        make_layer('type: "Slice" top: "p" top: "q" top: "r" slice_param { slice_dim: 1 axis: 0 }', [(2, 6)])
+    with pytest.raises(FormatError, match="not both"):
+        make_layer('type: "Slice" top: "p" top: "q" slice_param { slice_dim: 1 axis: 1 }', [(2, 6)])
 
 
 @pytest.mark.parametrize("text, bottom, expected", [
