@@ -282,12 +282,18 @@ class Accuracy(CaffeLayer):
 
     @classmethod
     def infer(cls, layer, bottoms):
-        """A scalar, and ``(C,)`` for the per-class top; Caffe's CHECKs on top_k and the label count."""
+        """A scalar, and ``(C,)`` for the per-class top; Caffe's CHECKs on top_k and the label count.
+
+        Caffe bounds ``top_k`` by ``count(scores) / count(labels)`` (integer division), the number of classes
+        when the label count is right; not by ``C · inner``, which would let ``top_k > C`` through for
+        spatial scores."""
         p = layer.accuracy_param
         scores, labels = tuple(bottoms[0]), tuple(bottoms[1])
+        if count(labels) and p.top_k > count(scores) // count(labels):
+            raise FormatError(f"layer '{layer.name}': top_k {p.top_k} must be less than or equal to the number of "
+                              f"classes ({count(scores) // count(labels)} = {count(scores)} scores / "
+                              f"{count(labels)} labels)")
         axis = canonical_axis(p.axis, len(scores), layer.name, "accuracy_param.axis")
-        if p.top_k > count(scores) // count(scores, 0, axis):
-            raise FormatError(f"layer '{layer.name}': top_k {p.top_k} exceeds the {scores[axis]} classes")
         if count(scores, 0, axis) * count(scores, axis + 1) != count(labels):
             raise FormatError(f"layer '{layer.name}': {count(labels)} labels for scores of shape {scores} "
                               f"(need outer·inner = {count(scores, 0, axis) * count(scores, axis + 1)})")

@@ -182,6 +182,17 @@ def test_accuracy_spatial_axis():
     assert port(scores, labels)[0].item() == pytest.approx(expected)
 
 
+def test_accuracy_top_k_is_bounded_by_the_classes_with_spatial_scores():
+    # AccuracyLayer::Reshape: CHECK_LE(top_k, count(scores) / count(labels)), i.e. <= C: with (N, C, H) scores
+    # and N*H labels top_k = C + 1 aborts although it is below C * H.
+    text = 'type: "Accuracy" bottom: "s" bottom: "l" accuracy_param { top_k: %d }'
+    with pytest.raises(FormatError, match="top_k 5"):
+        make_layer(text % 5, [(2, 4, 3), (2, 3)])
+    port = make_layer(text % 4, [(2, 4, 3), (2, 3)])
+    scores = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(5))
+    assert port(scores, torch.zeros(2, 3))[0].item() == 1.0
+
+
 def test_parameter_layer_exposes_its_blob():
     port = make_layer('type: "Parameter" top: "p" parameter_param { shape { dim: 2 dim: 3 } }', [])
     (p,) = port()
