@@ -80,9 +80,15 @@ class ConvGeometry:
 
 
 def conv_geometry(layer) -> ConvGeometry:
-    """Caffe's BaseConvolutionLayer rules: ``_h``/``_w`` forms win when either is set (an unset one is 0,
-    which is fine for pad and an error for kernel and stride), else the repeated field (1 or 2 values)."""
+    """Caffe's BaseConvolutionLayer rules: the ``_h``/``_w`` forms when either is set (an unset one is 0,
+    which is fine for pad and an error for kernel and stride), else the repeated field (1 or 2 values).
+    Giving both forms of one field is an error (Caffe's CHECK: "Either kernel_size or kernel_h/w should be
+    specified; not both", and the same for stride and pad)."""
     p = layer.convolution_param
+    for name, repeated in (("kernel", "kernel_size"), ("stride", "stride"), ("pad", "pad")):
+        if (p.HasField(f"{name}_h") or p.HasField(f"{name}_w")) and len(getattr(p, repeated)):
+            raise FormatError(f"layer '{layer.name}' ({layer.type}): either convolution_param.{repeated} or "
+                              f"{name}_h/w should be specified; not both")
     if p.HasField("kernel_h") or p.HasField("kernel_w"):
         kernel = int(p.kernel_h), int(p.kernel_w)
     else:
@@ -118,21 +124,34 @@ class PoolGeometry:
 
 
 def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
+    """Caffe's PoolingLayer::LayerSetUp rules.  Its CHECKs on the fields given: ``pad`` alone or ``pad_h``
+    *and* ``pad_w`` (neither ``pad_h`` nor ``pad_w`` alone, nor with ``pad``), the same for stride; without
+    global pooling ``kernel_size`` or ``kernel_h`` and ``kernel_w`` but not all three (``kernel_size`` with
+    one stray ``kernel_h``/``kernel_w`` passes, and ``kernel_size`` is used); with it no kernel field."""
     p = layer.pooling_param
+    for name in ("pad", "stride"):
+        has_h, has_w = p.HasField(f"{name}_h"), p.HasField(f"{name}_w")
+        if (has_h or has_w) and not (has_h and has_w and not p.HasField(name)):
+            given = ", ".join(f for f in (name, f"{name}_h", f"{name}_w") if p.HasField(f))
+            raise FormatError(f"layer '{layer.name}' (Pooling): {name} is {name} OR {name}_h and {name}_w are "
+                              f"required (got {given})")
     if p.global_pooling:
         if in_hw is None:
             raise FormatError(f"layer '{layer.name}': global pooling needs the input size")
-        if p.HasField("kernel_size") or p.HasField("kernel_h"):
+        if p.HasField("kernel_size") or p.HasField("kernel_h") or p.HasField("kernel_w"):
             raise FormatError(f"layer '{layer.name}': global_pooling and kernel_size cannot both be set")
         return PoolGeometry(tuple(in_hw), (1, 1), (0, 0), True, True)
-    # Caffe's PoolingLayer: kernel_h and kernel_w together; pad_h / stride_h, when set, take their _w
-    # partner as given (an unset pad_w is 0), else the single pad / stride serves both axes.
-    if p.HasField("kernel_h") != p.HasField("kernel_w"):
-        raise FormatError(f"layer '{layer.name}': for non-square filters both kernel_h and kernel_w are required")
-    if p.HasField("kernel_h"):
-        kernel = (int(p.kernel_h), int(p.kernel_w))
-    elif p.HasField("kernel_size"):
+    # kernel_size, or kernel_h and kernel_w (not all three); pad_h / stride_h come with their _w partner
+    # (checked above), else the single pad / stride serves both axes.
+    both_hw = p.HasField("kernel_h") and p.HasField("kernel_w")
+    if p.HasField("kernel_size") and both_hw:
+        raise FormatError(f"layer '{layer.name}': filter size is kernel_size OR kernel_h and kernel_w; not both")
+    if p.HasField("kernel_size"):
         kernel = (int(p.kernel_size),) * 2
+    elif both_hw:
+        kernel = (int(p.kernel_h), int(p.kernel_w))
+    elif p.HasField("kernel_h") or p.HasField("kernel_w"):
+        raise FormatError(f"layer '{layer.name}': for non-square filters both kernel_h and kernel_w are required")
     else:
         raise FormatError(f"layer '{layer.name}': kernel_size (or kernel_h and kernel_w) is required")
     pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad),) * 2

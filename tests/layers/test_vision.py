@@ -111,6 +111,42 @@ def test_global_pooling_and_bad_parameters():
                [(1, 4, 3, 3)])
 
 
+@pytest.mark.parametrize("fields", [
+    "kernel_size: 3 pad_h: 1",                       # pad_h without pad_w
+    "kernel_size: 3 pad_w: 1",                       # pad_w without pad_h
+    "kernel_size: 3 pad: 1 pad_h: 1 pad_w: 1",       # pad with pad_h/pad_w
+    "kernel_size: 3 stride_h: 2",                    # stride_h without stride_w
+    "kernel_size: 3 stride: 2 stride_h: 2 stride_w: 1",
+    "kernel_size: 3 kernel_h: 3 kernel_w: 2",        # kernel_size with kernel_h/kernel_w
+    "global_pooling: true kernel_w: 2",
+    "global_pooling: true stride_h: 1",              # stride_w unset: Caffe's stride check fails first
+])
+def test_pooling_refuses_the_field_combinations_caffe_checks(fields):
+    # PoolingLayer::LayerSetUp: "pad is pad OR pad_h and pad_w are required", the same for stride, and
+    # "Filter size is kernel_size OR kernel_h and kernel_w; not both"; with global pooling no kernel field.
+    with pytest.raises(FormatError):
+        _layer(f'name: "p" type: "Pooling" pooling_param {{ pool: MAX {fields} }}', [(1, 1, 6, 6)])
+
+
+def test_pooling_kernel_size_with_one_stray_kernel_h_uses_kernel_size():
+    # Caffe's kernel CHECK is !has_kernel_size != !(has_kernel_h && has_kernel_w): kernel_size with only
+    # kernel_h passes, and kernel_size is the kernel.
+    layer = _layer('name: "p" type: "Pooling" pooling_param { pool: MAX kernel_size: 3 kernel_h: 2 stride: 3 }',
+                   [(1, 1, 6, 6)])
+    assert layer.kernel == (3, 3) and layer.output_shapes() == [(1, 1, 2, 2)]
+
+
+@pytest.mark.parametrize("fields", ["kernel_size: 3 kernel_h: 3 kernel_w: 3", "kernel_size: 3 stride: 1 stride_h: 1",
+                                    "kernel_size: 3 pad: 1 pad_w: 1"])
+def test_convolution_refuses_a_field_in_both_forms(fields):
+    # BaseConvolutionLayer::LayerSetUp: "Either kernel_size or kernel_h/w should be specified; not both" (and
+    # the same for stride and pad).
+    with pytest.raises(FormatError, match="not both"):
+        _layer(f'name: "c" type: "Convolution" convolution_param {{ num_output: 2 {fields} }}', [(1, 2, 6, 6)])
+    with pytest.raises(FormatError, match="not both"):
+        _layer(f'name: "d" type: "Deconvolution" convolution_param {{ num_output: 2 {fields} }}', [(1, 2, 6, 6)])
+
+
 @pytest.mark.parametrize("text, shape", [
     ('pool: MAX kernel_size: 3 stride: 2 pad: 1', (2, 2, 7, 6)),
     ('pool: AVE kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 3 pad_h: 1 pad_w: 1', (2, 2, 7, 8)),
