@@ -1,6 +1,6 @@
 """Caffe's spatial geometry for convolution and pooling, torch-free (the ports' shape rules use it).
 
-* convolution: ``out = (in + 2·pad − (dilation·(k − 1) + 1)) // stride + 1``;
+* convolution: ``out = (in + 2·pad − (dilation·(k − 1) + 1)) / stride + 1``, the division C++'s (toward zero);
 * deconvolution: ``out = stride·(in − 1) + dilation·(k − 1) + 1 − 2·pad``;
 * pooling (``pooled_hw`` / ``pooled_size``): ``ceil((in + 2·pad − k) / stride) + 1`` (``round_mode:
   FLOOR`` uses floor instead of ceil), then Caffe's clip: the last window must start inside the image or
@@ -22,8 +22,19 @@ from caffe_compat.errors import FormatError
 
 
 def conv_out_size(size: int, kernel: int, stride: int = 1, pad: int = 0, dilation: int = 1) -> int:
+    """Caffe's ``(size + 2·pad − extent) / stride + 1`` in C++ ``int`` arithmetic: the division truncates
+    toward zero, so a kernel overhanging the padded input by less than a stride still gives one output
+    (im2col reads the overhang as zeros), e.g. size 2, kernel 3, stride 2 → 1, where floor division gives 0."""
     extent = dilation * (kernel - 1) + 1
-    return (size + 2 * pad - extent) // stride + 1
+    span = size + 2 * pad - extent
+    quotient = abs(span) // stride
+    return (quotient if span >= 0 else -quotient) + 1
+
+
+def conv_overhang(size: int, out: int, kernel: int, stride: int = 1, pad: int = 0, dilation: int = 1) -> int:
+    """Zeros past the end of the padded input that the last of ``out`` windows reads (nonzero only in the
+    truncation case of :func:`conv_out_size`)."""
+    return max(0, (out - 1) * stride + dilation * (kernel - 1) + 1 - size - 2 * pad) if out > 0 else 0
 
 
 def deconv_out_size(size: int, kernel: int, stride: int = 1, pad: int = 0, dilation: int = 1) -> int:

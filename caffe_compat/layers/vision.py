@@ -3,9 +3,9 @@
 (Pooling and SPP are in :mod:`caffe_compat.layers.pooling`.)
 
 * **Convolution** ``y = W ⋆ x + b`` with Caffe's blobs ``W: num_output × (C/group) × kh × kw`` and
-  ``b: num_output``; ``out = (in + 2·pad − (dilation·(k − 1) + 1)) // stride + 1``.  kernel/pad/stride
-  come from the repeated fields (one value for both axes or one per axis) or their ``_h``/``_w`` forms;
-  ``dilation`` is repeated only.  Defaults: pad 0, stride 1, dilation 1, group 1, bias_term true,
+  ``b: num_output``; ``out = (in + 2·pad − (dilation·(k − 1) + 1)) / stride + 1`` (C++ division).
+  kernel/pad/stride come from the repeated fields (one value for both axes or one per axis) or their
+  ``_h``/``_w`` forms; ``dilation`` is repeated only.  Defaults: pad 0, stride 1, dilation 1, group 1, bias_term true,
   fillers constant 0 (Caffe's FillerParameter default).  Several bottoms are convolved with the same
   weights, one top each (Caffe allows this).
 * **Deconvolution** is the transpose of Convolution; Caffe stores its weight **C_in × (num_output/group)
@@ -31,7 +31,7 @@ from torch import nn
 from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes, canonical_axis, count
 from caffe_compat.layers.fillers import fill_blob, layer_filler
-from caffe_compat.layers.geometry import conv_geometry, conv_out_size, deconv_out_size, need_axes
+from caffe_compat.layers.geometry import conv_geometry, conv_out_size, conv_overhang, deconv_out_size, need_axes
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
 
@@ -136,9 +136,16 @@ class _ConvolutionBase(CaffeLayer):
 
 @register_layer("Convolution")
 class Convolution(_ConvolutionBase):
-    """Caffe Convolution (see module docstring)."""
+    """Caffe Convolution (see module docstring).  The output size's division is C++'s, toward zero: when
+    the kernel overhangs the padded input by less than a stride (input 2, kernel 3, stride 2) Caffe still
+    computes one output, its im2col reading the overhang as zeros; so does the port (zeros appended)."""
 
     def _convolve(self, x):
+        overhang = [conv_overhang(int(x.shape[2 + a]), conv_out_size(int(x.shape[2 + a]), self.kernel[a],
+                                                                     self.stride[a], self.pad[a], self.dilation[a]),
+                                  self.kernel[a], self.stride[a], self.pad[a], self.dilation[a]) for a in (0, 1)]
+        if any(overhang):
+            x = F.pad(x, (0, overhang[1], 0, overhang[0]))
         return F.conv2d(x, self.weight, self.bias, self.stride, self.pad, self.dilation, self.group)
 
 
@@ -244,7 +251,8 @@ class Im2col(CaffeLayer):
     ``convolution_param`` gives ``axis`` (the channel axis, default 1; every later axis is spatial),
     kernel/stride/pad (repeated once or once per spatial axis, or ``_h``/``_w`` in 2-D) and ``dilation``
     (repeated; default 1); ``num_output`` and the fillers are unused.  For an input ``(..., C, S_1..S_k)``
-    the top is ``(..., C·K_1···K_k, O_1..O_k)`` with ``O_i = (S_i + 2·p_i − (d_i·(K_i − 1) + 1)) // s_i + 1``
+    the top is ``(..., C·K_1···K_k, O_1..O_k)`` with ``O_i = (S_i + 2·p_i − (d_i·(K_i − 1) + 1)) / s_i + 1``
+    (C++ division, toward zero: an overhang of less than a stride still gives one output, read as zeros)
     and row ``c·∏K + (k_1·K_2 + k_2)…`` (channel-major, kernel offsets row-major), holding
     ``x[c, o_i·s_i − p_i + k_i·d_i]``, or 0 where that lies in the padding.  ``force_nd_im2col`` only
     picks Caffe's N-D routine, whose values are the 2-D one's, so it changes nothing here.  Backward is
@@ -304,8 +312,10 @@ class Im2col(CaffeLayer):
         if min(out) < 0:  # (ints only: no protobuf read in forward, which torch.compile cannot trace)
             raise ShapeMismatchError(f"layer '{self.layer_name}' (Im2col): the kernel extent exceeds the padded input "
                                      f"{tuple(x.shape)} (output {out})")
-        pads = [p for p in reversed(self.pad) for _ in (0, 1)]
-        padded = F.pad(x, pads) if any(self.pad) else x
+        overhang = [conv_overhang(int(size), o, k, s, p, d) for size, o, k, s, p, d in
+                    zip(x.shape[axis + 1:], out, self.kernel, self.stride, self.pad, self.dilation)]
+        pads = [v for p, extra in zip(reversed(self.pad), reversed(overhang)) for v in (p, p + extra)]
+        padded = F.pad(x, pads) if any(pads) else x
         columns = []
         for offset in _offsets(self.kernel):
             index = [slice(None)] * (axis + 1)

@@ -17,7 +17,8 @@ from tests.layers.zoo_single_layer import make_layer
 def caffe_im2col(x, kernel, stride, pad, dilation):
     """Caffe's im2col_nd for one image (C, S_1..S_k): row c·prod(K) + row-major kernel offset, 0 in padding."""
     channels, spatial = x.shape[0], x.shape[1:]
-    out = [(s + 2 * p - (d * (k - 1) + 1)) // st + 1 for s, k, st, p, d in zip(spatial, kernel, stride, pad, dilation)]
+    # C++ int division (toward zero), as Caffe's output-size formula
+    out = [int((s + 2 * p - (d * (k - 1) + 1)) / st) + 1 for s, k, st, p, d in zip(spatial, kernel, stride, pad, dilation)]
     offsets = list(itertools.product(*[range(k) for k in kernel]))
     cols = np.zeros((channels * len(offsets), *out))
     for c in range(channels):
@@ -43,6 +44,18 @@ def test_2d_matches_caffes_loops(spec, kernel, stride, pad, dilation):
     expected = np.stack([caffe_im2col(img, kernel, stride, pad, dilation) for img in x])
     assert top.shape == expected.shape and port.output_shapes() == [expected.shape]
     np.testing.assert_array_equal(top.numpy(), expected)
+
+
+def test_an_overhang_below_one_stride_gives_one_output_as_caffes_int_division():
+    # (in + 2p - extent) / stride + 1 in C++ ints: (6 - 7) / 2 + 1 = 0 + 1 = 1 column (floor would give 0);
+    # Caffe's im2col reads the overhanging tap (column 6) as 0.
+    x = np.arange(1.0, 13.0).reshape(1, 1, 2, 6)
+    port = make_layer('type: "Im2col" convolution_param { kernel_h: 1 kernel_w: 3 stride_h: 1 stride_w: 2 '
+                      'dilation: 3 }', [x.shape])
+    (top,) = port(torch.from_numpy(x))
+    assert port.output_shapes() == [(1, 3, 2, 1)]
+    assert top[0, :, :, 0].tolist() == [[1.0, 7.0], [4.0, 10.0], [0.0, 0.0]]
+    np.testing.assert_array_equal(top[0].numpy(), caffe_im2col(x[0], (1, 3), (1, 2), (0, 0), (1, 3)))
 
 
 def test_3d_spatial_axes():

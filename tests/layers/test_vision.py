@@ -177,6 +177,29 @@ def test_convolution_and_deconvolution_are_adjoint_and_gradcheck():
     assert torch.autograd.gradcheck(lambda t: deconv(t)[0], (y,))
 
 
+def test_convolution_output_size_divides_as_cpp_ints():
+    # ConvolutionLayer::compute_output_shape: (in + 2p - extent) / stride + 1 in C++ ints.  A 2x2 input, kernel 3,
+    # stride 2: (2 - 3) / 2 + 1 = 0 + 1 = 1 (floor division would give 0: no output); im2col reads the
+    # overhanging row and column as zeros, so the one output sees the 2x2 input under W[..., :2, :2].
+    conv = _layer('name: "c" type: "Convolution" convolution_param { num_output: 3 kernel_size: 3 stride: 2 }',
+                  [(2, 2, 2, 2)]).double()
+    assert conv.output_shapes() == [(2, 3, 1, 1)]
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=g, dtype=torch.float64))
+        conv.bias.copy_(torch.randn(3, generator=g, dtype=torch.float64))
+    x = torch.randn(2, 2, 2, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    (y,) = conv(x)
+    expected = torch.einsum("ocij,ncij->no", conv.weight[:, :, :2, :2], x) + conv.bias
+    torch.testing.assert_close(y.reshape(2, 3), expected, rtol=1e-12, atol=1e-12)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(gx, conv.weight[:, :, :2, :2].sum(0).expand(2, 2, 2, 2), rtol=1e-12, atol=1e-12)
+    # one stride or more of overhang is no output in Caffe either
+    with pytest.raises(ShapeMismatchError):
+        _layer('name: "c" type: "Convolution" convolution_param { num_output: 3 kernel_size: 3 stride: 1 }',
+               [(1, 2, 1, 1)])
+
+
 def test_inner_product_axis_and_transpose_closed_form():
     ip = _layer('name: "ip" type: "InnerProduct" inner_product_param { num_output: 3 axis: 2 transpose: true }',
                 [(2, 4, 5, 2)]).double()
