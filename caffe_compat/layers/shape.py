@@ -142,7 +142,11 @@ class Split(CaffeLayer):
 
 @register_layer("Flatten")
 class Flatten(CaffeLayer):
-    """Merge axes ``axis .. end_axis`` into one (``flatten_param``: axis 1, end_axis -1)."""
+    """Merge axes ``axis .. end_axis`` into one (``flatten_param``: axis 1, end_axis -1): the top is
+    ``shape[:axis] + (count(axis, end_axis + 1),) + shape[end_axis + 1:]``, as Caffe's FlattenLayer builds it.
+    So ``end_axis = axis − 1`` (an empty range, count 1) *inserts* a unit axis before ``axis``, e.g. axis 1,
+    end_axis 0: ``(N, D)`` → ``(N, 1, D)``; an ``end_axis`` further before ``axis`` fails Caffe's
+    ``Blob::count`` CHECK and is a FormatError."""
 
     bottoms = tops = ONE
     in_caffe_1_0 = True
@@ -152,8 +156,9 @@ class Flatten(CaffeLayer):
         p = layer.flatten_param
         start = canonical_axis(p.axis, ndim, layer.name, "flatten_param.axis")
         end = canonical_axis(p.end_axis, ndim, layer.name, "flatten_param.end_axis")
-        if end < start:
-            raise FormatError(f"layer '{layer.name}': flatten end_axis {p.end_axis} is before axis {p.axis}")
+        if end < start - 1:
+            raise FormatError(f"layer '{layer.name}': flatten end_axis {p.end_axis} is before axis {p.axis} "
+                              f"(Caffe's count({start}, {end + 1}) needs {start} <= {end + 1})")
         return start, end
 
     @classmethod
@@ -167,6 +172,8 @@ class Flatten(CaffeLayer):
         self.start, self.end = self.axes(param, len(self.bottom_shapes[0]))
 
     def forward(self, x):
+        if self.end < self.start:  # the empty range: a unit axis inserted at ``start``
+            return (x.unsqueeze(self.start),)
         return (torch.flatten(x, self.start, self.end),)
 
 

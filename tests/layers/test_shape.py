@@ -58,6 +58,20 @@ def test_legacy_dim_together_with_axis_is_refused_as_caffe():
         make_layer('type: "Slice" top: "p" top: "q" slice_param { slice_dim: 1 axis: 1 }', [(2, 6)])
 
 
+def test_flatten_with_end_axis_just_before_axis_inserts_a_unit_axis():
+    # FlattenLayer::Reshape: shape[:axis] + (count(axis, end_axis + 1),) + shape[end_axis + 1:]; with end_axis =
+    # axis - 1 the count is over an empty range (1), so a unit axis is inserted; Blob::count CHECKs start <= end.
+    x = torch.arange(6.0).reshape(2, 3)
+    port = make_layer('type: "Flatten" flatten_param { axis: 1 end_axis: 0 }', [x.shape])
+    assert port.output_shapes() == [(2, 1, 3)]
+    (y,) = port(x)
+    assert y.shape == (2, 1, 3) and torch.equal(y.flatten(), x.flatten())
+    last = make_layer('type: "Flatten" flatten_param { axis: -1 end_axis: -2 }', [(2, 3, 4)])
+    assert last.output_shapes() == [(2, 3, 1, 4)]
+    with pytest.raises(FormatError, match="end_axis"):
+        make_layer('type: "Flatten" flatten_param { axis: 2 end_axis: 0 }', [(2, 3, 4)])
+
+
 @pytest.mark.parametrize("text, bottom, expected", [
     # Examples from Caffe's ReshapeParameter documentation and reshape_layer tests.
     ('shape { dim: 0 dim: -1 }', (2, 3, 4, 5), (2, 60)),
