@@ -84,19 +84,24 @@ class Slice(CaffeLayer):
 
     @staticmethod
     def slice_sizes(layer, axis: int, length: int) -> list[int]:
-        """The tops' sizes along the axis: from ``slice_point`` (Caffe's CHECKs: one fewer than the tops,
-        strictly increasing inside the axis), else equal parts (the length must divide)."""
+        """The tops' sizes along the axis: from ``slice_point`` (Caffe's CHECKs: one fewer than the tops, no
+        more tops than the axis is long, strictly increasing from above 0; the last part, ``length`` minus the
+        last point, may be **empty** (a point equal to the length; Blob::Reshape takes a 0 dim) but not
+        negative), else equal parts (the length must divide)."""
         points = [int(v) for v in layer.slice_param.slice_point]
         num_tops = max(1, len(layer.top))
         if points:
             if len(points) != num_tops - 1:
                 raise FormatError(f"layer '{layer.name}': {len(points)} slice_point(s) for "
                                   f"{num_tops} tops (need {num_tops - 1})")
+            if num_tops > length:
+                raise FormatError(f"layer '{layer.name}': {num_tops} tops for an axis of size {length} "
+                                  f"(Caffe's CHECK: at most one top per element)")
             edges = [0] + points + [length]
             sizes = [b - a for a, b in zip(edges, edges[1:])]
-            if any(s <= 0 for s in sizes):
+            if any(s <= 0 for s in sizes[:-1]) or sizes[-1] < 0:
                 raise FormatError(f"layer '{layer.name}': slice_point {points} must be strictly "
-                                  f"increasing inside (0, {length})")
+                                  f"increasing inside (0, {length}]")
             return sizes
         if length % num_tops:
             raise FormatError(f"layer '{layer.name}': axis {axis} of size {length} cannot be sliced "

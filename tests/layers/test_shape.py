@@ -45,6 +45,22 @@ def test_legacy_concat_dim_and_slice_dim_choose_the_axis():
         make_layer('type: "Slice" top: "p" top: "q" slice_param { slice_point: 1 slice_point: 2 }', [(2, 6)])
 
 
+def test_slice_point_at_the_axis_end_gives_an_empty_last_top():
+    # SliceLayer::Reshape: each point > the previous one, the last part is length - last point (0 allowed:
+    # Blob::Reshape takes a 0 dim), and CHECK_LE(tops, length).
+    x = torch.arange(8.0).reshape(2, 4)
+    sl = make_layer('type: "Slice" top: "p" top: "q" top: "r" slice_param { slice_point: 1 slice_point: 4 }',
+                    [x.shape])
+    assert sl.output_shapes() == [(2, 1), (2, 3), (2, 0)]
+    p, q, r = sl(x)
+    assert p.tolist() == [[0.0], [4.0]] and q.tolist() == [[1.0, 2.0, 3.0], [5.0, 6.0, 7.0]] and r.shape == (2, 0)
+    with pytest.raises(FormatError, match="slice_point"):
+        make_layer('type: "Slice" top: "p" top: "q" slice_param { slice_point: 5 }', [(2, 4)])
+    with pytest.raises(FormatError, match="tops for an axis of size 2"):
+        make_layer('type: "Slice" top: "p" top: "q" top: "r" slice_param { slice_point: 1 slice_point: 2 }',
+                   [(3, 2)])
+
+
 def test_legacy_dim_together_with_axis_is_refused_as_caffe():
     # Concat/SliceLayer::LayerSetUp: CHECK(!(has_axis() && has_concat_dim())) "Either axis or concat_dim
     # should be specified; not both." (and the same for slice_dim); even when the two agree.
