@@ -139,7 +139,10 @@ class TanH(NeuronLayer):
 @register_layer("AbsVal")
 class AbsVal(NeuronLayer):
     """``y = |x|``; gradient ``sign(x) · dy`` with ``sign(0) = 0`` (as Caffe's ``caffe_cpu_sign``),
-    computed explicitly."""
+    computed explicitly.  Not in place: Caffe's AbsValLayer CHECKs that its top is not its bottom (its
+    backward reads the bottom)."""
+
+    refuses_in_place = True
 
     def activation(self, x):
         return caffe_abs(x)

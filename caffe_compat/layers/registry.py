@@ -37,6 +37,8 @@ everything else (no table restates them; see :mod:`caffe_compat.layers.facts`):
   layer, HDF5Output's file write), so a net holding it is compiled as graphs around it;
 * ``sizes_follow_values``: its tops' sizes depend on its bottoms' values (Filter), which a CUDA graph,
   replaying fixed sizes, cannot hold: the solver names it and trains eagerly (``torch.compile`` holds it);
+* ``refuses_in_place``: Caffe CHECKs that no top is the bottom (``"<type> Layer does not allow in-place
+  computation"``: AbsVal, Reshape, Flatten, Split); checked with the blob counts, by blob name;
 * ``in_caffe_1_0``: BVLC Caffe 1.0 registers this type;
 * ``param_message``: the LayerParameter field holding its parameters (by Caffe's naming convention,
   ``Convolution`` → ``convolution_param``, unless the port names another, e.g. Deconvolution's
@@ -69,7 +71,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from caffe_compat.errors import UnknownLayerError
+from caffe_compat.errors import FormatError, UnknownLayerError
 from caffe_compat.layers.facts import ANY, BlobCount, InputFacts, Shapes
 
 _REGISTRY: dict[str, type["CaffeLayer"]] = {}
@@ -106,6 +108,8 @@ class CaffeLayer(nn.Module):
     breaks_graph: bool = False
     #: Its tops' sizes depend on its bottoms' values: a CUDA graph cannot hold it (``step_graphs.refusal``).
     sizes_follow_values: bool = False
+    #: Caffe refuses a top that is the bottom ("Layer does not allow in-place computation").
+    refuses_in_place: bool = False
     #: BVLC Caffe 1.0 registers this type.
     in_caffe_1_0: bool = False
     #: The LayerParameter field of its parameters (None: none; set from the type name by convention).
@@ -156,6 +160,9 @@ class CaffeLayer(nn.Module):
         cls.bottoms.check(num_bottoms, where, "bottom")
         if check_tops:
             cls.tops.check(len(layer.top), where, "top")
+        if cls.refuses_in_place and set(layer.top) & set(layer.bottom[:1]):
+            raise FormatError(f"{where}: {layer.type} Layer does not allow in-place computation (top "
+                              f"'{layer.bottom[0]}' is its bottom)")
 
     @classmethod
     def infer(cls, layer, bottoms) -> Shapes | None:

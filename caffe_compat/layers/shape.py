@@ -130,8 +130,10 @@ class Slice(CaffeLayer):
 
 @register_layer("Split")
 class Split(CaffeLayer):
-    """Every top is the bottom (Caffe shares the data); the bottom's gradient is the sum of the tops'."""
+    """Every top is the bottom (Caffe shares the data); the bottom's gradient is the sum of the tops'.  No top
+    may be named as the bottom (Caffe's CHECK: no in-place Split)."""
 
+    refuses_in_place = True
     bottoms = ONE
     tops = BlobCount.at_least(1)
     in_caffe_1_0 = True
@@ -151,8 +153,9 @@ class Flatten(CaffeLayer):
     ``shape[:axis] + (count(axis, end_axis + 1),) + shape[end_axis + 1:]``, as Caffe's FlattenLayer builds it.
     So ``end_axis = axis − 1`` (an empty range, count 1) *inserts* a unit axis before ``axis``, e.g. axis 1,
     end_axis 0: ``(N, D)`` → ``(N, 1, D)``; an ``end_axis`` further before ``axis`` fails Caffe's
-    ``Blob::count`` CHECK and is a FormatError."""
+    ``Blob::count`` CHECK and is a FormatError.  Not in place (Caffe's CHECK)."""
 
+    refuses_in_place = True
     bottoms = tops = ONE
     in_caffe_1_0 = True
 
@@ -186,8 +189,10 @@ class Flatten(CaffeLayer):
 class Reshape(CaffeLayer):
     """Replace bottom axes ``[axis, axis+num_axes)`` by ``reshape_param.shape`` (axis 0, num_axes -1 =
     to the end; a negative axis counts from *after* the last axis, so -1 appends).  In the shape,
-    ``0`` copies the bottom dimension at the same position and one ``-1`` is inferred from the count."""
+    ``0`` copies the bottom dimension at the same position and one ``-1`` is inferred from the count.
+    Not in place (Caffe's CHECK in LayerSetUp)."""
 
+    refuses_in_place = True
     bottoms = tops = ONE
     in_caffe_1_0 = True
 

@@ -88,6 +88,33 @@ def test_flatten_with_end_axis_just_before_axis_inserts_a_unit_axis():
         make_layer('type: "Flatten" flatten_param { axis: 2 end_axis: 0 }', [(2, 3, 4)])
 
 
+@pytest.mark.parametrize("layer, shape", [
+    ('type: "Reshape" bottom: "x" top: "x" reshape_param { shape { dim: 0 dim: -1 } }', (2, 3, 4)),
+    ('type: "Flatten" bottom: "x" top: "x"', (2, 3, 4)),
+    ('type: "Split" bottom: "x" top: "x" top: "y"', (2, 3)),
+    ('type: "AbsVal" bottom: "x" top: "x"', (2, 3)),
+])
+def test_layers_caffe_refuses_to_run_in_place(layer, shape):
+    # CHECK_NE(top[0], bottom[0]) << type() << " Layer does not allow in-place computation." in Reshape's and
+    # AbsVal's LayerSetUp and Flatten's and Split's Reshape (Split: for every top).
+    with pytest.raises(FormatError, match="does not allow in-place computation"):
+        make_layer(layer, [shape])
+    from caffe_compat.io import read_net
+    from caffe_compat.net_shapes import infer_shapes
+    net = read_net('layer { name: "in" type: "Input" top: "x" input_param { shape { %s } } }\n'
+                        'layer { name: "l" %s }' % (" ".join(f"dim: {d}" for d in shape), layer))
+    with pytest.raises(FormatError, match="does not allow in-place computation"):
+        infer_shapes(net)
+
+
+def test_out_of_place_reshape_flatten_split_absval_still_build():
+    for layer, shape in [('type: "Reshape" bottom: "x" top: "y" reshape_param { shape { dim: 0 dim: -1 } }', (2, 3, 4)),
+                         ('type: "Flatten" bottom: "x" top: "y"', (2, 3, 4)),
+                         ('type: "Split" bottom: "x" top: "y" top: "z"', (2, 3)),
+                         ('type: "AbsVal" bottom: "x" top: "y"', (2, 3))]:
+        make_layer(layer, [shape])
+
+
 @pytest.mark.parametrize("text, bottom, expected", [
     # Examples from Caffe's ReshapeParameter documentation and reshape_layer tests.
     ('shape { dim: 0 dim: -1 }', (2, 3, 4, 5), (2, 60)),
