@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from caffe_compat.errors import DataError, FormatError
-from caffe_compat.layers.caffe_backward import caffe_abs
+from caffe_compat.layers.caffe_backward import caffe_abs, caffe_backward_applies
 from caffe_compat.layers.facts import NONE, ONE, BlobCount, Shapes, canonical_axis, count, same_as_bottom
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
@@ -27,9 +27,9 @@ class Eltwise(CaffeLayer):
     """Element-wise combination of >= 2 same-shape bottoms (``eltwise_param.operation``, default SUM).
 
     * SUM: ``y = Σ_i c_i x_i`` with ``coeff`` (one per bottom, default all 1).
-    * PROD: ``y = Π_i x_i``.  ``stable_prod_grad`` only chooses how Caffe computes the same gradient
-      (product of the other inputs vs ``y / x_i``; the latter is NaN at a zero input); autograd always
-      computes the product of the others, i.e. the stable form.
+    * PROD: ``y = Π_i x_i``.  The gradient to ``x_i`` is ``dy · Π_{j≠i} x_j`` with ``stable_prod_grad``
+      (the default; autograd's product of the others), else Caffe's ``dy · (y / x_i)``, computed as Caffe
+      does: NaN where ``x_i = 0`` (0/0), and ±inf/NaN where another input overflows the product.
     * MAX: ``y = max_i x_i`` with Caffe's argmax routing: between bottoms 0 and 1 a tie goes to bottom
       1 (``a > b ? a : b``), later bottoms replace the running max only when strictly greater.  The
       gradient flows to that single bottom per element.
@@ -54,6 +54,7 @@ class Eltwise(CaffeLayer):
         super().__init__(param, bottom_shapes, phase)
         p = param.eltwise_param
         self.operation = p.operation
+        self.stable_prod_grad = bool(p.stable_prod_grad)
         self.coeffs = [float(c) for c in p.coeff]
         if self.coeffs and len(self.coeffs) != len(self.bottom_shapes):
             raise FormatError(f"layer '{self.layer_name}': Eltwise has {len(self.coeffs)} coeff(s) for "
@@ -64,9 +65,9 @@ class Eltwise(CaffeLayer):
 
     def forward(self, *bottoms):
         if self.operation == _Eltwise.PROD:
-            y = bottoms[0] * bottoms[1]
-            for b in bottoms[2:]:
-                y = y * b
+            if not self.stable_prod_grad and any(caffe_backward_applies(b) for b in bottoms):
+                return (_QuotientProd.apply(*bottoms),)
+            y = _product(bottoms)
         elif self.operation == _Eltwise.SUM:
             coeffs = self.coeffs or [1.0] * len(bottoms)
             terms = [b if c == 1.0 else b * c for b, c in zip(bottoms, coeffs)]
@@ -79,6 +80,29 @@ class Eltwise(CaffeLayer):
             for nxt in bottoms[2:]:
                 y = torch.where(nxt > y, nxt, y)
         return (y,)
+
+
+def _product(bottoms) -> torch.Tensor:
+    """``x_0 · x_1 · …`` in Caffe's order."""
+    y = bottoms[0] * bottoms[1]
+    for b in bottoms[2:]:
+        y = y * b
+    return y
+
+
+class _QuotientProd(torch.autograd.Function):
+    """Eltwise PROD with ``stable_prod_grad: false``: Caffe's bottom diff ``(top / bottom_i) · top_diff``."""
+
+    @staticmethod
+    def forward(ctx, *bottoms):
+        top = _product(bottoms)
+        ctx.save_for_backward(top, *bottoms)
+        return top
+
+    @staticmethod
+    def backward(ctx, top_diff):
+        top, *bottoms = ctx.saved_tensors
+        return tuple(top / b * top_diff if need else None for b, need in zip(bottoms, ctx.needs_input_grad))
 
 
 @register_layer("Softmax")

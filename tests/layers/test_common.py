@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -82,6 +84,24 @@ def test_eltwise_max_accepts_and_ignores_coefficients_as_caffe():
     with pytest.raises(FormatError, match="1 coeff"):
         make_layer('type: "Eltwise" bottom: "a" bottom: "b" eltwise_param { operation: MAX coeff: 1 }',
                    [(2,), (2,)])
+
+
+def test_eltwise_prod_unstable_gradient_is_caffes_quotient():
+    # EltwiseLayer::Backward_cpu, PROD with stable_prod_grad false: bottom_diff = top / bottom_i * top_diff,
+    # NaN (0/0) where bottom_i is 0; the default (stable) form is the product of the other bottoms.
+    a = torch.tensor([2.0, 0.0, -3.0], dtype=torch.float64, requires_grad=True)
+    b = torch.tensor([5.0, 4.0, 0.5], dtype=torch.float64, requires_grad=True)
+    dy = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    text = 'type: "Eltwise" bottom: "a" bottom: "b" eltwise_param { operation: PROD %s }'
+    unstable = make_layer(text % "stable_prod_grad: false", [(3,), (3,)])
+    (y,) = unstable(a, b)
+    assert y.tolist() == [10.0, 0.0, -1.5]
+    ga, gb = torch.autograd.grad(y, (a, b), dy)
+    assert ga[0].item() == 5.0 and math.isnan(ga[1].item()) and ga[2].item() == 1.5
+    assert gb.tolist() == [2.0, 0.0, -9.0]
+    stable = make_layer(text % "", [(3,), (3,)])
+    ga, gb = torch.autograd.grad(stable(a, b)[0], (a, b), dy)
+    assert ga.tolist() == [5.0, 8.0, 1.5] and gb.tolist() == [2.0, 0.0, -9.0]
 
 
 def test_gradcheck_eltwise_prod_and_softmax_float64():
