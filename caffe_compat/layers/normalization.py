@@ -280,11 +280,28 @@ class MVN(CaffeLayer):
     deviation ``sqrt(mean((x - μ)²))``.  **eps is added to σ, not to σ²** (Caffe ``MVNLayer``), and Caffe's
     backward, reproduced here, treats ``σ + eps`` as if it were σ in the variance term:
     ``dx = (dy - mean(dy) - y·mean(dy·y)) / (σ + eps)`` (the fixtures' ``mvn_across_eps``, eps 0.01,
-    tell the two apart)."""
+    tell the two apart).
+
+    Shape: Caffe's MVNLayer reshapes its top with the legacy accessors, ``(num, channels, height, width)``
+    (1 for a missing axis), so the top always has **4 axes**: an ``(N, D)`` bottom gives an ``(N, D, 1, 1)``
+    top; a bottom with more than 4 axes fails the legacy accessors' CHECK (a FormatError)."""
 
     bottoms = tops = ONE
     in_caffe_1_0 = True
-    infer = classmethod(same_as_bottom)
+
+    @staticmethod
+    def legacy_shape(layer_name: str, shape) -> tuple[int, int, int, int]:
+        """Caffe's ``(num(), channels(), height(), width())`` of a blob: 1 for a missing axis, > 4 axes refused."""
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > 4:
+            raise FormatError(f"layer '{layer_name}' (MVN): cannot use legacy accessors on blobs with > 4 axes, got "
+                              f"shape {shape}")
+        return shape + (1,) * (4 - len(shape))
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """``(num, channels, height, width)`` of the bottom (see the class docstring)."""
+        return Shapes([cls.legacy_shape(layer.name, bottoms[0])])
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
@@ -292,17 +309,17 @@ class MVN(CaffeLayer):
         self.normalize_variance = bool(p.normalize_variance)
         self.across_channels = bool(p.across_channels)
         self.eps = float(p.eps)
+        self.rule()
 
     def forward(self, x):
-        if x.dim() < 1:
-            raise FormatError(f"layer '{self.layer_name}': MVN needs a bottom with at least one axis")
-        rows = x.shape[0] if (self.across_channels or x.dim() == 1) else x.shape[0] * x.shape[1]
+        shape = self.legacy_shape(self.layer_name, x.shape)
+        rows = shape[0] if self.across_channels else shape[0] * shape[1]
         flat = x.reshape(rows, -1)
         centred = flat - flat.mean(dim=1, keepdim=True)
         if self.normalize_variance:
             std = torch.sqrt((centred * centred).mean(dim=1, keepdim=True))
             centred = centred / _std_plus_eps(std, self.eps)
-        return (centred.reshape(x.shape),)
+        return (centred.reshape(shape),)
 
 
 @register_layer("LRN")

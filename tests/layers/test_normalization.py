@@ -258,6 +258,23 @@ def test_mvn_backward_is_caffes_formula_not_the_exact_derivative():
     assert np.max(np.abs(caffe - exact)) > 1e-3
 
 
+def test_mvn_top_has_caffes_legacy_four_axes():
+    # MVNLayer::Reshape: top->Reshape(num(), channels(), height(), width()), legacy accessors (1 for a missing
+    # axis, CHECK-fail above 4 axes): an (N, D) bottom, e.g. after an InnerProduct, gives an (N, D, 1, 1) top.
+    x = torch.tensor([[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 4.0, 4.0]], dtype=torch.float64)
+    port = make_layer('type: "MVN" mvn_param { normalize_variance: false }', [x.shape])
+    assert port.output_shapes() == [(2, 4, 1, 1)]
+    (y,) = port(x)
+    assert y.shape == (2, 4, 1, 1)
+    # per (sample, channel) over height·width = 1 value: x - mean = 0; across channels: over the 4 values
+    assert y.abs().max().item() == 0.0
+    across = make_layer('type: "MVN" mvn_param { normalize_variance: false across_channels: true }', [x.shape])
+    assert across(x)[0].flatten().tolist() == [-2.0, -1.0, 0.0, 3.0, -2.0, -2.0, 2.0, 2.0]
+    assert make_layer('type: "MVN"', [(2, 3, 5)]).output_shapes() == [(2, 3, 5, 1)]
+    with pytest.raises(FormatError, match="> 4 axes"):
+        make_layer('type: "MVN"', [(1, 2, 3, 4, 5)])
+
+
 @pytest.mark.parametrize("text", [
     'type: "LRN" lrn_param { local_size: 3 alpha: 0.5 beta: 0.6 k: 1.5 }',
     'type: "LRN" lrn_param { local_size: 5 alpha: 2 beta: 0.75 k: 0.5 }',  # Caffe's backward formula
