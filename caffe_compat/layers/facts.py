@@ -83,6 +83,15 @@ def canonical_axis(axis: int, num_axes: int, layer: str, field: str = "axis") ->
     return axis + num_axes if axis < 0 else axis
 
 
+def legacy_shape(shape, where: str) -> tuple[int, int, int, int]:
+    """Caffe's legacy ``(num(), channels(), height(), width())`` of a blob: 1 for a missing axis; more than 4
+    axes fail the legacy accessors' CHECK (a FormatError; ``where`` names the layer)."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) > 4:
+        raise FormatError(f"{where}: cannot use legacy accessors on blobs with > 4 axes, got shape {shape}")
+    return shape + (1,) * (4 - len(shape))
+
+
 @dataclass(frozen=True)
 class InputFacts:
     """What a data layer tells about the images it feeds (export replaces it by an ``Input`` of that shape).

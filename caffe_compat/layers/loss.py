@@ -46,7 +46,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
 from caffe_compat.layers.caffe_backward import caffe_relu
-from caffe_compat.layers.facts import BlobCount, Shapes, canonical_axis
+from caffe_compat.layers.facts import BlobCount, Shapes, canonical_axis, legacy_shape
 from caffe_compat.layers.facts import count as _count
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.losses.static_form import asserted_in_graph
@@ -140,6 +140,9 @@ class ContrastiveLossLayer(_LossLayer):
 
     ``L = 1/(2N) Σ_i [sim_i] d_i² + [¬sim_i] max(margin - d_i, 0)²`` with ``d_i = |a_i - b_i|``;
     ``legacy_version: true`` uses ``max(margin - d_i², 0)`` instead.  Defaults: margin 1, legacy false.
+    Shapes, as Caffe's LayerSetUp CHECKs them through the legacy accessors: ``a`` and ``b`` are
+    ``(N, C[, 1, 1])`` with the same C (a feature map with height or width above 1 is refused, not
+    flattened), ``sim`` is ``(N[, 1, 1, 1])``.
     Quirks: a pair is similar when ``static_cast<int>(sim) != 0`` (2 and -1 are similar, 0.7 is not);
     the non-legacy gradient is ``-(margin - d)/(d + 1e-4) (a - b)/N`` (Caffe's epsilon, not the exact
     derivative), zero unless ``margin - d > 0`` (legacy: ``margin - d² > 0``), strictly, as Caffe's
@@ -153,8 +156,12 @@ class ContrastiveLossLayer(_LossLayer):
         p = param.contrastive_loss_param
         self.margin, self.legacy = float(p.margin), bool(p.legacy_version)
         a, b, sim = self.bottom_shapes
-        if _count(a, 1) != _count(b, 1) or _count(a) != _count(b):
-            raise self._bad(f"bottoms a {a} and b {b} must have the same shape")
+        where = f"layer '{self.layer_name}' (ContrastiveLoss)"
+        (_, ca, ha, wa), (_, cb, hb, wb), (_, cs, hs, ws) = (legacy_shape(s, where) for s in (a, b, sim))
+        if ca != cb or (ha, wa, hb, wb) != (1, 1, 1, 1):  # Caffe's LayerSetUp CHECKs (legacy accessors)
+            raise self._bad(f"bottoms a {a} and b {b} must be (N, C, 1, 1) features with the same C")
+        if (cs, hs, ws) != (1, 1, 1):
+            raise self._bad(f"the similarity bottom {sim} must be (N, 1, 1, 1)")
         if _count(sim) != (a[0] if a else 1):
             raise self._bad(f"the similarity bottom {sim} must hold one value per pair ({a[0]})")
 

@@ -16,7 +16,8 @@ from caffe_compat.errors import FormatError
 from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks, samples_per_block, writes_into_views
 from caffe_compat.layers.caffe_backward import caffe_backward_applies
 from caffe_compat.layers.layout import is_channels_last, to_channels_last, to_contiguous
-from caffe_compat.layers.facts import ONE, BlobCount, Shapes, broadcast_view, canonical_axis, same_as_bottom
+from caffe_compat.layers.facts import (ONE, BlobCount, Shapes, broadcast_view, canonical_axis, legacy_shape,
+                                       same_as_bottom)
 from caffe_compat.layers.geometry import need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
@@ -289,19 +290,10 @@ class MVN(CaffeLayer):
     bottoms = tops = ONE
     in_caffe_1_0 = True
 
-    @staticmethod
-    def legacy_shape(layer_name: str, shape) -> tuple[int, int, int, int]:
-        """Caffe's ``(num(), channels(), height(), width())`` of a blob: 1 for a missing axis, > 4 axes refused."""
-        shape = tuple(int(d) for d in shape)
-        if len(shape) > 4:
-            raise FormatError(f"layer '{layer_name}' (MVN): cannot use legacy accessors on blobs with > 4 axes, got "
-                              f"shape {shape}")
-        return shape + (1,) * (4 - len(shape))
-
     @classmethod
     def infer(cls, layer, bottoms):
         """``(num, channels, height, width)`` of the bottom (see the class docstring)."""
-        return Shapes([cls.legacy_shape(layer.name, bottoms[0])])
+        return Shapes([legacy_shape(bottoms[0], f"layer '{layer.name}' (MVN)")])
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
@@ -312,7 +304,7 @@ class MVN(CaffeLayer):
         self.rule()
 
     def forward(self, x):
-        shape = self.legacy_shape(self.layer_name, x.shape)
+        shape = legacy_shape(x.shape, f"layer '{self.layer_name}' (MVN)")
         rows = shape[0] if self.across_channels else shape[0] * shape[1]
         flat = x.reshape(rows, -1)
         centred = flat - flat.mean(dim=1, keepdim=True)

@@ -137,6 +137,29 @@ def test_contrastive_closed_form():
     torch.testing.assert_close(b.grad, -expected, rtol=1e-14, atol=0)
 
 
+@pytest.mark.parametrize("shapes", [
+    [(2, 3, 2, 1), (2, 3, 2, 1), (2,)],     # a feature map: height 2
+    [(2, 2, 1, 3), (2, 2, 1, 3), (2,)],     # width 3
+    [(2, 6), (2, 3, 2), (2,)],              # same count per sample, channels 6 vs 3
+    [(2, 3), (2, 3), (2, 2)],               # two similarity values per pair
+    [(2, 3, 1, 1, 1), (2, 3, 1, 1, 1), (2,)],  # 5 axes: the legacy accessors' CHECK
+])
+def test_contrastive_shapes_are_caffes_legacy_checks(shapes):
+    # ContrastiveLossLayer::LayerSetUp: CHECK_EQ(a.channels(), b.channels()), a/b height() == width() == 1,
+    # sim channels() == height() == width() == 1 (legacy accessors): no flattening of feature maps.
+    with pytest.raises(FormatError):
+        layer_from("ContrastiveLoss", shapes)
+
+
+def test_contrastive_takes_legacy_four_axis_features():
+    a = torch.tensor([[1.0, 2.0], [0.0, 0.0]]).reshape(2, 2, 1, 1)
+    b = torch.tensor([[1.0, 0.0], [3.0, 4.0]]).reshape(2, 2, 1, 1)
+    layer = layer_from("ContrastiveLoss", [(2, 2, 1, 1), (2, 2, 1, 1), (2, 1, 1, 1)],
+                       "contrastive_loss_param { margin: 7 }")
+    (loss,) = layer(a, b, torch.tensor([1.0, 0.0]).reshape(2, 1, 1, 1))
+    assert loss.item() == pytest.approx((4.0 + (7.0 - 5.0) ** 2) / 4)
+
+
 def test_contrastive_epsilon_dominates_at_tiny_distance_and_legacy_is_exact():
     """At d = 1e-3 Caffe's 1/(d + 1e-4) is 1/1.1e-3, 9 % below the true 1/d; the legacy form is exact."""
     a = torch.tensor([[1e-3, 0.0]], dtype=torch.float64, requires_grad=True)
