@@ -141,11 +141,15 @@ class Convolution(_ConvolutionBase):
     computes one output, its im2col reading the overhang as zeros; so does the port (zeros appended)."""
 
     def _convolve(self, x):
-        overhang = [conv_overhang(int(x.shape[2 + a]), conv_out_size(int(x.shape[2 + a]), self.kernel[a],
-                                                                     self.stride[a], self.pad[a], self.dilation[a]),
-                                  self.kernel[a], self.stride[a], self.pad[a], self.dilation[a]) for a in (0, 1)]
-        if any(overhang):
-            x = F.pad(x, (0, overhang[1], 0, overhang[0]))
+        # an overhang needs an input shorter than the kernel extent minus both pads: impossible (and the
+        # shapes not read, so a trace or a compiled graph stays shape-generic) when that is at most 1
+        if any(self.dilation[a] * (self.kernel[a] - 1) + 1 - 2 * self.pad[a] > 1 for a in (0, 1)):
+            overhang = [conv_overhang(size, conv_out_size(size, self.kernel[a], self.stride[a], self.pad[a],
+                                                          self.dilation[a]),
+                                      self.kernel[a], self.stride[a], self.pad[a], self.dilation[a])
+                        for a, size in enumerate((int(x.shape[2]), int(x.shape[3])))]
+            if any(overhang):
+                x = F.pad(x, (0, overhang[1], 0, overhang[0]))
         return F.conv2d(x, self.weight, self.bias, self.stride, self.pad, self.dilation, self.group)
 
 
