@@ -79,6 +79,76 @@ class _BlobsByKey(dict):
         return blobs
 
 
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5_weights(path) -> bool:
+    """Whether ``CopyTrainedLayersFrom`` reads ``path`` as HDF5: Caffe asks ``H5Fis_hdf5`` (the file's HDF5
+    signature, at its start here); a name ending in ``.h5`` also counts (what a missing file is taken for)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return False
+    if os.fspath(path).endswith(".h5"):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE
+    except OSError:  # the caffemodel reader names the problem
+        return False
+
+
+def copy_hdf5_weights(cnet, path) -> None:
+    """Caffe's ``CopyTrainedLayersFromHDF5`` into ``cnet``'s blobs: by layer name, source layers the net lacks
+    ignored, a blob count or shape that differs a ShapeMismatchError (what ``copy_from``, ``caffe test
+    -weights`` and ``extract_features`` use for an HDF5 weights file, as Caffe's ``CopyTrainedLayersFrom``)."""
+    try:
+        import h5py
+    except ModuleNotFoundError:
+        raise CaffeCompatError(f"{os.fspath(path)}: reading HDF5 weights needs h5py: pip install h5py") from None
+    path = os.fspath(path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise FormatError(f"load_hdf5: cannot read {path} as HDF5: {exc}") from None
+    with f:
+        if "data" not in f:
+            raise FormatError(f"{path}: no 'data' group (not a Caffe HDF5 weights file)")
+        source = f["data"]
+        targets = {step.name: list(cnet.layers[step.module_key].caffe_blobs()) for step in cnet.steps
+                   if step.module_key is not None}
+        with torch.no_grad():
+            for name in source:
+                blobs = targets.get(name)
+                if not blobs:
+                    continue  # Caffe: "Ignoring source layer"
+                group = source[name]
+                if len(group) != len(blobs):
+                    raise ShapeMismatchError(f"{path}: layer '{name}' has {len(group)} blobs, the net's has "
+                                             f"{len(blobs)} (Incompatible number of blobs)")
+                for i, blob in enumerate(blobs):
+                    if str(i) not in group:
+                        raise FormatError(f"{path}: layer '{name}' lacks dataset '{i}'")
+                    value = np.asarray(group[str(i)], dtype=np.float32)
+                    if tuple(value.shape) != tuple(blob.shape):
+                        raise ShapeMismatchError(f"{path}: layer '{name}' blob {i} has shape {value.shape}, "
+                                                 f"the net's {tuple(blob.shape)}")
+                    blob.copy_(torch.from_numpy(value))
+
+
+def copy_weights_files(cnet, paths, strict: bool = False) -> None:
+    """Caffe's ``CopyLayers``: each weights file in order into ``cnet``: one that ``CopyTrainedLayersFrom``
+    reads as HDF5 (:func:`is_hdf5_weights`: a ``.caffemodel.h5`` snapshot) through
+    :func:`copy_hdf5_weights`, each run of caffemodels through ``load_caffemodels`` (one name-mismatch report
+    per run)."""
+    from itertools import groupby
+
+    for hdf5, run in groupby(paths, key=is_hdf5_weights):
+        if hdf5:
+            for path in run:
+                copy_hdf5_weights(cnet, path)
+        else:
+            cnet.load_caffemodels(list(run), strict=strict)
+
+
 class CaffemodelWeights:
     """Fillers and caffemodel I/O of a :class:`~caffe_compat.net.CaffeNet` (a mixin of it)."""
 

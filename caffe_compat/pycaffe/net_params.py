@@ -26,8 +26,9 @@ import os
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
+from caffe_compat.errors import CaffeCompatError, ShapeMismatchError
 from caffe_compat.net import CaffeNet
+from caffe_compat.net_weights import copy_hdf5_weights, is_hdf5_weights
 from caffe_compat.pycaffe.blob import grad_of
 
 __all__ = ["NetParamsMixin", "copy_hdf5_weights", "is_hdf5_weights", "set_input_arrays_of", "share_trained_layers",
@@ -101,63 +102,12 @@ def set_input_arrays_of(cnet: CaffeNet, data, labels) -> None:
     cnet.layers[first.module_key].set_input_arrays(data, labels)
 
 
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
-
-def is_hdf5_weights(path) -> bool:
-    """Whether ``CopyTrainedLayersFrom`` reads ``path`` as HDF5: Caffe asks ``H5Fis_hdf5`` (the file's HDF5
-    signature, at its start here); a name ending in ``.h5`` also counts (what a missing file is taken for)."""
-    if not isinstance(path, (str, os.PathLike)):
-        return False
-    if os.fspath(path).endswith(".h5"):
-        return True
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE
-    except OSError:  # the caffemodel reader names the problem
-        return False
-
-
 def _h5py():
     try:
         import h5py
     except ModuleNotFoundError:
         raise CaffeCompatError("save_hdf5/load_hdf5 need h5py: pip install h5py") from None
     return h5py
-
-
-def copy_hdf5_weights(cnet: CaffeNet, path) -> None:
-    """Caffe's ``CopyTrainedLayersFromHDF5`` into ``cnet``'s blobs: by layer name, source layers the net lacks
-    ignored, a blob count or shape that differs a ShapeMismatchError (what ``copy_from``, ``caffe test
-    -weights`` and ``extract_features`` use for an HDF5 weights file, as Caffe's ``CopyTrainedLayersFrom``)."""
-    h5py = _h5py()
-    path = os.fspath(path)
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise FormatError(f"load_hdf5: cannot read {path} as HDF5: {exc}") from None
-    with f:
-        if "data" not in f:
-            raise FormatError(f"{path}: no 'data' group (not a Caffe HDF5 weights file)")
-        source = f["data"]
-        targets = dict(_layer_blobs(cnet))
-        with torch.no_grad():
-            for name in source:
-                blobs = targets.get(name)
-                if not blobs:
-                    continue  # Caffe: "Ignoring source layer"
-                group = source[name]
-                if len(group) != len(blobs):
-                    raise ShapeMismatchError(f"{path}: layer '{name}' has {len(group)} blobs, the net's has "
-                                             f"{len(blobs)} (Incompatible number of blobs)")
-                for i, blob in enumerate(blobs):
-                    if str(i) not in group:
-                        raise FormatError(f"{path}: layer '{name}' lacks dataset '{i}'")
-                    value = np.asarray(group[str(i)], dtype=np.float32)
-                    if tuple(value.shape) != tuple(blob.shape):
-                        raise ShapeMismatchError(f"{path}: layer '{name}' blob {i} has shape {value.shape}, "
-                                                 f"the net's {tuple(blob.shape)}")
-                    blob.copy_(torch.from_numpy(value))
 
 
 class NetParamsMixin:

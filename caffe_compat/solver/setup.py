@@ -66,20 +66,11 @@ class SolverSetup:
 
     @staticmethod
     def _copy_weights(net, paths, strict: bool = False) -> None:
-        """Caffe's ``CopyLayers``: each weights file in order into ``net``.  A file Caffe's
-        ``CopyTrainedLayersFrom`` reads as HDF5 (``H5Fis_hdf5``: a ``.caffemodel.h5`` snapshot) goes through
-        the ``CopyTrainedLayersFromHDF5`` port; each run of caffemodels through ``load_caffemodels`` (one
-        name-mismatch report per run)."""
-        from itertools import groupby
+        """Caffe's ``CopyLayers``: each weights file in order into ``net``, an HDF5 one (a ``.caffemodel.h5``
+        snapshot) read as HDF5 (:func:`~caffe_compat.net_weights.copy_weights_files`)."""
+        from caffe_compat.net import copy_weights_files
 
-        from caffe_compat.pycaffe.net_params import copy_hdf5_weights, is_hdf5_weights
-
-        for hdf5, run in groupby(paths, key=is_hdf5_weights):
-            if hdf5:
-                for path in run:
-                    copy_hdf5_weights(net, path)
-            else:
-                net.load_caffemodels(list(run), strict=strict)
+        copy_weights_files(net, paths, strict=strict)
 
     @staticmethod
     def _weight_list(weights) -> list[str]:

@@ -97,8 +97,7 @@ def build_net(model, weights=None, *, phase: str = "test", level: int | None = N
     on ``device``.  ``require_weights``: refuse a net with learnable blobs and no weights (``caffe
     test``'s "Need model weights to score"); a net without learnable blobs needs none."""
     from caffe_compat.io import read_net
-    from caffe_compat.net import CaffeNet
-    from caffe_compat.pycaffe.net_params import copy_hdf5_weights, is_hdf5_weights
+    from caffe_compat.net import CaffeNet, copy_weights_files
 
     for path in [model, *split_list(weights)]:
         if isinstance(path, (str, os.PathLike)):
@@ -112,11 +111,8 @@ def build_net(model, weights=None, *, phase: str = "test", level: int | None = N
         raise CaffeCompatError(f"{model}: need model weights to score (-weights W.caffemodel): the net has "
                                f"learnable blobs ({', '.join(list(net.params)[:3])}"
                                f"{', ...' if len(net.params) > 3 else ''})")
-    for path in paths:
-        if is_hdf5_weights(path):  # Caffe's CopyTrainedLayersFrom: an HDF5 file (H5Fis_hdf5) is read as HDF5
-            copy_hdf5_weights(net, path)
-        else:
-            net.load_caffemodel(path)
+    for path in paths:  # one at a time, each reported (Caffe's CopyTrainedLayersFrom; an HDF5 file read as HDF5)
+        copy_weights_files(net, [path])
     return net.to(torch.device("cpu") if device is None else device)
 
 
