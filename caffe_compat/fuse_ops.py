@@ -107,8 +107,9 @@ class FusedConvolution(nn.Module):
     bottom is added before the activation."""
 
     def __init__(self, weight, bias, stride, pad, dilation, group, activation=None, residual=False,
-                 bias_magnitude=None):
+                 bias_magnitude=None, pad_input=None):
         super().__init__()
+        self.pad_input = pad_input  # x -> x with Caffe's overhang zeros appended (see Convolution), or None
         self.register_buffer("weight", weight.detach().clone())
         self.register_buffer("bias", bias.detach().clone())
         magnitude = bias.abs() if bias_magnitude is None else bias_magnitude
@@ -143,6 +144,8 @@ class FusedConvolution(nn.Module):
         return packed
 
     def forward(self, x, other=None):
+        if self.pad_input is not None:  # Caffe's output size: an overhang of less than a stride reads zeros
+            x = self.pad_input(x)
         fast = (_MKLDNN is not None and x.device.type == "cpu" and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32 and not _traced()
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))

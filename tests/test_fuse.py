@@ -254,3 +254,28 @@ def test_cli_export_fuse_verify(tmp_path, capsys):
     assert status == 0 and "verification passed" in out and "fused" in out, out
     ops = [n.op_type for n in onnx.load(str(target)).graph.node]
     assert ops.count("Conv") == 2 and "Div" not in ops and "Sub" not in ops, ops
+
+
+OVERHANG = """name: 'overhang'
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 dim: 2 dim: 2 } } }
+layer { name: 'conv' type: 'Convolution' bottom: 'data' top: 'conv'
+  convolution_param { num_output: 4 kernel_size: 3 stride: 2 weight_filler { type: 'gaussian' std: 0.5 }
+                      bias_filler { type: 'constant' value: 0.1 } } }
+layer { name: 'relu' type: 'ReLU' bottom: 'conv' top: 'conv' }
+"""
+
+
+def test_a_kernel_overhanging_by_less_than_a_stride_fuses_to_caffes_output():
+    # Caffe's C++ division: a 2x2 input, kernel 3, stride 2 gives one output, the overhang read as zeros;
+    # the fused convolution appends the same zeros (with and without oneDNN's pointwise path)
+    net = load_net(OVERHANG, seed=2).eval()
+    fused = net.fuse_for_inference()
+    assert [s.type for s in fused.steps if "Convolution" in s.type] == ["Convolution+ReLU"]
+    inputs = _inputs(net)
+    ref = _unfused_values(net, inputs)
+    assert tuple(ref["conv"].shape) == (2, 4, 1, 1) and float(ref["conv"].abs().max()) > 0
+    for grad in (False, True):  # autograd on: the plain F.conv2d path
+        with torch.set_grad_enabled(grad):
+            out = fused(**{k: v.requires_grad_(grad) for k, v in inputs.items()})
+        torch.testing.assert_close(out["conv"].detach(), ref["conv"], rtol=0,
+                                   atol=fused.tolerance() * float(ref["conv"].abs().max()))

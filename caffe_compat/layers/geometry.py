@@ -37,6 +37,19 @@ def conv_overhang(size: int, out: int, kernel: int, stride: int = 1, pad: int = 
     return max(0, (out - 1) * stride + dilation * (kernel - 1) + 1 - size - 2 * pad) if out > 0 else 0
 
 
+def may_overhang(kernel, pad, dilation) -> bool:
+    """Whether a convolution's kernel can overhang its padded input at all (its extent exceeds both pads by
+    more than 1 on some axis): only then need the input's size be read for :func:`conv_overhangs`."""
+    return any(d * (k - 1) + 1 - 2 * p > 1 for k, p, d in zip(kernel, pad, dilation))
+
+
+def conv_overhangs(hw, kernel, stride, pad, dilation) -> tuple[int, ...]:
+    """Per spatial axis, the zeros to append to an input of size ``hw`` so that a plain convolution gives
+    Caffe's output size (:func:`conv_overhang` of :func:`conv_out_size`)."""
+    return tuple(conv_overhang(int(size), conv_out_size(int(size), k, s, p, d), k, s, p, d)
+                 for size, k, s, p, d in zip(hw, kernel, stride, pad, dilation))
+
+
 def deconv_out_size(size: int, kernel: int, stride: int = 1, pad: int = 0, dilation: int = 1) -> int:
     extent = dilation * (kernel - 1) + 1
     return stride * (size - 1) + extent - 2 * pad

@@ -31,7 +31,8 @@ from torch import nn
 from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes, canonical_axis, count
 from caffe_compat.layers.fillers import fill_blob, layer_filler
-from caffe_compat.layers.geometry import conv_geometry, conv_out_size, conv_overhang, deconv_out_size, need_axes
+from caffe_compat.layers.geometry import (conv_geometry, conv_out_size, conv_overhang, conv_overhangs,
+                                         deconv_out_size, may_overhang, need_axes)
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
 
@@ -141,16 +142,19 @@ class Convolution(_ConvolutionBase):
     computes one output, its im2col reading the overhang as zeros; so does the port (zeros appended)."""
 
     def _convolve(self, x):
-        # an overhang needs an input shorter than the kernel extent minus both pads: impossible (and the
-        # shapes not read, so a trace or a compiled graph stays shape-generic) when that is at most 1
-        if any(self.dilation[a] * (self.kernel[a] - 1) + 1 - 2 * self.pad[a] > 1 for a in (0, 1)):
-            overhang = [conv_overhang(size, conv_out_size(size, self.kernel[a], self.stride[a], self.pad[a],
-                                                          self.dilation[a]),
-                                      self.kernel[a], self.stride[a], self.pad[a], self.dilation[a])
-                        for a, size in enumerate((int(x.shape[2]), int(x.shape[3])))]
-            if any(overhang):
-                x = F.pad(x, (0, overhang[1], 0, overhang[0]))
+        x = pad_overhang(x, self.kernel, self.stride, self.pad, self.dilation)
         return F.conv2d(x, self.weight, self.bias, self.stride, self.pad, self.dilation, self.group)
+
+
+def pad_overhang(x, kernel, stride, pad, dilation):
+    """``x`` (N, C, H, W) with the zeros Caffe's im2col reads past its padded end appended (an overhang of less
+    than a stride, see :func:`~caffe_compat.layers.geometry.conv_out_size`); ``x`` itself when there is none.
+    A kernel that cannot overhang (:func:`~caffe_compat.layers.geometry.may_overhang`) reads no shape, so a
+    trace or a compiled graph stays shape-generic."""
+    if not may_overhang(kernel, pad, dilation):
+        return x
+    extra = conv_overhangs(x.shape[2:], kernel, stride, pad, dilation)
+    return F.pad(x, (0, extra[1], 0, extra[0])) if any(extra) else x
 
 
 @register_layer("Deconvolution")
