@@ -387,10 +387,15 @@ class HDF5Data(DataSetLayer):
     next ``batch_size`` rows; after a file's last row the next file is loaded (the file list wraps
     around).  ``shuffle`` permutes the file order at setup and on each wrap, and the rows of each
     loaded file, from the layer's seeded RandomState.  Top shapes: ``(batch_size, *dataset.shape[1:])``.
+    A ``transform_param`` (even an empty one) is a FormatError, as Caffe's ``HDF5DataLayer::LayerSetUp``
+    CHECK-fails on it ("HDF5Data does not transform data."): HDF5 rows are used as stored.
     """
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
+        if param.HasField("transform_param"):
+            raise FormatError(f"layer '{self.layer_name}' (HDF5Data): HDF5Data does not transform data; remove its "
+                              f"transform_param (Caffe CHECK-fails on any transform_param here)")
         if _h5py() is None:
             raise DataError(f"layer '{self.layer_name}' (HDF5Data): reading HDF5 needs the h5py package, which is not "
                             f"installed (pip install h5py)")

@@ -340,3 +340,20 @@ def test_image_data_new_height_and_width_must_come_together(tmp_path, monkeypatc
     assert both.output_shapes() == [(2, 3, 8, 12), (2,)]
     neither = _layer(text.replace(sizes, ""))
     assert neither.output_shapes() == [(2, 3, 10, 14), (2,)]
+
+
+@pytest.mark.parametrize("transform", ["transform_param { scale: 0.5 }", "transform_param { }"])
+def test_hdf5_data_refuses_a_transform_param_like_caffe(tmp_path, monkeypatch, transform):
+    """Caffe's HDF5DataLayer::LayerSetUp CHECKs ``!has_transform_param()`` ("HDF5Data does not transform
+    data."), so even an empty transform_param aborts; before, ours read the rows and ignored the scale."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = np.arange(6, dtype=np.float32).reshape(3, 2)
+        f["label"] = np.arange(3)
+    (tmp_path / "files.txt").write_text("a.h5\n")
+    with pytest.raises(FormatError, match=r"layer 'h5' \(HDF5Data\): HDF5Data does not transform data"):
+        _layer(HDF5_TEXT.replace("hdf5_data_param", f"{transform} hdf5_data_param"))
+    data, label = _layer(HDF5_TEXT)()  # without it, the rows as stored
+    assert data.tolist() == [[0, 1], [2, 3], [4, 5]] and label.tolist() == [0, 1, 2]
