@@ -8,7 +8,8 @@
   for all tops or one per top, filled by ``data_filler`` (none: constant 0; one: used for every top;
   else one per top).  As in Caffe, a constant filler fills once; any other filler refills at every
   forward, drawing from the layer's own generator (seeded from the net's generator at ``fill``).
-* **MemoryData**: tops ``data`` ``(batch_size, channels, height, width)`` and ``label`` ``(batch_size,)``
+* **MemoryData**: exactly two tops (Caffe's ``ExactNumTopBlobs() == 2``: a net giving it only ``data``
+  fails at setup), ``data`` ``(batch_size, channels, height, width)`` and ``label`` ``(batch_size,)``
   served from arrays given to :meth:`MemoryData.set_input_arrays` (pycaffe's ``set_input_arrays``,
   Caffe's ``MemoryDataLayer::Reset``): the number of rows must be a multiple of ``batch_size``; each
   forward serves the next ``batch_size`` rows and wraps around to the start after the last batch.  Like
@@ -141,7 +142,7 @@ class DummyData(SourceLayer):
 class MemoryData(SourceLayer):
     """Caffe MemoryData fed by :meth:`set_input_arrays` (see module docstring)."""
 
-    tops = BlobCount(1, 2)
+    tops = BlobCount.exact(2)  # memory_data_layer.hpp: ExactNumTopBlobs() 2
 
     @classmethod
     def infer(cls, layer, bottoms):

@@ -74,3 +74,13 @@ def test_memory_data_net_matches_caffe_loss():
     assert float(second["loss"].detach()) == pytest.approx(expected, rel=1e-5)
     fed = net(data=torch.from_numpy(inputs["data"][0, 1]), label=torch.from_numpy(inputs["label"][0, 1]))
     assert float(fed["loss"].detach()) == pytest.approx(expected, rel=1e-5)  # kwargs replace the layer's arrays
+
+
+def test_memory_data_needs_exactly_two_tops_like_caffe():
+    """Caffe's MemoryDataLayer declares ``ExactNumTopBlobs() == 2`` (data and label): one top fails the
+    layer's setup check; before, ours accepted a data-only MemoryData."""
+    params = 'memory_data_param { batch_size: 2 channels: 1 height: 1 width: 2 }'
+    with pytest.raises(FormatError, match=r"'m'.*needs 2 top blob\(s\), got 1"):
+        _layer(f'name: "m" type: "MemoryData" top: "data" {params}')
+    layer = _layer(f'name: "m" type: "MemoryData" top: "data" top: "label" {params}')
+    assert layer.output_shapes() == [(2, 1, 1, 2), (2,)]
