@@ -256,9 +256,10 @@ class ImageData(_RecordLayer):
     set at the same time").
     Tops ``data`` (batch, C, h, w) and optionally ``label`` (batch,).  ``shuffle`` permutes the lines at
     setup and again each time the list wraps around; ``rand_skip`` starts at line
-    ``Rand() % rand_skip``.  Shuffles and skips draw from the layer's RandomState (seeded at ``fill``
-    from the net's generator), so they are reproducible here but not Caffe's sequence; without
-    shuffle/rand_skip the order is the file's, like Caffe's.
+    ``Rand() % rand_skip``, and a drawn skip that is not below the number of lines is a DataError (Caffe's
+    ``CHECK_GT(lines_.size(), skip)``: "Not enough points to skip"), not a wrap-around.  Shuffles and skips
+    draw from the layer's RandomState (seeded at ``fill`` from the net's generator), so they are reproducible
+    here but not Caffe's sequence; without shuffle/rand_skip the order is the file's, like Caffe's.
     """
 
     @classmethod
@@ -309,8 +310,12 @@ class ImageData(_RecordLayer):
         """Caffe's setup: shuffle the lines if asked, then skip ``Rand() % rand_skip`` of them."""
         if self.shuffle:
             self._generator.shuffle(self.order)
-        self.position = int(self._generator.randint(self.rand_skip)) if self.rand_skip else 0
-        self.position %= self.num_records
+        skip = int(self._generator.randint(self.rand_skip)) if self.rand_skip else 0
+        if skip >= self.num_records:
+            raise DataError(f"layer '{self.layer_name}' (ImageData): not enough points to skip: rand_skip "
+                            f"{self.rand_skip} drew {skip}, the list has {self.num_records} lines (Caffe CHECKs "
+                            f"skip < the number of lines)")
+        self.position = skip
 
     def _decode(self, line: int) -> np.ndarray:
         """Line ``line`` of the list file (0-based) as C x H x W pixels."""

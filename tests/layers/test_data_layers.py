@@ -357,3 +357,21 @@ def test_hdf5_data_refuses_a_transform_param_like_caffe(tmp_path, monkeypatch, t
         _layer(HDF5_TEXT.replace("hdf5_data_param", f"{transform} hdf5_data_param"))
     data, label = _layer(HDF5_TEXT)()  # without it, the rows as stored
     assert data.tolist() == [[0, 1], [2, 3], [4, 5]] and label.tolist() == [0, 1, 2]
+
+
+def test_image_data_rand_skip_beyond_the_list_fails_like_caffe(tmp_path, monkeypatch):
+    """Caffe's ImageDataLayer draws ``skip = Rand() % rand_skip`` and CHECKs ``lines_.size() > skip`` ("Not
+    enough points to skip"); before, ours wrapped the skip around the list (skip % lines) and went on."""
+    entries = _toy_images(tmp_path, count=3)
+    monkeypatch.chdir(tmp_path)
+    text = ('name: "img" type: "ImageData" top: "data" top: "label" image_data_param { source: "list.txt" '
+            'root_folder: "./" batch_size: 1 rand_skip: SKIP }')
+    with pytest.raises(DataError, match=r"'img' \(ImageData\): not enough points to skip: rand_skip 1000 drew "
+                                        r"\d+, the list has 3 lines"):
+        _layer(text.replace("SKIP", "1000"))  # the layer's RandomState(0) draws 684 of 1000
+    for seed in range(6):  # rand_skip 3: every skip (0, 1 or 2) is inside the list
+        layer = _layer(text.replace("SKIP", "3"))
+        layer.fill(torch.Generator().manual_seed(seed))
+        skip = layer.position
+        assert skip in (0, 1, 2)
+        assert layer()[1].tolist() == [entries[skip][1]]
