@@ -15,7 +15,8 @@ constant            ``value`` (default 0)
 uniform             U[min, max) (defaults 0, 1)
 gaussian            N(mean, std²) (defaults 0, 1); ``sparse >= 0``: each value is then kept with
                     probability ``sparse / num`` (zeroed otherwise), i.e. on average ``sparse``
-                    non-zeros per column of an InnerProduct weight (``num`` = number of outputs)
+                    non-zeros per column of an InnerProduct weight (``num`` = number of outputs);
+                    ``sparse > num`` is a FormatError (Caffe's Bernoulli draw CHECKs ``p <= 1``)
 positive_unitball   U[0, 1), then each of the ``num`` rows (``count/num`` values) divided by its sum
 xavier              U[-a, a), a = sqrt(3 / n)
 msra                N(0, 2 / n)
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from caffe_compat.errors import FormatError
@@ -127,6 +129,11 @@ def fill_blob(tensor: torch.Tensor, filler_param: caffe_pb2.FillerParameter | No
         if param.sparse >= 0:
             if len(shape) < 1:
                 raise FormatError("gaussian filler: sparse needs a blob with at least one axis")
+            # Caffe: Dtype(sparse) / Dtype(num_outputs), then caffe_rng_bernoulli CHECKs 0 <= p <= 1
+            if np.float32(param.sparse) / np.float32(shape[0]) > 1:
+                raise FormatError(f"gaussian filler: sparse={param.sparse} is more than the {shape[0]} outputs "
+                                  f"(shape[0] of {shape}): the keep probability sparse / outputs exceeds 1 (Caffe's "
+                                  f"caffe_rng_bernoulli CHECKs p <= 1)")
             keep_probability = param.sparse / shape[0]
             keep = _random(shape, generator, torch.float64, "uniform") < keep_probability
             values = values * keep.to(values.device)

@@ -126,3 +126,14 @@ def test_layer_default_fillers():
                         [(5,)])
     xavier.fill(torch.Generator().manual_seed(1))
     _assert_moments(xavier.weight.detach().double().numpy(), 0.0, 1.0 / 300)  # fan_in = count / 400
+
+
+def test_gaussian_sparse_above_the_outputs_fails_like_caffe():
+    """Caffe's GaussianFiller keeps each value with probability ``Dtype(sparse) / Dtype(shape[0])`` drawn by
+    ``caffe_rng_bernoulli``, which CHECKs ``p <= 1``: ``sparse`` above the number of outputs aborts.  Before,
+    ours kept every value (a dense gaussian) without a word."""
+    with pytest.raises(FormatError, match=r"sparse=11 is more than the 10 outputs"):
+        _fill("gaussian", shape=(10, 30), sparse=11)
+    dense = _fill("gaussian", shape=(10, 30), sparse=10)  # p = 1 exactly: allowed, every value kept
+    assert np.count_nonzero(dense) == dense.size
+    assert np.count_nonzero(_fill("gaussian", shape=(10, 30), sparse=0)) == 0  # p = 0: all zero
