@@ -7,8 +7,10 @@ as Caffe's ``hdf5_load_nd_dataset`` does.  What a hostile or damaged file can pr
 ``MemoryError``) is a :class:`~caffe_compat.errors.DataError` naming the file, the dataset and who named the
 file.  Before a byte of a dataset is read, its declared size (a compressed dataset declares its
 expanded size) is compared with ``max_bytes`` (default: half the memory available now), so a few-KB
-gzip bomb is refused instead of being expanded; a group or a non-numeric dataset (strings, compound,
-references) where a top's dataset should be is a :class:`~caffe_compat.errors.FormatError`.
+gzip bomb is refused instead of being expanded; a group or a dataset whose HDF5 type class is neither
+``H5T_FLOAT`` nor ``H5T_INTEGER`` (strings, compound, references, and ``H5T_ENUM``: what h5py writes for a
+numpy **bool** array) where a top's dataset should be is a :class:`~caffe_compat.errors.FormatError`, as
+Caffe's ``hdf5_load_nd_dataset`` LOG(FATAL)s on every other class ("Unsupported datatype class: H5T_ENUM").
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ __all__ = ["read_hdf5_tops"]
 
 # What h5py raises on a file it cannot make sense of (its own errors derive from these).
 _H5PY_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError, OverflowError, AttributeError)
+
+
+# HDF5 type classes by name (Caffe's hdf5_load_nd_dataset switches on these; only INTEGER and FLOAT are read)
+_CLASS_NAMES = ("INTEGER", "FLOAT", "TIME", "STRING", "BITFIELD", "OPAQUE", "COMPOUND", "REFERENCE", "ENUM", "VLEN",
+                "ARRAY")
 
 
 def _reason(exc: BaseException) -> str:
@@ -50,9 +57,12 @@ def read_hdf5_tops(path, names, where: str, named_by: str | None = None,
                 item = f[name]
                 if not isinstance(item, h5py.Dataset):
                     raise FormatError(f"{where}: {path}: '{name}' is a {type(item).__name__}, not a dataset")
-                if item.dtype.kind not in "biuf":
-                    raise FormatError(f"{where}: {path}: dataset '{name}' holds {item.dtype} values, Caffe reads "
-                                      f"numbers")
+                type_class = item.id.get_type().get_class()
+                if item.dtype.kind not in "iuf" or type_class not in (h5py.h5t.INTEGER, h5py.h5t.FLOAT):
+                    kind = next((f"H5T_{n}" for n in _CLASS_NAMES if getattr(h5py.h5t, n, None) == type_class),
+                                "an unknown class")
+                    raise FormatError(f"{where}: {path}: dataset '{name}' holds {item.dtype} values ({kind}), Caffe "
+                                      f"reads only H5T_FLOAT and H5T_INTEGER datasets")
                 shape = tuple(int(n) for n in item.shape)
                 need = math.prod(shape) * (item.dtype.itemsize + 4)  # as stored, then as float32
                 total += need

@@ -111,3 +111,21 @@ def test_opencv_errors_while_decoding_are_data_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(cv2, "imread", failing_imread)
     with pytest.raises(DataError, match=r"good.png \(named by x\): OpenCV could not decode the image \(.*Insufficient"):
         load_image_bgr(good, what="x")
+
+
+def test_bool_and_enum_datasets_are_refused_like_caffe(tmp_path):
+    """Caffe's hdf5_load_nd_dataset reads only the H5T_FLOAT and H5T_INTEGER classes and LOG(FATAL)s
+    "Unsupported datatype class: H5T_ENUM" otherwise; h5py stores a numpy bool array as an H5T_ENUM.  Before,
+    ours read a bool label dataset as 0/1 floats.  Integers and float16 (H5T_FLOAT) still read as float32."""
+    path = tmp_path / "kinds.h5"
+    with h5py.File(path, "w") as f:
+        f["flags"] = np.array([True, False, True])
+        f["codes"] = np.array([1, 2, 1], dtype=h5py.enum_dtype({"A": 1, "B": 2}, basetype="i1"))
+        f["ints"] = np.array([1, -2, 3], dtype=np.int16)
+        f["halves"] = np.array([0.5, 1.5, -2], dtype=np.float16)
+    for name, dtype in (("flags", "bool"), ("codes", "int8")):
+        with pytest.raises(FormatError, match=f"{WHERE_RE}: .*dataset '{name}' holds {dtype} values \\(H5T_ENUM\\), "
+                                              f"Caffe reads only H5T_FLOAT and H5T_INTEGER"):
+            read_hdf5_tops(path, [name], WHERE)
+    ints, halves = read_hdf5_tops(path, ["ints", "halves"], WHERE)
+    assert ints.tolist() == [1, -2, 3] and halves.tolist() == [0.5, 1.5, -2] and halves.dtype == np.float32
