@@ -158,7 +158,9 @@ class DataTransformer:
         # mirroring the result, without a second copy
         flip = (slice(None), slice(None), slice(None, None, -1)) if do_mirror else (slice(None),) * 3
         if self.mean_file is not None and self.mean_file.shape != (channels, height, width):
-            raise DataError(f"mean_file has shape {self.mean_file.shape}, the image {(channels, height, width)}")
+            raise DataError(f"mean_file has shape {self.mean_file.shape}, the image {(channels, height, width)} (a "
+                            f"mean blob is read through Caffe's legacy channels/height/width: store it as "
+                            f"1 x C x H x W)")
         if self.mean_file is None and self.mean_values.size not in (0, 1, channels):
             raise FormatError(f"Specify either 1 mean_value or as many as channels: {channels}")
         if out is None:

@@ -21,7 +21,7 @@ from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError
 from caffe_compat.io.safe_open import read_list_text, require_regular_file
 from caffe_compat.layers.data import SourceLayer
-from caffe_compat.layers.facts import BlobCount, InputFacts, Shapes, transform_input_facts
+from caffe_compat.layers.facts import BlobCount, InputFacts, Shapes, legacy_shape, transform_input_facts
 from caffe_compat.layers.registry import register_layer
 from caffe_compat.proto import caffe_pb2
 
@@ -56,12 +56,27 @@ def _transformer(param, phase: str):
         require_regular_file(path, f"layer '{param.name}' ({param.type}) transform_param.mean_file", error=DataError,
                              missing=lambda: f"layer '{param.name}' ({param.type}): mean_file '{t.mean_file}' not "
                                              f"found (Caffe opens it relative to the working directory {Path.cwd()})")
-        mean = read_blob(path)
+        mean = _legacy_mean(read_blob(path), f"layer '{param.name}' ({param.type}) transform_param.mean_file "
+                                             f"'{t.mean_file}'")
     try:
         return DataTransformer(crop_size=int(t.crop_size), mirror=bool(t.mirror), mean_file=mean,
                                mean_value=list(t.mean_value), scale=float(t.scale), phase=phase.upper())
     except CaffeCompatError as exc:
         raise type(exc)(f"layer '{param.name}' ({param.type}): {exc}") from None
+
+
+def _legacy_mean(blob: np.ndarray, where: str) -> np.ndarray:
+    """The mean blob as Caffe's DataTransformer sees it: through the legacy accessors ``channels()``,
+    ``height()``, ``width()`` (axes 1, 2, 3, a missing axis counting 1) over the blob's first C·H·W values.
+    So ``1 x C x H x W`` (what compute_image_mean writes) is ``C x H x W``; a 3-D ``C x H x W`` blob (pycaffe's
+    ``array_to_blobproto`` of a 3-D array) reads as ``H x W x 1`` and fails the size check against the images
+    (Caffe: "Check failed: datum_channels == data_mean_.channels()", BVLC/caffe#6087); a blob of N > 1 means
+    uses the first; more than 4 axes fail the accessors' CHECK."""
+    _, channels, height, width = legacy_shape(blob.shape, where)
+    count = channels * height * width
+    if blob.size < count or count == 0:
+        raise DataError(f"{where}: a blob of shape {blob.shape} holds no {channels} x {height} x {width} mean")
+    return np.ascontiguousarray(blob).reshape(-1)[:count].reshape(channels, height, width)
 
 
 def _legacy_transform_fields(param, message, names=("scale", "mean_file", "crop_size", "mirror")) -> None:
@@ -190,7 +205,9 @@ class Data(_RecordLayer):
     crop in TRAIN (TRAIN/TEST = the layer's mode, ``self.training``, initialised from the phase:
     ``.eval()`` gives the centre crop, ``.train()`` the random one), mirror (drawn in every phase and
     mode, Caffe's quirk) from the layer's seeded RandomState;
-    TEST without mirror is bit-identical to Caffe.  Encoded records decode with OpenCV:
+    TEST without mirror is bit-identical to Caffe.  The ``mean_file`` blob is seen through Caffe's legacy
+    accessors (:func:`_legacy_mean`: a 3-D ``C x H x W`` blob does not fit the images, as in Caffe).
+    Encoded records decode with OpenCV:
     ``transform_param.force_color`` or ``data_param.force_encoded_color`` (older Caffe's name) ->
     colour, ``force_gray`` -> grey, else native channels.  ``source`` is relative to the working
     directory (Caffe opens the DB at construction, so does this layer).  Only ``backend: LMDB``

@@ -375,3 +375,21 @@ def test_image_data_rand_skip_beyond_the_list_fails_like_caffe(tmp_path, monkeyp
         skip = layer.position
         assert skip in (0, 1, 2)
         assert layer()[1].tolist() == [entries[skip][1]]
+
+
+def test_mean_file_is_read_through_caffes_legacy_accessors(in_data_dir, tmp_path):
+    """Caffe's DataTransformer checks the mean blob with ``channels()``, ``height()``, ``width()`` (axes 1-3) and
+    indexes its first C·H·W values.  A 3-D ``3 x 16 x 20`` blob (pycaffe's array_to_blobproto of a C x H x W
+    array) therefore reads as 16 x 20 x 1 and aborts ("datum_channels == data_mean_.channels() (3 vs. 16)",
+    BVLC/caffe#6087); before, ours used it as the 3 x 16 x 20 mean.  A blob of two means uses the first."""
+    from caffe_compat.io import read_blob, write_blob
+
+    mean = read_blob("mean.binaryproto")
+    assert mean.shape == (1, 3, 16, 20)  # legacy dims, as compute_image_mean writes it
+    write_blob(mean[0], tmp_path / "mean3d.binaryproto", legacy=False)
+    write_blob(np.concatenate([mean, mean + 7]), tmp_path / "mean2.binaryproto", legacy=False)
+    transform = "crop_size: 12 scale: 0.5 mean_file: '{}'"
+    with pytest.raises(DataError, match=r"record 0: mean_file has shape \(16, 20, 1\), the image \(3, 16, 20\)"):
+        _data_layer("lmdb_raw", 4, transform.format(tmp_path / "mean3d.binaryproto"))()
+    data, _ = _data_layer("lmdb_raw", 4, transform.format(tmp_path / "mean2.binaryproto"))()
+    assert np.array_equal(data.numpy(), np.load("raw_meanfile_crop12_scale0.5.npz")["data_iter0"])  # Caffe's
