@@ -271,13 +271,16 @@ class ImageData(_RecordLayer):
     Setting only one of ``new_height``/``new_width`` is a FormatError naming the layer (Caffe's
     ``image_data_layer.cpp`` CHECK-fails: "Current implementation requires new_height and new_width to be
     set at the same time").
-    Tops ``data`` (batch, C, h, w) and optionally ``label`` (batch,).  ``shuffle`` permutes the lines at
+    Tops ``data`` (batch, C, h, w) and ``label`` (batch,): exactly two, as Caffe's ImageDataLayer declares
+    (``ExactNumTopBlobs() == 2``; a data-only ImageData fails Caffe's setup).  ``shuffle`` permutes the lines at
     setup and again each time the list wraps around; ``rand_skip`` starts at line
     ``Rand() % rand_skip``, and a drawn skip that is not below the number of lines is a DataError (Caffe's
     ``CHECK_GT(lines_.size(), skip)``: "Not enough points to skip"), not a wrap-around.  Shuffles and skips
     draw from the layer's RandomState (seeded at ``fill`` from the net's generator), so they are reproducible
     here but not Caffe's sequence; without shuffle/rand_skip the order is the file's, like Caffe's.
     """
+
+    tops = BlobCount.exact(2)  # image_data_layer.hpp: ExactNumTopBlobs() 2 (Data keeps MinTop 1, MaxTop 2)
 
     @classmethod
     def input_facts(cls, layer) -> InputFacts:

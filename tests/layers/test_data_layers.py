@@ -273,10 +273,10 @@ def test_image_data_shuffle_is_seeded_and_reshuffles_each_pass(tmp_path, monkeyp
 def test_image_data_missing_list_or_image(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError, match="no such list file"):
-        _layer('name: "img" type: "ImageData" top: "data" image_data_param { source: "missing.txt" }')
+        _layer('name: "img" type: "ImageData" top: "data" top: "label" image_data_param { source: "missing.txt" }')
     (tmp_path / "list.txt").write_text("ghost.png 1\n")
     with pytest.raises(DataError, match="ghost.png"):
-        _layer('name: "img" type: "ImageData" top: "data" image_data_param { source: "list.txt" }')
+        _layer('name: "img" type: "ImageData" top: "data" top: "label" image_data_param { source: "list.txt" }')
 
 
 HDF5_TEXT = ('name: "h5" type: "HDF5Data" top: "data" top: "label" '
@@ -393,3 +393,15 @@ def test_mean_file_is_read_through_caffes_legacy_accessors(in_data_dir, tmp_path
         _data_layer("lmdb_raw", 4, transform.format(tmp_path / "mean3d.binaryproto"))()
     data, _ = _data_layer("lmdb_raw", 4, transform.format(tmp_path / "mean2.binaryproto"))()
     assert np.array_equal(data.numpy(), np.load("raw_meanfile_crop12_scale0.5.npz")["data_iter0"])  # Caffe's
+
+
+def test_image_data_needs_exactly_two_tops_like_caffe(tmp_path, monkeypatch):
+    """Caffe's ImageDataLayer declares ``ExactNumTopBlobs() == 2`` (its setup reshapes ``top[1]``
+    unconditionally), so a data-only ImageData fails Caffe's layer check; before, ours accepted it.  The
+    Data layer keeps Caffe's BaseDataLayer rule, 1 or 2 tops."""
+    _toy_images(tmp_path, count=2)
+    monkeypatch.chdir(tmp_path)
+    params = 'image_data_param { source: "list.txt" root_folder: "./" batch_size: 2 }'
+    with pytest.raises(FormatError, match=r"'img'.*needs 2 top blob\(s\), got 1"):
+        _layer(f'name: "img" type: "ImageData" top: "data" {params}')
+    assert _layer(f'name: "img" type: "ImageData" top: "data" top: "label" {params}')()[1].tolist() == [10, 11]
