@@ -56,7 +56,7 @@ def _transformer(param, phase: str):
         require_regular_file(path, f"layer '{param.name}' ({param.type}) transform_param.mean_file", error=DataError,
                              missing=lambda: f"layer '{param.name}' ({param.type}): mean_file '{t.mean_file}' not "
                                              f"found (Caffe opens it relative to the working directory {Path.cwd()})")
-        mean = _legacy_mean(read_blob(path), f"layer '{param.name}' ({param.type}) transform_param.mean_file "
+        mean = legacy_mean_blob(read_blob(path), f"layer '{param.name}' ({param.type}) transform_param.mean_file "
                                              f"'{t.mean_file}'")
     try:
         return DataTransformer(crop_size=int(t.crop_size), mirror=bool(t.mirror), mean_file=mean,
@@ -65,7 +65,7 @@ def _transformer(param, phase: str):
         raise type(exc)(f"layer '{param.name}' ({param.type}): {exc}") from None
 
 
-def _legacy_mean(blob: np.ndarray, where: str) -> np.ndarray:
+def legacy_mean_blob(blob: np.ndarray, where: str) -> np.ndarray:
     """The mean blob as Caffe's DataTransformer sees it: through the legacy accessors ``channels()``,
     ``height()``, ``width()`` (axes 1, 2, 3, a missing axis counting 1) over the blob's first C·H·W values.
     So ``1 x C x H x W`` (what compute_image_mean writes) is ``C x H x W``; a 3-D ``C x H x W`` blob (pycaffe's
@@ -206,7 +206,7 @@ class Data(_RecordLayer):
     ``.eval()`` gives the centre crop, ``.train()`` the random one), mirror (drawn in every phase and
     mode, Caffe's quirk) from the layer's seeded RandomState;
     TEST without mirror is bit-identical to Caffe.  The ``mean_file`` blob is seen through Caffe's legacy
-    accessors (:func:`_legacy_mean`: a 3-D ``C x H x W`` blob does not fit the images, as in Caffe).
+    accessors (:func:`legacy_mean_blob`: a 3-D ``C x H x W`` blob does not fit the images, as in Caffe).
     Encoded records decode with OpenCV:
     ``transform_param.force_color`` or ``data_param.force_encoded_color`` (older Caffe's name) ->
     colour, ``force_gray`` -> grey, else native channels.  ``source`` is relative to the working

@@ -24,7 +24,7 @@ from caffe_compat.data.prefetch import PrefetchingLayer
 from caffe_compat.errors import DataError, FormatError
 from caffe_compat.io.safe_open import check_regular_file, read_list_text
 from caffe_compat.layers.data import SourceLayer
-from caffe_compat.layers.datasets import random_state_from
+from caffe_compat.layers.datasets import legacy_mean_blob, random_state_from
 from caffe_compat.layers.facts import BlobCount, InputFacts, Shapes, transform_input_facts
 from caffe_compat.layers.registry import register_layer
 
@@ -162,10 +162,10 @@ class WindowData(PrefetchingLayer, SourceLayer):
             from caffe_compat.io import read_blob
 
             check_regular_file(t.mean_file, f"{self.where} transform_param.mean_file")
-            mean = np.asarray(read_blob(t.mean_file), dtype=np.float32)
-            if mean.ndim < 3:
-                raise DataError(f"{self.where}: mean_file {t.mean_file} holds a {mean.shape} blob, not (C, H, W)")
-            self.mean = mean.reshape(mean.shape[-3:])
+            # Caffe indexes data_mean_ with its legacy height()/width() over the first values: N > 1 means use
+            # the first (a reshape to the last three axes raised a ValueError), a 3-D blob is H x W x 1
+            self.mean = legacy_mean_blob(np.asarray(read_blob(t.mean_file), dtype=np.float32),
+                                         f"{self.where} transform_param.mean_file '{t.mean_file}'")
         elif len(t.mean_value):
             values = [float(v) for v in t.mean_value]
             if len(values) not in (1, self.channels):

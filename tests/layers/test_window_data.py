@@ -141,3 +141,15 @@ def test_inspect_and_export_facts():
 
     facts = WindowData.input_facts(read_net(text).layer[0])
     assert facts.crop == 227 and facts.scale == 0.25 and facts.source == "w.txt"
+
+
+def test_mean_file_of_several_means_uses_the_first_like_caffe(images):
+    """Caffe's WindowDataLayer indexes the mean blob with its legacy height()/width() from its first value, so a
+    blob of two means uses the first; before, ours reshaped it to its last three axes (a ValueError)."""
+    folder, pictures = images
+    mean = np.arange(3 * 10 * 10, dtype=np.float32).reshape(1, 3, 10, 10)
+    write_blob(np.concatenate([mean, mean + 50]), folder / "means.binaryproto")
+    port = _layer(folder, "", f'crop_size: 8 mean_file: "{folder}/means.binaryproto"')
+    item = port.warp(Window(1, 3, 0.75, 4, 4, 11, 11), mirror=False)
+    expected = cv2.resize(pictures[1][4:12, 4:12], (8, 8), interpolation=cv2.INTER_LINEAR).transpose(2, 0, 1)
+    np.testing.assert_array_equal(item, expected - mean[0, :, 1:9, 1:9])
