@@ -12,8 +12,9 @@ axis, and also 1 for both when it has none).
 type                values
 ==================  =====================================================================================
 constant            ``value`` (default 0)
-uniform             U[min, max) (defaults 0, 1)
-gaussian            N(mean, std²) (defaults 0, 1); ``sparse >= 0``: each value is then kept with
+uniform             U[min, max) (defaults 0, 1); ``min > max`` is a FormatError (Caffe CHECKs ``min <= max``)
+gaussian            N(mean, std²) (defaults 0, 1); ``std <= 0`` is a FormatError (Caffe's Gaussian draw
+                    CHECKs ``sigma > 0``: ``std: 0`` aborts); ``sparse >= 0``: each value is then kept with
                     probability ``sparse / num`` (zeroed otherwise), i.e. on average ``sparse``
                     non-zeros per column of an InnerProduct weight (``num`` = number of outputs);
                     ``sparse > num`` is a FormatError (Caffe's Bernoulli draw CHECKs ``p <= 1``)
@@ -121,8 +122,14 @@ def fill_blob(tensor: torch.Tensor, filler_param: caffe_pb2.FillerParameter | No
     if kind == "constant":
         values = torch.full(shape, float(param.value), dtype=torch.float64)
     elif kind == "uniform":
+        if np.float32(param.min) > np.float32(param.max):  # caffe_rng_uniform CHECK_LE(a, b)
+            raise FormatError(f"uniform filler: min {param.min} is above max {param.max} (Caffe's caffe_rng_uniform "
+                              f"CHECKs min <= max)")
         values = _random(shape, generator, draw_dtype, "uniform") * (param.max - param.min) + param.min
     elif kind == "gaussian":
+        if not np.float32(param.std) > 0:  # caffe_rng_gaussian CHECK_GT(sigma, 0)
+            raise FormatError(f"gaussian filler: std must be > 0, got {param.std} (Caffe's caffe_rng_gaussian CHECKs "
+                              f"sigma > 0: std 0 aborts; use a constant filler for a fixed value)")
         values = _random(shape, generator, draw_dtype, "normal") * param.std + param.mean
         if param.sparse < -1:
             raise FormatError(f"gaussian filler: sparse must be >= -1, got {param.sparse}")

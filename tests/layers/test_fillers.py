@@ -137,3 +137,17 @@ def test_gaussian_sparse_above_the_outputs_fails_like_caffe():
     dense = _fill("gaussian", shape=(10, 30), sparse=10)  # p = 1 exactly: allowed, every value kept
     assert np.count_nonzero(dense) == dense.size
     assert np.count_nonzero(_fill("gaussian", shape=(10, 30), sparse=0)) == 0  # p = 0: all zero
+
+
+@pytest.mark.parametrize("type_, fields, message", [
+    ("gaussian", {"std": 0.0}, r"gaussian filler: std must be > 0, got 0"),
+    ("gaussian", {"std": -1.0, "mean": 2.0}, r"gaussian filler: std must be > 0, got -1"),
+    ("uniform", {"min": 1.0, "max": 0.5}, r"uniform filler: min 1.0 is above max 0.5"),
+])
+def test_degenerate_gaussian_and_uniform_parameters_fail_like_caffe(type_, fields, message):
+    """Caffe's caffe_rng_gaussian CHECKs ``sigma > 0`` and caffe_rng_uniform ``a <= b``: a gaussian filler with
+    ``std: 0`` (or negative) and a uniform one with ``min > max`` abort.  Before, ours filled the constant mean
+    (or a negative-std gaussian) and values in (max, min]."""
+    with pytest.raises(FormatError, match=message):
+        _fill(type_, shape=(4, 5), **fields)
+    assert np.all(_fill("uniform", shape=(4, 5), min=0.5, max=0.5) == 0.5)  # min == max is allowed: the value
