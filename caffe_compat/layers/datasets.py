@@ -450,10 +450,14 @@ class HDF5Data(DataSetLayer):
         if self.shuffle:
             self._generator.shuffle(self.file_order)
         self.file_index = 0
+        self._item_shapes = None
         self._load(self, self.files[self.file_order[0]])
+        self._item_shapes = [a.shape[1:] for a in self.arrays]
 
     def _load(self, cur, path: str) -> None:
-        """Read ``path`` into ``cur`` (its rows shuffled from ``cur._generator`` when asked)."""
+        """Read ``path`` into ``cur`` (its rows shuffled from ``cur._generator`` when asked).  Caffe shapes the
+        tops from the first file at setup and copies ``count / batch_size`` values per row from every later
+        file unchecked (another row shape reads the wrong values or past the end): such a file is a DataError."""
         from caffe_compat.data.hdf5 import read_hdf5_tops
 
         arrays = read_hdf5_tops(path, self.param.top, f"layer '{self.layer_name}' (HDF5Data)",
@@ -462,6 +466,11 @@ class HDF5Data(DataSetLayer):
         if len(rows) != 1 or 0 in rows:
             raise DataError(f"layer '{self.layer_name}' (HDF5Data): {path}: every dataset needs the same positive "
                             f"number of rows, got {[a.shape for a in arrays]}")
+        if self._item_shapes is not None and [a.shape[1:] for a in arrays] != self._item_shapes:
+            raise DataError(f"layer '{self.layer_name}' (HDF5Data): {path}: rows of shape "
+                            f"{[a.shape[1:] for a in arrays]} (tops {list(self.param.top)}), the first file's are "
+                            f"{self._item_shapes}; Caffe sizes the tops from the first file and needs every file "
+                            f"to match it")
         cur.arrays = arrays
         cur.rows = np.arange(arrays[0].shape[0])
         if self.shuffle:

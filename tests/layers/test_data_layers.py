@@ -405,3 +405,24 @@ def test_image_data_needs_exactly_two_tops_like_caffe(tmp_path, monkeypatch):
     with pytest.raises(FormatError, match=r"'img'.*needs 2 top blob\(s\), got 1"):
         _layer(f'name: "img" type: "ImageData" top: "data" {params}')
     assert _layer(f'name: "img" type: "ImageData" top: "data" top: "label" {params}')()[1].tolist() == [10, 11]
+
+
+def test_hdf5_data_file_with_other_row_shape_is_a_data_error(tmp_path, monkeypatch):
+    """Caffe's HDF5DataLayer shapes its tops from the first file at setup and copies ``count / batch_size``
+    values per row from every later file without a check (a wider row reads the wrong values).  Before, ours
+    silently changed the top's shape for a batch of the second file ((2, 3) after (2, 2))."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = np.zeros((4, 2), np.float32)
+        f["label"] = np.arange(4)
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f["data"] = np.ones((2, 3), np.float32)
+        f["label"] = np.arange(2)
+    (tmp_path / "files.txt").write_text("a.h5 b.h5\n")
+    layer = _layer(HDF5_TEXT.replace("batch_size: 3", "batch_size: 2"))
+    assert [tuple(t.shape) for t in layer()] == [(2, 2), (2,)]
+    with pytest.raises(DataError, match=r"b.h5: rows of shape \[\(3,\), \(\)\] .* the first file's are "
+                                        r"\[\(2,\), \(\)\]"):
+        layer()  # the second batch ends a.h5, which loads b.h5
