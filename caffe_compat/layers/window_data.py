@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -95,9 +96,10 @@ class WindowData(PrefetchingLayer, SourceLayer):
 
     ``window_data_param``: ``source`` (the window file, see the module docstring), ``batch_size`` B,
     ``fg_threshold`` 0.5, ``bg_threshold`` 0.5, ``fg_fraction`` 0.25, ``context_pad`` 0, ``crop_mode``
-    ``"warp"`` (or ``"square"``), ``scale`` 1, ``root_folder`` "", ``cache_images`` (accepted: the pixels are
-    the same); ``transform_param`` gives ``crop_size`` S (required, > 0), ``mirror``, ``mean_file`` or
-    ``mean_value`` (one, or one per channel).  C is the channel count the window file gives its last image.
+    ``"warp"`` (or ``"square"``; like Caffe, any other value warps, with a warning here), ``scale`` 1,
+    ``root_folder`` "", ``cache_images`` (accepted: the pixels are the same); ``transform_param`` gives
+    ``crop_size`` S (required, > 0), ``mirror``, ``mean_file`` or ``mean_value`` (one, or one per channel).
+    C is the channel count the window file gives its last image.
 
     Each batch holds ``B − int(B·fg_fraction)`` background windows, then ``int(B·fg_fraction)`` foreground
     ones, each drawn uniformly (``rand % count``) from the layer's seeded RandomState; with ``mirror`` a
@@ -127,8 +129,6 @@ class WindowData(PrefetchingLayer, SourceLayer):
             raise FormatError(f"{where}: transform_param.crop_size must be > 0")
         if p.batch_size <= 0:
             raise FormatError(f"{where}: window_data_param.batch_size must be > 0")
-        if p.crop_mode not in ("warp", "square"):
-            raise FormatError(f"{where}: window_data_param.crop_mode must be 'warp' or 'square', got {p.crop_mode!r}")
         if 2 * p.context_pad >= crop:
             raise FormatError(f"{where}: window_data_param.context_pad {p.context_pad} leaves nothing of crop_size "
                               f"{crop}")
@@ -146,6 +146,9 @@ class WindowData(PrefetchingLayer, SourceLayer):
         self.rule()
         p, t = param.window_data_param, param.transform_param
         self.where = f"layer '{self.layer_name}' (WindowData)"
+        if p.crop_mode not in ("warp", "square"):  # Caffe: use_square = (crop_mode == "square"), else warp
+            warnings.warn(f"{self.where}: window_data_param.crop_mode {p.crop_mode!r} is neither 'warp' nor 'square'; "
+                          f"Caffe warps for every value other than 'square', and so does this layer", stacklevel=2)
         try:
             text = read_list_text(p.source, f"{self.where} window_data_param.source")
         except OSError:

@@ -118,8 +118,6 @@ def test_c_round_and_checks(images):
     folder, _ = images
     with pytest.raises(FormatError, match="crop_size must be > 0"):
         _layer(folder, "", "mirror: false")
-    with pytest.raises(FormatError, match="crop_mode must be 'warp' or 'square'"):
-        _layer(folder, 'crop_mode: "fit"')
     with pytest.raises(FormatError, match="1 mean_value or as many as channels"):
         _layer(folder, "", "crop_size: 8 mean_value: 1 mean_value: 2")
     with pytest.raises(DataError, match="failed to open window file"):
@@ -153,3 +151,16 @@ def test_mean_file_of_several_means_uses_the_first_like_caffe(images):
     item = port.warp(Window(1, 3, 0.75, 4, 4, 11, 11), mirror=False)
     expected = cv2.resize(pictures[1][4:12, 4:12], (8, 8), interpolation=cv2.INTER_LINEAR).transpose(2, 0, 1)
     np.testing.assert_array_equal(item, expected - mean[0, :, 1:9, 1:9])
+
+
+def test_an_unknown_crop_mode_warps_like_caffe(images):
+    """Caffe's WindowDataLayer sets ``use_square = (crop_mode == "square")``: every other value (a typo, "Warp")
+    warps.  Before, ours refused such a prototxt (a FormatError).  Now it warns and draws the warp's batch."""
+    folder, _ = images
+    with pytest.warns(UserWarning, match="crop_mode 'fit' is neither 'warp' nor 'square'"):
+        odd = _layer(folder, 'crop_mode: "fit" context_pad: 1', "crop_size: 8 mirror: true")
+    warp = _layer(folder, "context_pad: 1", "crop_size: 8 mirror: true")
+    for port in (odd, warp):
+        port.fill(torch.Generator().manual_seed(5))
+    (a, la), (b, lb) = odd(), warp()
+    assert torch.equal(a, b) and torch.equal(la, lb) and torch.count_nonzero(a) > 0
