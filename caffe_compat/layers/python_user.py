@@ -31,7 +31,9 @@ The adapter (:class:`UserPythonLayer`) gives the user's class pycaffe's semantic
   ``nn.Parameter`` of the port (Caffe order), updated by the solver with the layer's ``param { lr_mult
   decay_mult }``, saved in caffemodels; before each forward ``self.blobs[i].data`` holds the parameter's
   value, and what ``backward`` writes into ``self.blobs[i].diff`` (zeroed first, as the solver clears
-  diffs every iteration) is the parameter's gradient;
+  diffs every iteration) is the parameter's gradient.  In Caffe ``self.blobs`` *are* the net's parameter
+  blobs, so what ``forward`` or ``backward`` writes into ``self.blobs[i].data`` (a running statistic, an
+  iteration counter) is the parameter's new value: seen by ``net.params``, the next forward and snapshots;
 * the layer runs inside CaffeNet's autograd as a ``torch.autograd.Function``: forward copies the bottoms
   (and blobs) to host numpy arrays, calls the user's ``reshape`` and ``forward`` and moves the tops to the
   bottoms' device (so nets on CUDA work); backward puts the top gradients in ``top[i].diff`` (a loss top's
@@ -390,8 +392,10 @@ class UserPythonLayer(CaffeLayer):
         for blob, tensor in zip(self.user.blobs, params):
             blob._set(tensor.detach().to("cpu").numpy())
         self.user.phase = TRAIN if self.mode_phase == "train" else TEST
+        loaded = [np.array(blob.data, copy=True) for blob in self.user.blobs]
         self._call("reshape", self.bottom_blobs, self.top_blobs)
         self._call("forward", self.bottom_blobs, self.top_blobs)
+        self._keep_blob_writes(params, loaded)
         device = bottoms[0].device if bottoms else (params[0].device if params else self._device_hint())
         dtype = bottoms[0].dtype if bottoms and bottoms[0].is_floating_point() else torch.float32
         return tuple(torch.from_numpy(np.array(blob.data, copy=True)).to(device=device, dtype=dtype)
@@ -404,8 +408,18 @@ class UserPythonLayer(CaffeLayer):
             blob.diff = np.array(value, copy=True)
         for blob in (*self.bottom_blobs, *self.user.blobs):
             blob.diff = np.zeros(blob.data.shape, dtype=blob.data.dtype)
+        loaded = [np.array(blob.data, copy=True) for blob in self.user.blobs]
         self._call("backward", self.top_blobs, list(propagate_down), self.bottom_blobs)
+        self._keep_blob_writes(list(self.user_blobs), loaded)
         return [b.diff for b in self.bottom_blobs], [b.diff for b in self.user.blobs]
+
+    def _keep_blob_writes(self, params, loaded) -> None:
+        """What the user's code wrote into ``self.blobs[i].data`` becomes parameter ``i``'s value (Caffe's
+        Python layer blobs are the parameter blobs); blobs left unchanged are not touched."""
+        for blob, param, before in zip(self.user.blobs, params, loaded):
+            if blob.data.shape == tuple(param.shape) and not np.array_equal(blob.data, before):
+                with torch.no_grad():
+                    param.data.copy_(torch.from_numpy(np.ascontiguousarray(blob.data)).to(param.dtype))
 
     def _device_hint(self) -> torch.device:
         return getattr(self, "_device", torch.device("cpu"))
