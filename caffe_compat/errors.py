@@ -47,6 +47,12 @@ class PythonLayerError(CaffeCompatError, RuntimeError):
     when a Python layer fails (Caffe's PythonLayer turns the Python exception into a C++ one)."""
 
 
+class NetFileMissingError(ParseError, RuntimeError):
+    """pycaffe's ``caffe.Net(...)`` of a net or weights file that cannot be opened: names the file.  Also a
+    :class:`RuntimeError`, what pycaffe raises there (its ``CheckFile`` throws ``std::runtime_error`` before
+    the net is built), so scripts that catch RuntimeError keep working."""
+
+
 class DataError(CaffeCompatError):
     """A data set file is missing or malformed: names the file and the line."""
 

@@ -15,7 +15,8 @@ What is reproduced from pycaffe / Caffe:
 
 * Every constructor form, ``Net(file, phase)``, ``Net(file, weights, phase)``, ``Net(file, phase,
   weights=..., level=..., stages=...)``; the device and filler seed are those of the mode when the net is
-  built (:mod:`caffe_compat.pycaffe._mode`).
+  built (:mod:`caffe_compat.pycaffe._mode`).  A net or weights file that cannot be opened is a
+  RuntimeError (:class:`~caffe_compat.errors.NetFileMissingError`), as pycaffe's ``CheckFile`` raises.
 * ``net.blobs``: every blob in Caffe's creation order (automatic Split tops included), each a
   :class:`~caffe_compat.pycaffe.blob.Blob` whose ``data``/``diff`` keep their memory: ``forward()`` copies
   its results into them, and what ``forward()`` returns are these very arrays (as in pycaffe, copy them to
@@ -69,14 +70,16 @@ What is reproduced from pycaffe / Caffe:
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import OrderedDict
 
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, FormatError, ShapeMismatchError
+from caffe_compat.errors import CaffeCompatError, FormatError, NetFileMissingError, ShapeMismatchError
 from caffe_compat.io import read_net
+from caffe_compat.io.path_or_text import is_path
 from caffe_compat.layers.python_user import UserPythonLayer, keeping_user_objects
 from caffe_compat.net import CaffeNet
 from caffe_compat.net_graph import PHASE_NAMES, phase_value
@@ -94,6 +97,17 @@ _CALLBACKS = ("before_forward", "after_forward", "before_backward", "after_backw
 
 def _looks_like_phase(value) -> bool:
     return isinstance(value, int) or (isinstance(value, str) and value.lower() in ("train", "test"))
+
+
+def _check_file(value) -> None:
+    """pycaffe's ``CheckFile``: a file name that cannot be opened for reading is a RuntimeError, raised
+    before anything is built (prototxt text and parsed messages, which we also accept, are not checked)."""
+    if isinstance(value, caffe_pb2.NetParameter) or not is_path(value):
+        return
+    if not os.path.exists(value):  # stat only: a FIFO is never opened here (the readers refuse it)
+        raise NetFileMissingError(f"{os.fspath(value)}: no such file")
+    if not os.access(value, os.R_OK):
+        raise NetFileMissingError(f"{os.fspath(value)}: cannot be opened for reading")
 
 
 def _parse_net_args(args, phase, weights):
@@ -176,6 +190,9 @@ class Net(NetParamsMixin, NetBatchMixin):
 
     def __init__(self, network_file, *args, phase=None, weights=None, level: int = 0, stages=()):
         phase, weights = _parse_net_args(args, phase, weights)
+        _check_file(network_file)
+        if weights is not None:
+            _check_file(weights)
         source = read_net(str(network_file) if not isinstance(network_file, caffe_pb2.NetParameter)
                           else network_file)
         seed, device = filler_seed(), current_device()

@@ -1,8 +1,8 @@
 """pycaffe's ``caffe.Net`` surface beyond inference: backward ranges (a slice of the full backward, and
 Caffe's reading of the blobs without a forward), forward from a layer, clear_param_diffs, layer_dict,
 blob_loss_weights, HDF5 weights, share_with, forward_all, layers[i].reshape, constant DummyData tops that
-keep what the script writes, parameters that outlive their net, Caffe's legacy accessors, and a Python layer: the
-user's object, kept when an input is reshaped."""
+keep what the script writes, parameters that outlive their net, Caffe's legacy accessors, a Python layer (the
+user's object, kept when an input is reshaped) and the RuntimeError of a file that cannot be opened."""
 
 from __future__ import annotations
 
@@ -298,3 +298,15 @@ layer { name: 'scale' type: 'Python' bottom: 'data' top: 'y' python_param { modu
         assert _ScaleLayer.setups == 1 and net.torch_net.layers["scale"].user is user
     finally:
         python_user.unregister_python_layer("surface_scale", "S")
+
+
+def test_a_net_or_weights_file_that_cannot_be_opened_is_pycaffes_runtime_error(proto, tmp_path):
+    """pycaffe's Net checks both files (its CheckFile) before building and raises RuntimeError naming the
+    file, in every constructor form; scripts catch RuntimeError there."""
+    missing_net, missing_weights = str(tmp_path / "no.prototxt"), str(tmp_path / "no.caffemodel")
+    with pytest.raises(RuntimeError, match="no.prototxt"):
+        caffe.Net(missing_net, caffe.TEST)
+    with pytest.raises(RuntimeError, match="no.caffemodel"):
+        caffe.Net(proto, missing_weights, caffe.TEST)
+    with pytest.raises(RuntimeError, match="no.caffemodel"):
+        caffe.Net(proto, caffe.TEST, weights=missing_weights)
