@@ -28,6 +28,8 @@ What is reproduced from pycaffe / Caffe:
   keeping the same parameter tensors and its Python layers' objects, which are reshaped, not set up
   again, as Caffe's ``Net::Reshape``); when the inputs are inconsistent for a moment (two inputs reshaped
   one after the other) the new shapes are applied at ``net.reshape()`` / the next ``forward()``.
+  ``net.reshape()`` of a net with Python layers reshapes it even when no input changed (their ``reshape``
+  may shape their tops otherwise now).
 * ``forward(blobs=None, start=None, end=None, **inputs)`` / ``_forward(start_index, end_index)``: Caffe's
   ``ForwardFromTo``; with ``start`` the layers read the blobs' stored data; returns ``{blob: data}`` for
   the outputs (``end``'s tops when given) plus ``blobs``.
@@ -385,8 +387,11 @@ class Net(NetParamsMixin, NetBatchMixin):
                 pass  # the inputs disagree for now; applied (or raised) at reshape()/forward()
 
     def reshape(self) -> None:
-        """Apply the input shapes set by ``blob.reshape`` to the whole net (pycaffe's ``net.reshape()``)."""
-        if not self._pending_inputs:
+        """Apply the input shapes set by ``blob.reshape`` to the whole net (pycaffe's ``net.reshape()``).
+        Caffe's ``Net::Reshape`` calls every layer's Reshape, a Python layer's ``reshape`` too: a net with
+        Python layers is reshaped even when no input changed, so tops a Python layer now shapes otherwise
+        (a data layer whose batch size the script changed) and every blob after them take their new shapes."""
+        if not self._pending_inputs and not any(isinstance(m, UserPythonLayer) for m in self._cnet.layers.values()):
             return
         shapes = {n: self._blob_map[n].shape for n in self._cnet.input_names}
         source = caffe_pb2.NetParameter()

@@ -58,3 +58,45 @@ def test_what_a_python_layer_writes_into_its_blobs_stays(counting_net, tmp_path)
     net.params["count"][0].data[...] = 0
     net.copy_from(str(tmp_path / "count.caffemodel"))
     assert net.params["count"][0].data.tolist() == [11.0]
+
+
+class _BatchLayer(caffe.Layer):
+    """A data layer whose batch size the script sets (``net.layers[0].batch = n``); counts its setups."""
+
+    setups = 0
+
+    def setup(self, bottom, top):
+        type(self).setups += 1
+        self.batch = 2
+
+    def reshape(self, bottom, top):
+        top[0].reshape(self.batch, 3)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = 1
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+def test_net_reshape_calls_the_python_layers_reshape(tmp_path):
+    """Caffe's ``net.reshape()`` (Net::Reshape) calls every layer's Reshape, a Python layer's ``reshape``
+    included, with no input blob changed: the tops it now shapes and every blob after them take their new
+    shapes at once, before any forward; the layer is not set up again."""
+    path = tmp_path / "batch.prototxt"
+    path.write_text("""name: 'batch'
+layer { name: 'feed' type: 'Python' top: 'x' python_param { module: 'pl_net' layer: 'Batch' } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'y'
+  inner_product_param { num_output: 4 weight_filler { type: 'constant' value: 1 } } }""")
+    caffe.register_python_layer("pl_net", "Batch", _BatchLayer)
+    _BatchLayer.setups = 0
+    try:
+        net = caffe.Net(str(path), caffe.TEST)
+        assert (net.blobs["x"].shape, net.blobs["y"].shape) == ((2, 3), (2, 4))
+        net.layers[0].batch = 5
+        net.reshape()
+        assert (net.blobs["x"].shape, net.blobs["y"].shape) == ((5, 3), (5, 4))
+        assert _BatchLayer.setups == 1
+        np.testing.assert_array_equal(net.forward()["y"], np.full((5, 4), 3.0))
+    finally:
+        python_user.unregister_python_layer("pl_net", "Batch")
