@@ -4,8 +4,11 @@ numpy ``data``/``diff`` arrays over torch tensors.
 Reproduced from pycaffe / Caffe:
 
 * ``data`` and ``diff`` are numpy arrays with a **stable memory**: a net's ``forward()`` copies its results
-  into them (what it returns are these very arrays, as in pycaffe).  ``reshape(*shape)`` gives zeros of
-  the new shape; on a net input it makes the net re-infer every shape (see :mod:`caffe_compat.pycaffe.net`).
+  into them (what it returns are these very arrays, as in pycaffe).  ``reshape(*shape)`` is Caffe's
+  ``Blob::Reshape``: memory is reallocated (zeros) only when the new count exceeds the blob's capacity
+  (the largest count it had); otherwise the blob keeps its memory and values, seen in the new shape (the
+  same shape changes nothing: what the script wrote stays).  On a net input a new shape makes the net
+  re-infer every shape (see :mod:`caffe_compat.pycaffe.net`).
   ``shape``, ``count`` and the legacy 4-D accessors ``num``/``channels``/``height``/``width`` (Caffe's
   ``LegacyShape``: an axis the blob lacks counts 1, so a (N, C) blob has num N and channels C; on
   parameter blobs too).
@@ -103,6 +106,16 @@ class _Synced:
             self._dev = value
         self.head = "device" if not self.on_cpu else "synced"
 
+    def reshaped(self, shape: tuple[int, ...]) -> "_Synced":
+        """Caffe's ``Blob::Reshape`` of this memory: a view of the same storage (values kept) when the new
+        count fits in its capacity, else new zeros."""
+        dev = self.device()  # a host copy the script wrote is uploaded first
+        root = dev if dev._base is None else dev._base
+        count = int(np.prod(shape, dtype=np.int64))
+        if root.is_contiguous() and root.dtype == dev.dtype and count <= root.numel():
+            return _Synced(root.reshape(-1)[:count].view(shape))
+        return _Synced(torch.zeros(shape, dtype=dev.dtype, device=dev.device))
+
     def fill(self, value: float) -> None:
         self.device().fill_(value)
         if not self.on_cpu:
@@ -141,12 +154,18 @@ class Blob:
     width = property(lambda self: legacy_shape(self.name, self.shape, 3))
 
     def reshape(self, *shape) -> None:
-        """New shape (zeros).  On a net input, the net's shapes are re-inferred (see the module docstring)."""
+        """New shape, Caffe's ``Blob::Reshape`` (values kept within the capacity, see the module docstring).
+        On a net input, the net's shapes are re-inferred."""
         shape = reshape_argument(self.name, shape)
-        self._realloc(shape)
+        if shape == self.shape:
+            return  # Caffe: nothing changes, the data stays
+        self._reshape_memory(shape)
         owner = self._owner()
         if owner is not None:
             owner._blob_reshaped(self.name)
+
+    def _reshape_memory(self, shape) -> None:
+        self._data, self._diff = self._data.reshaped(shape), self._diff.reshaped(shape)
 
     def _realloc(self, shape) -> None:
         device = self._data._dev.device

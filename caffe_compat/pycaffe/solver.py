@@ -101,6 +101,8 @@ class _ArrayBlob(Blob):
         self._owner().input_arrays[self.name] = np.zeros(shape, dtype=np.float32)
         self._diff = _Synced(torch.zeros(shape, dtype=torch.float32))
 
+    _reshape_memory = _realloc  # the script's array is replaced by zeros of the new shape
+
 
 class SolverNet(Net):
     """A pycaffe solver's TRAIN or TEST net (see the module docstring): a pycaffe ``Net`` over the core's

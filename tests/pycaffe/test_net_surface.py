@@ -2,7 +2,8 @@
 Caffe's reading of the blobs without a forward), forward from a layer, clear_param_diffs, layer_dict,
 blob_loss_weights, HDF5 weights, share_with, forward_all, layers[i].reshape, constant DummyData tops that
 keep what the script writes, parameters that outlive their net, Caffe's legacy accessors, a Python layer (the
-user's object, kept when an input is reshaped) and the RuntimeError of a file that cannot be opened."""
+user's object, kept when an input is reshaped), the RuntimeError of a file that cannot be opened and Caffe's
+Blob::Reshape, which keeps the memory within the blob's capacity."""
 
 from __future__ import annotations
 
@@ -310,3 +311,28 @@ def test_a_net_or_weights_file_that_cannot_be_opened_is_pycaffes_runtime_error(p
         caffe.Net(proto, missing_weights, caffe.TEST)
     with pytest.raises(RuntimeError, match="no.caffemodel"):
         caffe.Net(proto, caffe.TEST, weights=missing_weights)
+
+
+def test_blob_reshape_keeps_the_memory_within_its_capacity(tmp_path):
+    """Caffe's Blob::Reshape reallocates only when the count exceeds the capacity (the largest count so far):
+    reshaping an input to its own shape after writing it keeps what was written (and the arrays the script
+    holds), a smaller shape sees the first values, growing back within the capacity sees them all, and
+    only growing past it gives new zeros."""
+    path = tmp_path / "sum.prototxt"
+    path.write_text("""name: 'sum'
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'data' top: 'ip'
+  inner_product_param { num_output: 1 weight_filler { type: 'constant' value: 1 } } }""")
+    net = caffe.Net(str(path), caffe.TEST)
+    held = net.blobs["data"].data
+    held[...] = np.arange(6).reshape(2, 3)
+    net.blobs["data"].reshape(2, 3)
+    assert net.forward()["ip"].ravel().tolist() == [3.0, 12.0]
+    held[0, 0] = 10  # still the blob's memory
+    assert net.forward()["ip"].ravel().tolist() == [13.0, 12.0]
+    net.blobs["data"].reshape(1, 3)
+    assert net.forward()["ip"].ravel().tolist() == [13.0]
+    net.blobs["data"].reshape(2, 3)
+    assert net.forward()["ip"].ravel().tolist() == [13.0, 12.0]
+    net.blobs["data"].reshape(3, 3)
+    assert net.forward()["ip"].ravel().tolist() == [0.0, 0.0, 0.0]
