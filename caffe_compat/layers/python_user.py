@@ -39,7 +39,9 @@ The adapter (:class:`UserPythonLayer`) gives the user's class pycaffe's semantic
   bottoms' device (so nets on CUDA work); backward puts the top gradients in ``top[i].diff`` (a loss top's
   is its ``loss_weight``, as Caffe sets it), zeroes the bottom diffs, calls ``backward(top,
   propagate_down, bottom)`` with ``propagate_down[i]`` true when bottom ``i`` needs a gradient, and returns
-  the bottom diffs.  Backward pertains to the layer's last forward, as in Caffe.
+  the bottom diffs.  Backward pertains to the layer's last forward, as in Caffe.  An in-place top (``top``
+  named as a ``bottom``) is that bottom's very blob, as in Caffe: ``top[0].data *= 2`` in forward scales
+  the bottom's values, and in backward ``bottom[0].diff`` starts as the top's diff (not zeroed);
 
 Facts: any number of bottoms and tops; no torch-free shape rule (``infer`` gives unknown tops: data
 decide); ``couples_batch`` is True, because a Python layer may compute over the whole batch (pair losses),
@@ -348,7 +350,9 @@ class UserPythonLayer(CaffeLayer):
         elif not isinstance(self.user.blobs, BlobVec):
             self.user.blobs = BlobVec(self.user.blobs)
         self.bottom_blobs = [HostBlob(s) for s in self.bottom_shapes]
-        self.top_blobs = [HostBlob() for _ in param.top]
+        # an in-place top (named as a bottom) is that bottom's blob, as in Caffe's net
+        self.top_blobs = [self.bottom_blobs[list(param.bottom).index(name)] if name in param.bottom else HostBlob()
+                          for name in param.top]
         if kept is None:
             self._call("setup", self.bottom_blobs, self.top_blobs)
         self._call("reshape", self.bottom_blobs, self.top_blobs)
@@ -406,8 +410,10 @@ class UserPythonLayer(CaffeLayer):
             value = np.zeros(blob.shape, dtype=blob.data.dtype) if grad is None else \
                 grad.detach().to("cpu").numpy().astype(blob.data.dtype, copy=False).reshape(blob.shape)
             blob.diff = np.array(value, copy=True)
+        tops = {id(blob) for blob in self.top_blobs}
         for blob in (*self.bottom_blobs, *self.user.blobs):
-            blob.diff = np.zeros(blob.data.shape, dtype=blob.data.dtype)
+            if id(blob) not in tops:  # an in-place bottom's diff is its top's
+                blob.diff = np.zeros(blob.data.shape, dtype=blob.data.dtype)
         loaded = [np.array(blob.data, copy=True) for blob in self.user.blobs]
         self._call("backward", self.top_blobs, list(propagate_down), self.bottom_blobs)
         self._keep_blob_writes(list(self.user_blobs), loaded)

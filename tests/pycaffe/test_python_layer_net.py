@@ -1,5 +1,6 @@
 """User Python layers (``type: "Python"``) as pycaffe scripts drive them through ``caffe.Net``: the
-layer's ``self.blobs`` are the net's parameter blobs, what the layer writes into them stays."""
+layer's ``self.blobs`` are the net's parameter blobs (what the layer writes into them stays), ``net.reshape()`` calls
+the layer's ``reshape``, an in-place top is the bottom's blob."""
 
 from __future__ import annotations
 
@@ -100,3 +101,40 @@ layer { name: 'ip' type: 'InnerProduct' bottom: 'x' top: 'y'
         np.testing.assert_array_equal(net.forward()["y"], np.full((5, 4), 3.0))
     finally:
         python_user.unregister_python_layer("pl_net", "Batch")
+
+
+class _InPlaceDouble(caffe.Layer):
+    """Written for in-place use only, as Caffe allows: it scales its top's data and diff where they lie."""
+
+    def setup(self, bottom, top):
+        self.same = bottom[0] is top[0]
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] *= 2
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] *= 2
+
+
+def test_an_in_place_python_layer_works_on_its_bottoms_blob(tmp_path):
+    """In Caffe an in-place top (``bottom: 'ip' top: 'ip'``) is the bottom's very blob: forward scaling
+    ``top[0].data`` scales the bottom's values, and backward finds the top's diff in ``bottom[0].diff``."""
+    path = tmp_path / "inplace.prototxt"
+    path.write_text("""name: 'inplace' force_backward: true
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'data' top: 'ip'
+  inner_product_param { num_output: 2 weight_filler { type: 'constant' value: 1 } } }
+layer { name: 'dbl' type: 'Python' bottom: 'ip' top: 'ip' python_param { module: 'pl_net' layer: 'Double' } }""")
+    caffe.register_python_layer("pl_net", "Double", _InPlaceDouble)
+    try:
+        net = caffe.Net(str(path), caffe.TRAIN)
+        assert net.layers[2].same
+        net.blobs["data"].data[...] = 1
+        np.testing.assert_array_equal(net.forward()["ip"], np.full((2, 2), 6.0))
+        net.blobs["ip"].diff[...] = 1
+        np.testing.assert_array_equal(net.backward()["data"], np.full((2, 3), 4.0))  # 2 outputs x 2 x weight 1
+    finally:
+        python_user.unregister_python_layer("pl_net", "Double")
