@@ -43,8 +43,10 @@ class UnknownLayerError(CaffeCompatError):
 
 
 class PythonLayerError(CaffeCompatError, RuntimeError):
-    """A user's Python layer raised: names the layer and the method; a RuntimeError too, as pycaffe raises
-    when a Python layer fails (Caffe's PythonLayer turns the Python exception into a C++ one)."""
+    """A user's Python layer raised: names the layer and the method; a RuntimeError too.  Raised as an
+    instance of a subclass that is also the user's exception class (``StopIteration``, ``KeyError``, the
+    user's own), which Caffe's PythonLayer lets through to the script
+    (:func:`caffe_compat.layers.python_user._user_error`)."""
 
 
 class NetFileMissingError(ParseError, RuntimeError):

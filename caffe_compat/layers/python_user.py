@@ -43,6 +43,10 @@ The adapter (:class:`UserPythonLayer`) gives the user's class pycaffe's semantic
   named as a ``bottom``) is that bottom's very blob, as in Caffe: ``top[0].data *= 2`` in forward scales
   the bottom's values, and in backward ``bottom[0].diff`` starts as the top's diff (not zeroed);
 
+An exception raised by the user's code is a :class:`~caffe_compat.errors.PythonLayerError` naming the
+layer and the method (a CaffeCompatError and RuntimeError) that is also an instance of the user's exception
+class, which Caffe lets through to the script (``except StopIteration:`` around ``net.forward()``).
+
 Facts: any number of bottoms and tops; no torch-free shape rule (``infer`` gives unknown tops: data
 decide); ``couples_batch`` is True, because a Python layer may compute over the whole batch (pair losses),
 so a distributed run gathers its bottoms; Python layers are not LossLayers (loss_weight 0 unless the
@@ -294,6 +298,31 @@ def unresolved_message(param) -> str:
 
 # --------------------------------------------------------------------------------------------- the adapter
 
+_USER_ERRORS: dict[type, type] = {}  # the user's exception class -> PythonLayerError that is also one
+
+
+def _user_error(message: str, exc: Exception) -> PythonLayerError:
+    """The PythonLayerError for ``exc`` raised by the user's code, also an instance of ``exc``'s class.
+
+    Caffe's PythonLayer calls the user's methods through boost.python without catching: the user's own
+    exception reaches the script (``except StopIteration`` around ``net.forward()`` for a data layer that
+    ran out, ``except KeyError``...).  Ours names the layer and stays a CaffeCompatError/RuntimeError, and
+    is also of the user's class (its attributes copied); a class that cannot be combined so (a layout
+    conflict) gives a plain PythonLayerError."""
+    cls = type(exc)
+    try:
+        combined = _USER_ERRORS.get(cls)
+        if combined is None:
+            combined = type(f"PythonLayerError_{cls.__name__}", (PythonLayerError, cls),
+                            {"__module__": __name__, "__str__": PythonLayerError.__str__})
+            _USER_ERRORS[cls] = combined
+        error = combined(message)
+        error.__dict__.update(getattr(exc, "__dict__", {}))
+        return error
+    except Exception:
+        return PythonLayerError(message)
+
+
 class _UserLayerFunction(torch.autograd.Function):
     """Forward and backward of a user layer on host copies (see the module docstring)."""
 
@@ -377,8 +406,8 @@ class UserPythonLayer(CaffeLayer):
         except NotImplementedError:
             raise
         except Exception as exc:  # the user's code failed: say which layer and method
-            raise PythonLayerError(f"layer '{self.layer_name}' ({self.caffe_type}): {type(self.user).__name__}."
-                                   f"{method} raised {type(exc).__name__}: {exc}") from exc
+            raise _user_error(f"layer '{self.layer_name}' ({self.caffe_type}): {type(self.user).__name__}."
+                              f"{method} raised {type(exc).__name__}: {exc}", exc) from exc
 
     def caffe_blobs(self) -> list[torch.Tensor]:
         return list(self.user_blobs)

@@ -1,6 +1,6 @@
 """User Python layers (``type: "Python"``) as pycaffe scripts drive them through ``caffe.Net``: the
 layer's ``self.blobs`` are the net's parameter blobs (what the layer writes into them stays), ``net.reshape()`` calls
-the layer's ``reshape``, an in-place top is the bottom's blob."""
+the layer's ``reshape``, an in-place top is the bottom's blob, the user's exceptions reach the script."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import caffe_compat as caffe
+from caffe_compat.errors import PythonLayerError
 from caffe_compat.layers import python_user
 
 
@@ -138,3 +139,48 @@ layer { name: 'dbl' type: 'Python' bottom: 'ip' top: 'ip' python_param { module:
         np.testing.assert_array_equal(net.backward()["data"], np.full((2, 3), 4.0))  # 2 outputs x 2 x weight 1
     finally:
         python_user.unregister_python_layer("pl_net", "Double")
+
+
+class _ShortFeed(caffe.Layer):
+    """A data layer with two batches: then StopIteration; a bad ``param_str`` key is a KeyError."""
+
+    def setup(self, bottom, top):
+        self.batches = [np.full((2, 3), 1.0), np.full((2, 3), 2.0)]
+
+    def reshape(self, bottom, top):
+        top[0].reshape(2, 3)
+
+    def forward(self, bottom, top):
+        if self.param_str:
+            raise KeyError(self.param_str)
+        if not self.batches:
+            raise StopIteration
+        top[0].data[...] = self.batches.pop(0)
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+def test_the_user_layers_own_exception_reaches_the_script(tmp_path):
+    """Caffe's PythonLayer calls the user's methods without catching, so the user's exception reaches the
+    script: ``except StopIteration`` around ``net.forward()`` ends a loop over a Python data layer.  Ours
+    is also a PythonLayerError (a RuntimeError) naming the layer."""
+    path = tmp_path / "short.prototxt"
+    path.write_text("""name: 'short'
+layer { name: 'feed' type: 'Python' top: 'x' python_param { module: 'pl_net' layer: 'Short' } }""")
+    caffe.register_python_layer("pl_net", "Short", _ShortFeed)
+    try:
+        net = caffe.Net(str(path), caffe.TEST)
+        seen = []
+        while True:
+            try:
+                seen.append(float(net.forward()["x"][0, 0]))
+            except StopIteration as exc:
+                assert isinstance(exc, PythonLayerError) and "layer 'feed'" in str(exc)
+                break
+        assert seen == [1.0, 2.0]
+        net.layers[0].param_str = "label"
+        with pytest.raises(KeyError, match="_ShortFeed.forward raised KeyError"):
+            net.forward()
+    finally:
+        python_user.unregister_python_layer("pl_net", "Short")
