@@ -34,6 +34,11 @@ class ArrayShapeError(FormatError, ValueError):
     numpy's ValueError there, and scripts catch that."""
 
 
+class LayerNameError(FormatError, ValueError):
+    """pycaffe's ``net.forward(start=..., end=...)`` / ``net.backward(...)`` naming a layer the net does not
+    have.  Also a :class:`ValueError`, what pycaffe raises there (its ``list(net._layer_names).index(name)``)."""
+
+
 class ShapeMismatchError(CaffeCompatError):
     """Weights and net disagree: names the layer, the blob index and both shapes."""
 

@@ -32,7 +32,8 @@ What is reproduced from pycaffe / Caffe:
   may shape their tops otherwise now).
 * ``forward(blobs=None, start=None, end=None, **inputs)`` / ``_forward(start_index, end_index)``: Caffe's
   ``ForwardFromTo``; with ``start`` the layers read the blobs' stored data; returns ``{blob: data}`` for
-  the outputs (``end``'s tops when given) plus ``blobs``.
+  the outputs (``end``'s tops when given) plus ``blobs``.  A ``start``/``end`` (of ``backward`` too) naming
+  no layer is a ValueError (:class:`~caffe_compat.errors.LayerNameError`), as pycaffe's ``list.index``.
 * ``backward(diffs=None, start=None, end=None, **top_diffs)`` / ``_backward(start_index, end_index)``:
   Caffe's ``Net::Backward`` / ``BackwardFromTo``: the top gradients are the current ``.diff`` of the blobs;
   a loss top's diff is initialised to its ``loss_weight`` (Caffe's ``SetLossWeights``).  Blobs whose diff
@@ -79,7 +80,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, FormatError, NetFileMissingError, ShapeMismatchError
+from caffe_compat.errors import CaffeCompatError, LayerNameError, NetFileMissingError, ShapeMismatchError
 from caffe_compat.io import read_net
 from caffe_compat.io.path_or_text import is_path
 from caffe_compat.layers.python_user import UserPythonLayer, keeping_user_objects
@@ -427,7 +428,7 @@ class Net(NetParamsMixin, NetBatchMixin):
         try:
             return self._cnet.layer_names.index(name)
         except ValueError:
-            raise FormatError(f"no layer named '{name}' in net '{self._cnet.name}'") from None
+            raise LayerNameError(f"no layer named '{name}' in net '{self._cnet.name}'") from None
 
     def _layer_index(self, index: int) -> int:
         index = int(index)

@@ -336,3 +336,13 @@ layer { name: 'ip' type: 'InnerProduct' bottom: 'data' top: 'ip'
     assert net.forward()["ip"].ravel().tolist() == [13.0, 12.0]
     net.blobs["data"].reshape(3, 3)
     assert net.forward()["ip"].ravel().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_a_start_or_end_naming_no_layer_is_a_value_error(proto):
+    """pycaffe finds ``start``/``end`` with ``list(net._layer_names).index(name)``: a name the net lacks is
+    a ValueError, in forward and backward alike."""
+    net = _fed(proto)
+    for call in (lambda: net.forward(end="nope"), lambda: net.forward(start="nope"),
+                 lambda: net.backward(start="nope"), lambda: net.backward(end="nope")):
+        with pytest.raises(ValueError, match="no layer named 'nope'"):
+            call()
