@@ -140,7 +140,8 @@ class NetLayer:
 
     For a user Python layer pycaffe hands back the user's own ``caffe.Layer`` object, so scripts call its
     methods and read or set its attributes (``solver.net.layers[0].set_roidb(roidb)``, ``.param_str``):
-    every other attribute is the user object's, read and written there, and ``reshape`` is its own."""
+    every other attribute is the user object's, read and written there, and ``reshape`` is its own; its
+    ``__class__`` is the user's class, so ``isinstance(net.layers[0], MyDataLayer)`` holds as in pycaffe."""
 
     _OWN = ("_net", "_index", "_user", "name", "type", "blobs")
 
@@ -151,6 +152,11 @@ class NetLayer:
         self.blobs = net._layer_param_blobs(step)
         module = net._cnet.layers[step.module_key] if step.module_key is not None else None
         self._user = module.user if isinstance(module, UserPythonLayer) else None
+
+    @property
+    def __class__(self):
+        user = self.__dict__.get("_user")
+        return type(self) if user is None else type(user)
 
     def __getattr__(self, name: str):
         user = self.__dict__.get("_user")

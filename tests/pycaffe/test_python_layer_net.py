@@ -1,6 +1,7 @@
 """User Python layers (``type: "Python"``) as pycaffe scripts drive them through ``caffe.Net``: the
 layer's ``self.blobs`` are the net's parameter blobs (what the layer writes into them stays), ``net.reshape()`` calls
-the layer's ``reshape``, an in-place top is the bottom's blob, the user's exceptions reach the script."""
+the layer's ``reshape``, an in-place top is the bottom's blob, the user's exceptions reach the script,
+``net.layers[i]`` is an instance of the user's class."""
 
 from __future__ import annotations
 
@@ -184,3 +185,12 @@ layer { name: 'feed' type: 'Python' top: 'x' python_param { module: 'pl_net' lay
             net.forward()
     finally:
         python_user.unregister_python_layer("pl_net", "Short")
+
+
+def test_a_python_layer_in_net_layers_is_an_instance_of_the_users_class(counting_net):
+    """pycaffe's ``net.layers[i]`` of a Python layer is the user's object: ``isinstance`` with the user's
+    class holds (scripts pick their data layer so) and its ``__class__`` is that class."""
+    layers = counting_net.layers
+    assert isinstance(layers[1], _CountingLayer) and isinstance(layers[1], caffe.Layer)
+    assert layers[1].__class__ is _CountingLayer and layers[1].__class__.__name__ == "_CountingLayer"
+    assert not isinstance(layers[0], _CountingLayer)
