@@ -30,8 +30,10 @@ The adapter (:class:`UserPythonLayer`) gives the user's class pycaffe's semantic
 * ``self.blobs.add_blob(*shape)`` in ``setup`` adds a learnable blob: after setup each becomes an
   ``nn.Parameter`` of the port (Caffe order), updated by the solver with the layer's ``param { lr_mult
   decay_mult }``, saved in caffemodels; before each forward ``self.blobs[i].data`` holds the parameter's
-  value, and what ``backward`` writes into ``self.blobs[i].diff`` (zeroed first, as the solver clears
-  diffs every iteration) is the parameter's gradient.  In Caffe ``self.blobs`` *are* the net's parameter
+  value; when ``backward`` starts ``self.blobs[i].diff`` holds the parameter's diff as Caffe's blob does
+  (accumulated since it was last cleared: zeros after the solver's clear), and what ``backward`` leaves
+  there is the parameter's diff (``+=`` accumulates over ``iter_size`` / repeated ``net.backward()``; an
+  assignment overwrites, as in Caffe).  In Caffe ``self.blobs`` *are* the net's parameter
   blobs, so what ``forward`` or ``backward`` writes into ``self.blobs[i].data`` (a running statistic, an
   iteration counter) is the parameter's new value: seen by ``net.params``, the next forward and snapshots;
 * the layer runs inside CaffeNet's autograd as a ``torch.autograd.Function``: forward copies the bottoms
@@ -440,13 +442,27 @@ class UserPythonLayer(CaffeLayer):
                 grad.detach().to("cpu").numpy().astype(blob.data.dtype, copy=False).reshape(blob.shape)
             blob.diff = np.array(value, copy=True)
         tops = {id(blob) for blob in self.top_blobs}
-        for blob in (*self.bottom_blobs, *self.user.blobs):
+        for blob in self.bottom_blobs:
             if id(blob) not in tops:  # an in-place bottom's diff is its top's
                 blob.diff = np.zeros(blob.data.shape, dtype=blob.data.dtype)
+        starts = [self._current_diff(blob, param) for blob, param in zip(self.user.blobs, self.user_blobs)]
+        for blob, start in zip(self.user.blobs, starts):
+            blob.diff = np.array(start, copy=True)
         loaded = [np.array(blob.data, copy=True) for blob in self.user.blobs]
         self._call("backward", self.top_blobs, list(propagate_down), self.bottom_blobs)
         self._keep_blob_writes(list(self.user_blobs), loaded)
-        return [b.diff for b in self.bottom_blobs], [b.diff for b in self.user.blobs]
+        # autograd adds what is returned to the parameter's diff: return the change, so the diff becomes
+        # what the user's backward left in self.blobs[i].diff (exactly: start + (new - start) == new)
+        return [b.diff for b in self.bottom_blobs], [b.diff - start for b, start in zip(self.user.blobs, starts)]
+
+    @staticmethod
+    def _current_diff(blob: HostBlob, param: torch.Tensor) -> np.ndarray:
+        """The parameter's diff as Caffe's blob holds it when Backward starts: accumulated since the last
+        clear (zeros when there is no gradient yet)."""
+        grad = param.grad
+        if grad is None or tuple(grad.shape) != blob.data.shape:
+            return np.zeros(blob.data.shape, dtype=blob.data.dtype)
+        return grad.detach().to("cpu").numpy().astype(blob.data.dtype, copy=True)
 
     def _keep_blob_writes(self, params, loaded) -> None:
         """What the user's code wrote into ``self.blobs[i].data`` becomes parameter ``i``'s value (Caffe's

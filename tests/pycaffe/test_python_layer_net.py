@@ -194,3 +194,57 @@ def test_a_python_layer_in_net_layers_is_an_instance_of_the_users_class(counting
     assert isinstance(layers[1], _CountingLayer) and isinstance(layers[1], caffe.Layer)
     assert layers[1].__class__ is _CountingLayer and layers[1].__class__.__name__ == "_CountingLayer"
     assert not isinstance(layers[0], _CountingLayer)
+
+
+class _ScaleByBlob(caffe.Layer):
+    """y = w * x with a learnable scalar w; ``param_str`` 'assign' writes dw with ``=``, else with ``+=``;
+    records the diff it finds when backward starts."""
+
+    def setup(self, bottom, top):
+        self.blobs.add_blob(1)
+        self.blobs[0].data[...] = 1
+        self.found = []
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = self.blobs[0].data[0] * bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        self.found.append(float(self.blobs[0].diff[0]))
+        grad = (top[0].diff * bottom[0].data).sum()
+        if self.param_str == "assign":
+            self.blobs[0].diff[...] = grad
+        else:
+            self.blobs[0].diff[...] += grad
+        bottom[0].diff[...] = self.blobs[0].data[0] * top[0].diff
+
+
+def test_a_python_layers_param_diff_is_what_its_backward_leaves(tmp_path):
+    """Caffe's Python layer blobs are the parameter blobs: backward finds the diff accumulated so far (net
+    diffs are not cleared by backward) and what it leaves is the diff: ``+=`` accumulates over two
+    ``net.backward()`` calls, ``=`` overwrites (the second backward leaves one pass's gradient)."""
+    path = tmp_path / "scale.prototxt"
+    path.write_text("""name: 'scale' force_backward: true
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'add' type: 'Python' bottom: 'data' top: 'a'
+  python_param { module: 'pl_net' layer: 'Scale' param_str: 'add' } }
+layer { name: 'assign' type: 'Python' bottom: 'a' top: 'b'
+  python_param { module: 'pl_net' layer: 'Scale' param_str: 'assign' } }""")
+    caffe.register_python_layer("pl_net", "Scale", _ScaleByBlob)
+    try:
+        net = caffe.Net(str(path), caffe.TRAIN)
+        net.blobs["data"].data[...] = 2
+        net.forward()
+        net.blobs["b"].diff[...] = 1
+        net.backward()
+        net.backward()
+        # each pass: d/dw of sum(w * x) with x = 2 over 6 values is 12
+        assert net.params["add"][0].diff.tolist() == [24.0] and net.params["assign"][0].diff.tolist() == [12.0]
+        assert net.layers[1].found == [0.0, 12.0] and net.layers[2].found == [0.0, 12.0]
+        net.clear_param_diffs()
+        net.backward()
+        assert net.params["add"][0].diff.tolist() == [12.0] and net.layers[2].found[-1] == 0.0
+    finally:
+        python_user.unregister_python_layer("pl_net", "Scale")
