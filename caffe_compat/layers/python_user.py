@@ -20,8 +20,8 @@ The adapter (:class:`UserPythonLayer`) gives the user's class pycaffe's semantic
 
 * the class is instantiated with the LayerParameter (Caffe calls ``cls(param)``; a class whose constructor
   takes no argument is called without it); ``param_str`` and ``phase`` (0 TRAIN, 1 TEST) are set, then
-  ``setup(bottom, top)`` runs once (a net rebuilt for new input shapes keeps the object:
-  :func:`keeping_user_objects`) and ``reshape(bottom, top)`` before every forward (and once at build,
+  ``setup(bottom, top)`` runs once (a net rebuilt for new input shapes keeps the object, its ``param_str``
+  included: :func:`keeping_user_objects`) and ``reshape(bottom, top)`` before every forward (and once at build,
   with zero bottoms of the build shapes, as Caffe's ``SetUp``: the tops' shapes then are the net's
   ``blob_shapes``; the type's torch-free shape rule says "unknown": the shapes are the user's code's);
 * ``bottom[i].data``, ``top[i].data``, ``top[i].diff``, ``bottom[i].diff`` are numpy arrays (float32, or
@@ -374,8 +374,9 @@ class UserPythonLayer(CaffeLayer):
         super().__init__(param, bottom_shapes, phase)
         kept = _KEPT_USERS.get().get(param.name)
         self.user = kept if kept is not None else self._instantiate(param)
-        self.user.param_str = param.python_param.param_str
-        self.user.phase = TRAIN if phase == "train" else TEST
+        if kept is None:  # Caffe's LayerSetUp sets them once; a reshape leaves what the script set since
+            self.user.param_str = param.python_param.param_str
+            self.user.phase = TRAIN if phase == "train" else TEST
         if not isinstance(getattr(self.user, "blobs", None), list):
             self.user.blobs = BlobVec()
         elif not isinstance(self.user.blobs, BlobVec):

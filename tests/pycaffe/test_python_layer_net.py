@@ -1,7 +1,8 @@
 """User Python layers (``type: "Python"``) as pycaffe scripts drive them through ``caffe.Net``: the
 layer's ``self.blobs`` are the net's parameter blobs (what the layer writes into them stays), ``net.reshape()`` calls
 the layer's ``reshape``, an in-place top is the bottom's blob, the user's exceptions reach the script,
-``net.layers[i]`` is an instance of the user's class."""
+``net.layers[i]`` is an instance of the user's class, param diffs are what backward leaves, a param_str set by the
+script survives a reshape."""
 
 from __future__ import annotations
 
@@ -248,3 +249,39 @@ layer { name: 'assign' type: 'Python' bottom: 'a' top: 'b'
         assert net.params["add"][0].diff.tolist() == [12.0] and net.layers[2].found[-1] == 0.0
     finally:
         python_user.unregister_python_layer("pl_net", "Scale")
+
+
+class _ParamStrScale(caffe.Layer):
+    """Multiplies by ``float(self.param_str)``, read at each forward."""
+
+    def setup(self, bottom, top):
+        pass
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = float(self.param_str) * bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+def test_a_param_str_the_script_set_survives_a_reshape(tmp_path):
+    """Caffe sets ``param_str`` once, in LayerSetUp; reshaping the net (an input blob's new shape) calls only
+    ``reshape``, so what the script set on ``net.layers[i].param_str`` stays."""
+    path = tmp_path / "pstr.prototxt"
+    path.write_text("""name: 'pstr'
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'scale' type: 'Python' bottom: 'data' top: 'y'
+  python_param { module: 'pl_net' layer: 'PStr' param_str: '2' } }""")
+    caffe.register_python_layer("pl_net", "PStr", _ParamStrScale)
+    try:
+        net = caffe.Net(str(path), caffe.TEST)
+        net.layers[1].param_str = "5"
+        net.blobs["data"].reshape(4, 3)
+        net.blobs["data"].data[...] = 1
+        np.testing.assert_array_equal(net.forward()["y"], np.full((4, 3), 5.0))
+        assert net.layers[1].param_str == "5"
+    finally:
+        python_user.unregister_python_layer("pl_net", "PStr")
