@@ -485,9 +485,19 @@ class Net(NetParamsMixin, NetBatchMixin):
             result = self._cnet.run(feed, start=start, end=end, step_hooks=self._forward_hooks())
         for name, tensor in result.items():
             self._blob_map[name]._data.assign(tensor)
+        self._refetch_python_blobs()
         self._last = result
         outputs = set((list(steps[last].tops) if end is not None else self.outputs) + blobs)
         return {name: self._blob_map[name].data for name in outputs}
+
+    def _refetch_python_blobs(self) -> None:
+        """On CUDA ``net.params`` are host copies: after a forward the next read of a Python layer's blob
+        fetches the device value, which the layer may have written (a copy the script wrote since the
+        last upload stays the newest)."""
+        for key, mirror in self._param_mirrors.items():
+            module = self._cnet.layers[key[0]] if key[0] in self._cnet.layers else None
+            if isinstance(module, UserPythonLayer) and key[2] == "data" and mirror.head != "host":
+                mirror.head = "device"
 
     def _forward(self, start: int, end: int) -> None:
         """pycaffe's ``net._forward(start_index, end_index)`` (Caffe's ``ForwardFromTo``)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import caffe_compat as caffe
 from caffe_compat.errors import PythonLayerError
@@ -34,8 +35,10 @@ class _CountingLayer(caffe.Layer):
         bottom[0].diff[...] = top[0].diff
 
 
-@pytest.fixture
-def counting_net(tmp_path):
+@pytest.fixture(params=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def counting_net(request, tmp_path):
+    if request.param == "cuda":  # net.params are host copies there
+        caffe.set_mode_gpu()
     path = tmp_path / "count.prototxt"
     path.write_text("""name: 'count' force_backward: true
 layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
@@ -44,6 +47,7 @@ layer { name: 'count' type: 'Python' bottom: 'data' top: 'y' python_param { modu
     try:
         yield caffe.Net(str(path), caffe.TRAIN)
     finally:
+        caffe.set_mode_cpu()
         python_user.unregister_python_layer("pl_net", "Count")
 
 
