@@ -43,7 +43,7 @@ The adapter (:class:`UserPythonLayer`) gives the user's class pycaffe's semantic
   propagate_down, bottom)`` with ``propagate_down[i]`` true when bottom ``i`` needs a gradient, and returns
   the bottom diffs.  Backward pertains to the layer's last forward, as in Caffe.  An in-place top (``top``
   named as a ``bottom``) is that bottom's very blob, as in Caffe: ``top[0].data *= 2`` in forward scales
-  the bottom's values, and in backward ``bottom[0].diff`` starts as the top's diff (not zeroed);
+  the bottom's values, and in backward ``bottom[0].diff`` starts as the top's diff (not zeroed).
 
 An exception raised by the user's code is a :class:`~caffe_compat.errors.PythonLayerError` naming the
 layer and the method (a CaffeCompatError and RuntimeError) that is also an instance of the user's exception
