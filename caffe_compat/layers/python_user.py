@@ -154,7 +154,10 @@ class BlobVec(list):
 class Layer:
     """pycaffe's ``caffe.Layer``, the base class of Python layers: ``setup``, ``reshape``, ``forward``,
     ``backward`` over lists of :class:`HostBlob`, with ``param_str``, ``phase`` and ``blobs`` set by the
-    net (see the module docstring).  Caffe constructs it with the LayerParameter."""
+    net (see the module docstring).  Caffe constructs it with the LayerParameter.  ``type`` is
+    ``"Python"``, what pycaffe's ``Layer.type`` (``PythonLayer::type()``) gives."""
+
+    type = "Python"
 
     def __init__(self, param=None, param_str: str | None = None, phase: int = TEST):
         self.layer_param = param if param is not None and not isinstance(param, str) else None

@@ -289,3 +289,10 @@ layer { name: 'scale' type: 'Python' bottom: 'data' top: 'y'
         assert net.layers[1].param_str == "5"
     finally:
         python_user.unregister_python_layer("pl_net", "PStr")
+
+
+def test_a_python_layers_type_is_python(counting_net):
+    """pycaffe's ``caffe.Layer`` has Caffe's ``type`` property: ``PythonLayer::type()`` is "Python", read
+    by the layer itself (``self.type``) as on ``net.layers[i]``."""
+    user = counting_net.torch_net.layers["count"].user
+    assert (user.type, counting_net.layers[1].type, caffe.Layer.type) == ("Python", "Python", "Python")
