@@ -136,7 +136,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             self._saved_params: list[caffe_pb2.LayerParameter] = []  # layer params as Caffe's ToProto writes them
             self._blob_specs: dict[tuple[str, int], tuple[float, float]] = {}  # (module key, i) -> (lr, decay)
             self._shared: list[tuple[str, int, str, int]] = []  # (sharer key, i, owner key, owner i)
-            inferred, budget = budget_tracker(self.net_param, f"net '{self.name}'")
+            inferred, budget = budget_tracker(self.net_param, f"net '{self.name}'", lenient=True)
             stored = None if weights is None else read_weights(weights)
             if fill:
                 blobs_of = self._build(filtered, overwritten_layers(filtered.layer, stored), inferred, budget)

@@ -79,41 +79,58 @@ def _layer_shapes(layer, port, bottoms, num_tops: int) -> Shapes:
                           f"shapes {[tuple(b) for b in bottoms]}: {exc}") from None
 
 
-def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[dict, list[LayerShapes]]:
+def infer_shapes(net, input_shapes: dict[str, tuple[int, ...]] | None = None,
+                 lenient: bool = False) -> tuple[dict, list[LayerShapes]]:
     """Every blob's shape (``None`` when it depends on data, e.g. a Data layer) and, per layer, the top
-    shapes, learnable blob shapes and multiply-adds.  ``input_shapes`` overrides/assigns blob shapes."""
+    shapes, learnable blob shapes and multiply-adds.  ``input_shapes`` overrides/assigns blob shapes.
+    ``lenient``: instead of the FormatError of the first layer that raises one, that layer and every later one
+    get unknown tops, no rule and unknown bottom shapes (``bottom_shapes`` None: a build asks their ports)."""
     given = {name: None if shape is None else tuple(int(d) for d in shape)
              for name, shape in (input_shapes or {}).items()}
     blobs: dict[str, tuple[int, ...] | None] = dict(given)
     producers: dict[str, str] = {}
     table = []
-    for layer in net.layer:
-        name, bottom_names, top_names = layer.name, list(layer.bottom), list(layer.top)
-        for j, top in enumerate(top_names):  # Caffe's Net::AppendTop: one producer per blob, in-place aside
-            if top in producers and not (j < len(bottom_names) and bottom_names[j] == top):
-                raise FormatError(f"layer '{name}': top blob '{top}' is produced by multiple sources "
-                                  f"(already produced by layer '{producers[top]}')")
-            producers[top] = name
-        bottoms = []
-        for bottom in bottom_names:
-            if bottom not in blobs:
-                raise FormatError(f"layer '{name}' ({layer.type}): unknown bottom blob '{bottom}'")
-            bottoms.append(blobs[bottom])
-        port = port_for(layer)
-        shapes = _layer_shapes(layer, port, bottoms, len(top_names))
-        ruled = _has_rule(port) and None not in bottoms
-        tops = list(shapes.tops) + [None] * (len(top_names) - len(shapes.tops))
-        for top, shape in zip(top_names, tops):
-            if top in given and given[top] is not None:  # a shape the caller gave wins (a data layer's top, say)
-                shape = given[top]
-            blobs[top] = shape = None if shape is None else tuple(map(int, shape))
-            if shape and min(shape) < 0:  # Blob::Reshape CHECK_GE(shape[i], 0)
-                raise FormatError(f"layer '{name}' ({layer.type}): top '{top}' would have the negative "
-                                  f"shape {blobs[top]} (Caffe's Blob::Reshape CHECKs every dimension >= 0)")
-        table.append(LayerShapes(name, layer.type, bottom_names, top_names, [blobs[t] for t in top_names],
-                                 [tuple(p) for p in shapes.params], int(shapes.macs), bottoms,
-                                 shapes if ruled else None))
+    for index, layer in enumerate(net.layer):
+        try:
+            table.append(_infer_layer(layer, blobs, given, producers))
+        except FormatError:
+            if not lenient:
+                raise
+            for rest in net.layer[index:]:
+                for top in rest.top:  # a blob an earlier layer shaped keeps its shape (it is allocated)
+                    blobs.setdefault(top, None)
+                table.append(LayerShapes(rest.name, rest.type, list(rest.bottom), list(rest.top),
+                                         [None] * len(rest.top), bottom_shapes=None))
+            break
     return blobs, table
+
+
+def _infer_layer(layer, blobs: dict, given: dict, producers: dict) -> LayerShapes:
+    """:func:`infer_shapes` of one layer, ``blobs`` and ``producers`` updated with its tops."""
+    name, bottom_names, top_names = layer.name, list(layer.bottom), list(layer.top)
+    for j, top in enumerate(top_names):  # Caffe's Net::AppendTop: one producer per blob, in-place aside
+        if top in producers and not (j < len(bottom_names) and bottom_names[j] == top):
+            raise FormatError(f"layer '{name}': top blob '{top}' is produced by multiple sources "
+                              f"(already produced by layer '{producers[top]}')")
+        producers[top] = name
+    bottoms = []
+    for bottom in bottom_names:
+        if bottom not in blobs:
+            raise FormatError(f"layer '{name}' ({layer.type}): unknown bottom blob '{bottom}'")
+        bottoms.append(blobs[bottom])
+    port = port_for(layer)
+    shapes = _layer_shapes(layer, port, bottoms, len(top_names))
+    ruled = _has_rule(port) and None not in bottoms
+    tops = list(shapes.tops) + [None] * (len(top_names) - len(shapes.tops))
+    for top, shape in zip(top_names, tops):
+        if top in given and given[top] is not None:  # a shape the caller gave wins (a data layer's top, say)
+            shape = given[top]
+        blobs[top] = shape = None if shape is None else tuple(map(int, shape))
+        if shape and min(shape) < 0:  # Blob::Reshape CHECK_GE(shape[i], 0)
+            raise FormatError(f"layer '{name}' ({layer.type}): top '{top}' would have the negative "
+                              f"shape {blobs[top]} (Caffe's Blob::Reshape CHECKs every dimension >= 0)")
+    return LayerShapes(name, layer.type, bottom_names, top_names, [blobs[t] for t in top_names],
+                       [tuple(p) for p in shapes.params], int(shapes.macs), bottoms, shapes if ruled else None)
 
 
 def memory_needed(blobs: dict, table: list[LayerShapes], bytes_per_value: int = 4) -> tuple[int, str]:
@@ -173,12 +190,16 @@ def _refuse(where: str, needed: int, largest: str, budget: int) -> None:
                             f"memory available; set CAFFE_COMPAT_MEMORY_BUDGET (e.g. 64G) to allow more")
 
 
-def budget_tracker(net, where: str, budget: int | None = None) -> tuple[list[LayerShapes] | None, BudgetTracker | None]:
+def budget_tracker(net, where: str, budget: int | None = None,
+                   lenient: bool = False) -> tuple[list[LayerShapes] | None, BudgetTracker | None]:
     """:func:`check_memory_budget`'s inference table and a :class:`BudgetTracker` to keep the budget while the
-    net is built (both None when the inference failed: the build reports the net's own error)."""
+    net is built (both None when the inference failed: the build reports the net's own error).  ``lenient``
+    (building a net): the layers before the first one whose rule fails are budgeted, that one and the later
+    ones as the build learns their shapes (it builds every layer before the failing one: unbudgeted, an
+    InnerProduct of 10^5 x 10^5 before a layer with a bad parameter allocated 40 GB)."""
     budget = memory_budget(fraction=1.0) if budget is None else budget
     try:
-        blobs, table = infer_shapes(net)
+        blobs, table = infer_shapes(net, lenient=lenient)
     except FormatError:
         return None, None
     tracker = BudgetTracker(blobs, table, where, budget)

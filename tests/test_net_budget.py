@@ -110,3 +110,28 @@ def test_the_budget_is_kept_without_a_new_inference_per_data_layer(monkeypatch):
     big = layers[:layers.rindex("num_output: 3")] + big[big.rindex("num_output: 3000"):]
     with pytest.raises(MemoryBudgetError, match="the largest share at layer 'fc19'"):
         CaffeNet(big)
+
+
+def test_the_layers_before_one_whose_rule_fails_are_budgeted(monkeypatch):
+    """A layer whose shape rule fails (a Parameter of negative dimension) made the build skip the budget for
+    every layer: an InnerProduct of 10^5 x 10^5 before it tried to allocate 40 GB (the allocator's
+    RuntimeError, or the machine's memory).  Here 4 MB against a budget of 1 MB."""
+    text = _net("1 1000", 'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "y" '
+                          'inner_product_param { num_output: 1000 } }\n'
+                          'layer { name: "p" type: "Parameter" top: "p" parameter_param { shape { dim: -1 } } }')
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "1M")
+    with pytest.raises(MemoryBudgetError, match="the largest share at layer 'fc'"):
+        CaffeNet(text)
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "8M")  # fits: the failing layer's own error
+    with pytest.raises(FormatError, match=r"layer 'p' \(Parameter\): a top would have the negative shape \(-1,\)"):
+        CaffeNet(text)
+
+
+@pytest.mark.parametrize("layer", [
+    'layer { name: "p" type: "Parameter" top: "p" parameter_param { shape { dim: 2 dim: -1 } } }',
+    'layer { name: "p" type: "DummyData" top: "p" dummy_data_param { shape { dim: 2 dim: -1 } } }'])
+def test_a_negative_dimension_is_a_format_error_naming_the_layer(layer):
+    """torch's RuntimeError before (zeros: Dimension size must be non-negative), at build or forward."""
+    with pytest.raises(FormatError, match=r"layer 'p' \((Parameter|DummyData)\): a top would have the negative "
+                                          r"shape \(2, -1\)"):
+        CaffeNet(layer).forward()

@@ -122,7 +122,7 @@ class CaffeLayer(nn.Module):
         that building a net runs each layer's rule once."""
         port = cls.__new__(cls)
         if rule is not None:
-            port.__dict__["_rule"] = rule
+            port.__dict__["_rule"] = _nonnegative(param, rule)
         port.__init__(param, bottom_shapes, phase)
         return port
 
@@ -192,7 +192,7 @@ class CaffeLayer(nn.Module):
         (its checks raise on the first call) and kept."""
         known = self.__dict__.get("_rule")
         if known is None:
-            known = self.__dict__["_rule"] = self.infer(self.param, self.bottom_shapes)
+            known = self.__dict__["_rule"] = _nonnegative(self.param, self.infer(self.param, self.bottom_shapes))
         return known
 
     def output_shapes(self) -> list[tuple[int, ...]]:
@@ -227,6 +227,18 @@ class CaffeLayer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.layer_name!r}, type={self.caffe_type!r}"
+
+
+def _nonnegative(layer, rule: Shapes | None) -> Shapes | None:
+    """``rule``, or a FormatError naming the layer when a top or learnable blob of it has a negative dimension
+    (Caffe's Blob::Reshape CHECK_GE(shape[i], 0)), before anything is allocated."""
+    if rule is not None:
+        for what, shapes in (("top", rule.tops), ("learnable blob", rule.params)):
+            for shape in shapes:
+                if shape is not None and min(shape, default=0) < 0:
+                    raise FormatError(f"layer '{layer.name}' ({layer.type}): a {what} would have the negative "
+                                      f"shape {tuple(shape)} (Caffe's Blob::Reshape CHECKs every dimension >= 0)")
+    return rule
 
 
 def register_layer(type_name: str) -> Callable[[type[CaffeLayer]], type[CaffeLayer]]:
