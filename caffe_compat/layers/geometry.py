@@ -147,6 +147,10 @@ class PoolGeometry:
     ceil_mode: bool
 
 
+#: Caffe's ``int``: the layers copy their uint32 size fields (kernel, stride, pad, local_size) into ints.
+INT32_MAX = 2 ** 31 - 1
+
+
 def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
     """Caffe's PoolingLayer::LayerSetUp rules.  Its CHECKs on the fields given: ``pad`` alone or ``pad_h``
     *and* ``pad_w`` (neither ``pad_h`` nor ``pad_w`` alone, nor with ``pad``), the same for stride; without
@@ -180,6 +184,9 @@ def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
         raise FormatError(f"layer '{layer.name}': kernel_size (or kernel_h and kernel_w) is required")
     pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad),) * 2
     stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride),) * 2
+    if max(kernel + stride + pad) > INT32_MAX:  # Caffe's PoolingLayer keeps them in ints: 2^32 - 1 reads as -1
+        raise FormatError(f"layer '{layer.name}' (Pooling): kernel {kernel}, stride {stride} and pad {pad} must "
+                          f"be at most {INT32_MAX} (Caffe holds them as int)")
     if min(kernel) <= 0 or min(stride) <= 0:
         raise FormatError(f"layer '{layer.name}': kernel and stride must be > 0, got kernel {kernel} stride {stride}")
     if (pad[0] or pad[1]) and (pad[0] >= kernel[0] or pad[1] >= kernel[1]):

@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from caffe_compat.errors import FormatError, ShapeMismatchError
+from caffe_compat.errors import FormatError, MemoryBudgetError, ShapeMismatchError
+from caffe_compat.io.safe_open import memory_budget
 from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks, layout_of
 from caffe_compat.layers.layout import to_channels_last, to_contiguous
 from caffe_compat.layers import pooling_numpy
@@ -218,10 +219,25 @@ class Pooling(CaffeLayer):
             raise FormatError(f"layer '{self.layer_name}': kernel and stride must be positive")
         self.kernel, self.stride, self.pad = geometry.kernel, geometry.stride, geometry.pad
         self.ceil_mode = geometry.ceil_mode
+        if not self.global_pooling:
+            self._check_overhang(shape)
         if len(param.top) > (2 if self.method == self.MAX else 1):
             raise FormatError(f"layer '{self.layer_name}': {'MAX' if self.method == self.MAX else 'AVE'} pooling "
                               f"has at most {2 if self.method == self.MAX else 1} tops, got {len(param.top)}")
         self.num_tops = max(1, len(param.top))
+
+    def _check_overhang(self, shape) -> None:
+        """MemoryBudgetError before the forward pads the input so that Caffe's last windows, starting past its
+        end, lie inside it (:meth:`_explicit_pool`): a stride of 10^6 on an 8 x 8 input asked for 52 TB."""
+        out = pooled_hw(shape[2:], self.kernel, self.stride, self.pad, self.ceil_mode)
+        extent = [size + p + _padded_extent(size, o, k, s, p)
+                  for size, o, k, s, p in zip(shape[2:], out, self.kernel, self.stride, self.pad)]
+        needed = 4 * shape[0] * shape[1] * extent[0] * extent[1]
+        if needed > 16 * 4 * math.prod(shape) + (64 << 20) and needed > memory_budget(fraction=1.0):
+            raise MemoryBudgetError(f"layer '{self.layer_name}' (Pooling): kernel {self.kernel}, stride "
+                                    f"{self.stride} and pad {self.pad} on the {shape[2]}x{shape[3]} input need it "
+                                    f"padded to {extent[0]}x{extent[1]} ({needed / 2 ** 30:.3g} GiB), more than the "
+                                    f"memory available; set CAFFE_COMPAT_MEMORY_BUDGET to allow more")
 
     def geometry_for(self, height: int, width: int):
         """(kernel, stride, pad, out) for an input plane of ``height × width``."""
@@ -391,7 +407,19 @@ class SPP(CaffeLayer):
         if layer.spp_param.pyramid_height < 1:
             raise FormatError(f"layer '{layer.name}' (SPP): spp_param.pyramid_height must be >= 1, got "
                               f"{layer.spp_param.pyramid_height}")
-        return [cls.level_param(layer, i, bottom[2], bottom[3]) for i in range(layer.spp_param.pyramid_height)]
+        levels = []
+        for i in range(layer.spp_param.pyramid_height):
+            bins = 2 ** i
+            for size in bottom[2:]:  # Caffe's level Pooling CHECK_LT(pad, kernel), before the pads outgrow uint32
+                kernel = -(-size // bins)
+                if (kernel * bins - size + 1) // 2 >= kernel:
+                    raise FormatError(f"layer '{layer.name}' (SPP): spp_param.pyramid_height "
+                                      f"{layer.spp_param.pyramid_height} is too high for the {bottom[2]}x{bottom[3]} "
+                                      f"input: level {i} ({bins} bins) would pad its {kernel}-wide windows by "
+                                      f"{(kernel * bins - size + 1) // 2}: pad must be smaller than the kernel "
+                                      f"(Caffe's Pooling CHECK)")
+            levels.append(cls.level_param(layer, i, bottom[2], bottom[3]))
+        return levels
 
     @classmethod
     def infer(cls, layer, bottoms):

@@ -82,3 +82,26 @@ def test_caffe_net_mixed_pads_end_to_end():
     net = CaffeNet(NET.format(method="MAX"))
     top = net(data=torch.from_numpy(X))["pool"]
     np.testing.assert_array_equal(top.detach().numpy()[0, 0], EXPECTED["MAX"])
+
+
+def test_a_stride_outside_caffes_int_is_a_format_error():
+    """stride 2^32 - 1 (Caffe's int reads -1): torch's RuntimeError (Storage size calculation overflowed,
+    value cannot be converted to type int) at the forward."""
+    from caffe_compat.errors import FormatError
+    from tests.layers.zoo_single_layer import make_layer
+
+    for field in ("stride: 4294967295", "stride_h: 1 stride_w: 2147483648", "pad: 2147483648"):
+        with pytest.raises(FormatError, match="must be at most 2147483647"):
+            make_layer(f'type: "Pooling" pooling_param {{ pool: MAX kernel_size: 2 {field} }}', [(1, 1, 8, 8)])
+
+
+def test_a_huge_stride_is_refused_before_the_overhang_is_padded(monkeypatch):
+    """Caffe's last window of ``stride: 1048576`` on an 8 x 8 input starts past its end; the port pads the input
+    to reach it: 52 TB asked of the allocator.  Here 4096 (67 MB) against a budget of 1 MB."""
+    from caffe_compat.errors import MemoryBudgetError
+    from tests.layers.zoo_single_layer import make_layer
+
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "1M")
+    with pytest.raises(MemoryBudgetError, match=r"layer 'pooling' \(Pooling\): .* stride \(4096, 4096\) .* padded to "
+                                                r"4098x4098"):
+        make_layer('type: "Pooling" pooling_param { pool: AVE kernel_size: 2 stride: 4096 }', [(1, 1, 8, 8)])

@@ -111,3 +111,12 @@ def test_spp_exports_to_onnx_and_onnx_runtime_agrees(tmp_path, method):
     expected = caffe_spp(x.astype(np.float64), 3, method)
     assert got.shape == expected.shape == (2, 3 * (1 + 4 + 16))
     np.testing.assert_allclose(got, expected, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(x).max())
+
+
+@pytest.mark.parametrize("height", [40, 4294967295])
+def test_a_pyramid_too_high_for_the_input_is_a_format_error(height):
+    """pyramid_height 2^32 - 1 (or 40) raised protobuf's ValueError (a level's pad outgrew uint32) before
+    the Pooling CHECK pad < kernel of level 4 could refuse it."""
+    with pytest.raises(FormatError, match=r"layer 'spp' \(SPP\): spp_param.pyramid_height .* too high for the "
+                                          r"8x8 input: level 4 \(16 bins\)"):
+        make_layer(f'type: "SPP" spp_param {{ pyramid_height: {height} }}', [(1, 1, 8, 8)])
