@@ -18,7 +18,7 @@ from caffe_compat.layers.caffe_backward import caffe_backward_applies
 from caffe_compat.layers.layout import is_channels_last, to_channels_last, to_contiguous
 from caffe_compat.layers.facts import (ONE, BlobCount, Shapes, broadcast_view, canonical_axis, legacy_shape,
                                        same_as_bottom)
-from caffe_compat.layers.geometry import need_axes
+from caffe_compat.layers.geometry import INT32_MAX, need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.proto import caffe_pb2
@@ -354,6 +354,9 @@ class LRN(CaffeLayer):
         super().__init__(param, bottom_shapes, phase)
         p = param.lrn_param
         self.size = int(p.local_size)
+        if self.size > INT32_MAX:  # Caffe's size_ is an int: 2^32 - 1 reads as -1, which its odd CHECK refuses
+            raise FormatError(f"layer '{self.layer_name}' (LRN): local_size {self.size} must be at most {INT32_MAX} "
+                              f"(Caffe holds it as int)")
         if self.size % 2 != 1:
             raise FormatError(f"layer '{self.layer_name}': LRN only supports odd local_size, got {self.size}")
         self.alpha, self.beta, self.k = float(p.alpha), float(p.beta), float(p.k)
@@ -429,8 +432,11 @@ def _channel_window_sum(like: torch.Tensor, write, size: int, out: torch.Tensor 
     into a fresh tensor (or ``out``) (3x faster than ``avg_pool3d`` on CPU).  ``write(dest)`` writes the
     terms into ``dest``, or returns them for ``dest=None``: in eager mode without autograd they go straight
     into the padded buffer (no separate tensor, no padding copy), else through ``F.pad``."""
-    pad = (size - 1) // 2
     channels = like.shape[1]
+    # A window wider than 2C - 1 covers every channel from each one, as 2C - 1 does (the rest is padding): the
+    # same sums without a padded buffer (and a loop) of local_size channels (2^31 - 1 asked for 4 TB).
+    size = min(size, 2 * channels - 1) if channels else size
+    pad = (size - 1) // 2
     if writes_into_views(like):
         n, _, height, width = like.shape
         padded = like.new_empty((n, channels + 2 * pad, height, width))

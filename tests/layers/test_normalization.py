@@ -332,3 +332,23 @@ def test_lrn_exports_the_onnx_form_and_the_port_otherwise(monkeypatch):
     (exported,) = port(x)
     assert not torch.equal(exported, eager)  # another summation order: the ONNX form ran
     assert torch.allclose(exported, eager, rtol=11 * 2.0 ** -24, atol=0)
+
+
+def test_lrn_local_size_outside_caffes_int_is_a_format_error():
+    """local_size 2^32 - 1 (Caffe's int reads -1, refused by its odd CHECK): the allocator's RuntimeError
+    (4 TB) across channels, torch's int overflow within."""
+    for region in ("ACROSS_CHANNELS", "WITHIN_CHANNEL"):
+        with pytest.raises(FormatError, match="local_size 4294967295 must be at most 2147483647"):
+            make_layer(f'type: "LRN" lrn_param {{ local_size: 4294967295 norm_region: {region} }}', [(1, 3, 4, 4)])
+
+
+@pytest.mark.parametrize("size", [5, 7, 2147483647])
+def test_lrn_window_wider_than_the_channels_sums_them_all(size):
+    """A window of 2C - 1 channels or more covers every channel from each: ``local_size: 2147483647`` padded
+    the squares by 2^30 channels each side (the allocator's RuntimeError) and looped 2^31 times."""
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    port = make_layer(f'type: "LRN" lrn_param {{ local_size: {size} alpha: 0.5 beta: 0.75 k: 2 }}', [x.shape])
+    (y,) = port.double()(x)
+    ref = x * (2 + 0.5 / size * (x * x).sum(1, keepdim=True)) ** -0.75
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0])
