@@ -168,8 +168,11 @@ class Power(NeuronLayer):
 
     def activation(self, x):
         if self.power == 0.0 or self.scale == 0.0:
-            value = 1.0 if self.power == 0.0 else math.pow(self.shift, self.power)
-            return torch.full_like(x, value)
+            if self.power == 0.0:
+                return torch.full_like(x, 1.0)
+            # in the blob's dtype, as Caffe's pow(shift, power): NaN for a negative shift and a fractional power,
+            # inf for 0 to a negative power or an overflow (math.pow raised ValueError / OverflowError there)
+            return torch.full_like(x, self.shift).pow_(self.power)
         if self.power == 1.0:
             return self._base(x)
         return with_caffe_backward(x, self._power, self._bottom_diff)
@@ -211,7 +214,10 @@ class Exp(NeuronLayer):
             raise FormatError(f"layer '{self.layer_name}': exp_param.base must be strictly positive or -1, got {base}")
         log_base = 1.0 if base == -1.0 else math.log(base)
         self.inner_scale = log_base * scale
-        self.outer_scale = 1.0 if shift == 0.0 else math.exp(log_base * shift)
+        try:
+            self.outer_scale = 1.0 if shift == 0.0 else math.exp(log_base * shift)
+        except OverflowError:  # Caffe's float pow(base, shift): inf (a shift of 1e30 raised OverflowError)
+            self.outer_scale = math.inf
 
     def activation(self, x):
         y = torch.exp(x * self.inner_scale if self.inner_scale != 1.0 else x)

@@ -216,3 +216,20 @@ def test_prelu_per_channel_values_and_slope_gradient_float64():
     np.testing.assert_array_equal(gx.numpy(), np.where(xd > 0, 1.0, a + 0 * xd))
     np.testing.assert_allclose(gs.numpy(), np.where(xd <= 0, xd, 0.0).sum(axis=(0, 2)), rtol=1e-12)
     assert torch.autograd.gradcheck(lambda t: port(t)[0], (x,))
+
+
+def test_exp_shift_overflowing_is_caffes_inf():
+    """``exp_param { shift: 1e30 }``: Caffe's float ``pow(base, shift)`` is inf; math.exp raised OverflowError."""
+    port = make_layer('type: "Exp" exp_param { shift: 1e30 }', [(2, 3)])
+    (y,) = port(torch.zeros(2, 3))
+    assert torch.isinf(y).all()
+
+
+@pytest.mark.parametrize("shift, power, expected", [(-2.0, 0.5, math.nan), (0.0, -1.0, math.inf),
+                                                     (1e30, 1e10, math.inf), (3.0, 2.0, 9.0)])
+def test_power_with_scale_zero_is_caffes_pow_of_the_shift(shift, power, expected):
+    """``scale: 0``: every top is ``pow(shift, power)`` as Caffe's float pow gives it (NaN, inf); math.pow raised
+    ValueError (math domain error) or OverflowError at the forward."""
+    port = make_layer(f'type: "Power" power_param {{ power: {power} scale: 0 shift: {shift} }}', [(2, 3)])
+    (y,) = port(torch.zeros(2, 3))
+    np.testing.assert_array_equal(y.numpy(), np.full((2, 3), expected, np.float32))
