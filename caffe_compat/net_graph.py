@@ -43,9 +43,18 @@ def make_state(net: caffe_pb2.NetParameter, phase="test", level: int | None = No
     state.CopyFrom(net.state)
     state.phase = phase_value(phase)
     if level is not None:
-        state.level = int(level)
+        state.level = level_value(level)
     state.stage.extend(stages or ())
     return state
+
+
+def level_value(level) -> int:
+    """``level`` as NetState's int32 (Caffe's ``-level`` flag is an int32); FormatError outside its range
+    (protobuf's ValueError, a traceback from ``inspect --level 99999999999999999999``)."""
+    value = int(level)
+    if not -2 ** 31 <= value < 2 ** 31:
+        raise FormatError(f"level must be a 32-bit integer (Caffe's NetState.level), got {value}")
+    return value
 
 
 def state_meets_rule(state: caffe_pb2.NetState, rule: caffe_pb2.NetStateRule) -> bool:

@@ -141,10 +141,11 @@ def _train_state(args):
     """caffe train's ``solver_param.mutable_train_state()->set_level(FLAGS_level)`` and ``add_stage`` per
     ``-stage``: the level is set whether given or not (0 by default), so it replaces a level the net's own
     ``state`` names, as in Caffe; the stages are added to the solver's."""
+    from caffe_compat.net_graph import level_value
     from caffe_compat.proto import caffe_pb2
     from caffe_compat.tools.netsetup import split_list
 
-    return caffe_pb2.NetState(level=args.level, stage=split_list(args.stage))
+    return caffe_pb2.NetState(level=level_value(args.level), stage=split_list(args.stage))
 
 
 def run(args) -> int:

@@ -150,3 +150,18 @@ def test_run_and_reproduce_name_a_fifo_as_such(tmp_path):
     done = run_cli("reproduce", "digits", "--weights", fifo, "--out", tmp_path / "out")
     assert_usage_error(done, "reproduce", f"{fifo} (named by --weights): {fifo_error}")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["inspect", ZOO], ["test", "--model", ZOO, "--iterations", "1"],
+                                  ["time", "--model", ZOO, "--iterations", "1"],
+                                  ["train", "--solver", fixture_path("solvers/nesterov/solver.prototxt"),
+                                   "--iters", "1"]])
+def test_a_level_outside_int32_exits_2_naming_it(capsys, argv):
+    """``--level 99999999999999999999``: protobuf's ValueError (Value out of range) setting NetState.level, a
+    traceback from inspect, test, time and train."""
+    from caffe_compat.cli import main
+
+    assert main([str(a) for a in argv] + ["--level", "99999999999999999999"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "level must be a 32-bit integer (Caffe's NetState.level), got 99999999999999999999" in err
