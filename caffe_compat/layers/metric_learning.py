@@ -62,9 +62,12 @@ one, use the module from ``caffe_compat.losses`` directly:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, MemoryBudgetError
+from caffe_compat.io.safe_open import memory_budget
 from caffe_compat.layers.facts import BlobCount, Shapes
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 from caffe_compat.losses.cosine_similarity_batch import cosine_similarity_batch
@@ -77,7 +80,7 @@ def scalar_loss(cls, layer, bottoms) -> Shapes:
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(x.shape[0], -1)
+    return x.reshape(x.shape[0], math.prod(x.shape[1:]))  # not -1: ambiguous for an empty batch (RuntimeError)
 
 
 @register_layer("CosineSimilarityBatch")
@@ -102,6 +105,10 @@ class CosineSimilarityBatchLayer(CaffeLayer):
         _reject_unused(self, param.metric_loss_param, ())
         p = param.cosine_similarity_batch_param
         self.pos_label, self.neg_label = float(p.pos_label), float(p.neg_label)
+        for field, value in (("pos_label", self.pos_label), ("neg_label", self.neg_label)):
+            if not math.isfinite(value):  # the authors' layer makes an int of it (NaN: ValueError, inf: OverflowError)
+                raise FormatError(f"layer '{self.layer_name}' (CosineSimilarityBatch): "
+                                  f"cosine_similarity_batch_param.{field} must be finite, got {value}")
         self.num_tops = len(param.top)
 
     def forward(self, feature, label):
@@ -281,15 +288,30 @@ class BatchLossLayer(CaffeLayer):
         import caffe_compat.losses as losses
 
         kwargs = loss_kwargs(self, self.spec, param.metric_loss_param)
+        self._check_sizes(kwargs)
         try:
             self.loss = getattr(losses, self.spec.loss)(**kwargs)
         except (TypeError, ValueError) as exc:
             raise FormatError(f"layer '{self.layer_name}' ({self.caffe_type}): bad metric_loss_param: {exc}") from None
 
+    def _check_sizes(self, kwargs: dict) -> None:
+        """MemoryBudgetError before the loss allocates what ``num_bins`` (a histogram row of num_bins + 1 per
+        sample) or ``num_classes`` (a learnable beta per class) ask for: 2^32 - 1 asked for 17 to 103 GB."""
+        batch = max(1, int(self.bottom_shapes[0][0])) if self.bottom_shapes and self.bottom_shapes[0] else 1
+        for field, per in (("num_bins", 4 * 4 * batch), ("num_classes", 4)):
+            value = kwargs.get(field)
+            needed = per * (value + 1) if isinstance(value, int) and value > 0 else 0
+            if needed > (64 << 20) and needed > memory_budget(fraction=1.0):
+                raise MemoryBudgetError(f"layer '{self.layer_name}' ({self.caffe_type}): metric_loss_param.{field} "
+                                        f"{value} needs {needed / 2 ** 30:.3g} GiB, more than the memory available; "
+                                        f"set CAFFE_COMPAT_MEMORY_BUDGET to allow more")
+
     def caffe_blobs(self):
         return list(self.loss.parameters())  # MarginLoss's learnable per-class beta
 
     def forward(self, embedding, label):
+        if embedding.shape[0] == 0 and label.numel() == 0:  # no pair, no loss (the miners' reductions over an
+            return (_rows(embedding).sum() * 0.0,)  # empty batch raised IndexError: MarginLoss, RAWLoss)
         return (self.loss(_rows(embedding), label.reshape(-1)),)
 
 

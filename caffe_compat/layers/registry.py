@@ -71,7 +71,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from caffe_compat.errors import FormatError, UnknownLayerError
+from caffe_compat.errors import CaffeCompatError, FormatError, UnknownLayerError
 from caffe_compat.layers.facts import ANY, BlobCount, InputFacts, Shapes
 
 _REGISTRY: dict[str, type["CaffeLayer"]] = {}
@@ -192,7 +192,14 @@ class CaffeLayer(nn.Module):
         (its checks raise on the first call) and kept."""
         known = self.__dict__.get("_rule")
         if known is None:
-            known = self.__dict__["_rule"] = _nonnegative(self.param, self.infer(self.param, self.bottom_shapes))
+            try:
+                known = self.infer(self.param, self.bottom_shapes)
+            except CaffeCompatError:
+                raise
+            except (ArithmeticError, IndexError, TypeError, ValueError) as exc:  # as net_shapes.layer_shapes does
+                raise FormatError(f"layer '{self.layer_name}' ({self.caffe_type}): cannot infer its output shapes "
+                                  f"from the input shapes {self.bottom_shapes}: {exc}") from None
+            known = self.__dict__["_rule"] = _nonnegative(self.param, known)
         return known
 
     def output_shapes(self) -> list[tuple[int, ...]]:

@@ -334,3 +334,53 @@ def test_batch_loss_layer_gradcheck(layer_type):
 
     assert objective(x).dtype == torch.float64
     assert torch.autograd.gradcheck(objective, (x,), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def _metric_net(layer: str, feat: str = "dim: 6 dim: 5", label: str = "dim: 6") -> str:
+    return (f'layer {{ name: "in" type: "Input" top: "feat" top: "label" input_param {{ shape {{ {feat} }} '
+            f'shape {{ {label} }} }} }}\nlayer {{ name: "m" bottom: "feat" bottom: "label" {layer} }}\n')
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_cosine_similarity_batch_labels_must_be_finite(value):
+    """pos_label: nan (or inf) raised ValueError (cannot convert float NaN to integer) / OverflowError at the
+    forward: the authors' layer makes an int of it."""
+    from caffe_compat.errors import FormatError
+
+    text = _metric_net('type: "CosineSimilarityBatch" top: "cos" cosine_similarity_batch_param { pos_label: '
+                       f'{value} }}')
+    with pytest.raises(FormatError, match=r"layer 'm' \(CosineSimilarityBatch\): cosine_similarity_batch_param."
+                                          r"pos_label must be finite"):
+        CaffeNet(text).forward()
+
+
+def test_a_feature_without_a_batch_axis_is_a_format_error():
+    """A scalar feature blob (``shape { }``): IndexError from the rule (bottoms[0][0]) while the net was built."""
+    from caffe_compat.errors import FormatError
+
+    text = _metric_net('type: "CosineSimilarityBatch" top: "cos"', feat="")
+    with pytest.raises(FormatError, match=r"layer 'm' \(CosineSimilarityBatch\): cannot infer its output shapes"):
+        CaffeNet(text)
+
+
+@pytest.mark.parametrize("layer", ['type: "CosineSimilarityBatch" top: "cos"', 'type: "MarginLoss" top: "loss"',
+                                   'type: "RAWLoss" top: "loss"', 'type: "TripletLoss" top: "loss"'])
+def test_an_empty_batch_gives_no_pairs_and_no_loss(layer):
+    """A batch of 0 samples: RuntimeError (cannot reshape tensor of 0 elements into shape [0, -1]), and the
+    miners' IndexError (max(): Expected reduction dim 1 to have non-zero size) for MarginLoss and RAWLoss."""
+    blobs = CaffeNet(_metric_net(layer, feat="dim: 0 dim: 5", label="dim: 0")).forward()
+    top = blobs["cos" if "Cosine" in layer else "loss"]
+    assert top.numel() == 0 if "Cosine" in layer else float(top) == 0.0
+
+
+@pytest.mark.parametrize("layer", ['type: "MarginLoss" metric_loss_param { num_classes: 33554432 }',
+                                   'type: "HistogramLoss" metric_loss_param { num_bins: 1000000 }',
+                                   'type: "FastAPLoss" metric_loss_param { num_bins: 1000000 }'])
+def test_num_bins_and_num_classes_are_budgeted(monkeypatch, layer):
+    """num_classes / num_bins 2^32 - 1 asked the allocator for 17 GB (MarginLoss's per-class beta, at build) or
+    17 to 103 GB (the histograms, at the forward).  Here 134 MB and 96 MB against a budget of 1 MB."""
+    from caffe_compat.errors import MemoryBudgetError
+
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "1M")
+    with pytest.raises(MemoryBudgetError, match=r"layer 'm' \(\w+\): metric_loss_param.num_(bins|classes) \d+ needs"):
+        CaffeNet(_metric_net(layer + ' top: "loss"'))
