@@ -46,8 +46,9 @@ import os
 import numpy as np
 
 from caffe_compat.errors import (ArrayShapeError, CaffeCompatError, FormatError, ImageNotFoundError,
-                                 ImageReadError)
+                                 ImageReadError, MemoryBudgetError)
 from caffe_compat.io.blobs import blob_shape, set_packed_floats
+from caffe_compat.io.safe_open import memory_budget
 from caffe_compat.proto import caffe_pb2
 
 __all__ = ["Transformer", "array_to_blobproto", "array_to_datum", "arraylist_to_blobprotovector_str",
@@ -125,6 +126,11 @@ def resize_image(im: np.ndarray, new_dims, interp_order: int = 1) -> np.ndarray:
         raise CaffeCompatError(f"resize_image: new_dims must be (height, width), got {new_dims!r}") from None
     if h < 1 or w < 1:
         raise CaffeCompatError(f"resize_image: new_dims must be positive, got {(h, w)}")
+    need = 3 * h * w * image.shape[-1] * 4  # float32: the resized planes, their stack and the result
+    if need > memory_budget():  # (10^6, 10^6) raised OpenCV's cv2.error (Insufficient memory, 4 TB)
+        raise MemoryBudgetError(f"resize_image: new_dims {(h, w)} of a {image.shape[-1]}-channel image need {need} "
+                                f"bytes, more than the memory budget of {memory_budget()} bytes; set "
+                                f"CAFFE_COMPAT_MEMORY_BUDGET to allow more")
     if image.shape[-1] not in (1, 3):  # pycaffe: "ndimage interpolates anything but more slowly"
         from scipy.ndimage import zoom
 

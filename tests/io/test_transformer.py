@@ -237,3 +237,14 @@ def test_blobprotovector_string_round_trip():
         np.testing.assert_array_equal(got, want)
     with pytest.raises(CaffeCompatError, match="not a serialised BlobProtoVector"):
         caffe.io.blobprotovector_str_to_arraylist(b"\xff\xff\xff")
+
+
+@pytest.mark.parametrize("image", [np.random.default_rng(0).random((4, 5, 3)), np.full((4, 5, 3), 0.3)])
+def test_resize_image_beyond_the_memory_budget_is_refused(monkeypatch, image):
+    """new_dims (10^6, 10^6) raised OpenCV's cv2.error (Insufficient memory, 4 TB); here (2000, 2000), 48 MB,
+    against a budget of 1 MB (a constant image too: its np.full allocated the result without OpenCV)."""
+    from caffe_compat.errors import MemoryBudgetError
+
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "1M")
+    with pytest.raises(MemoryBudgetError, match=r"resize_image: new_dims \(2000, 2000\) of a 3-channel image"):
+        caffe.io.resize_image(image, (2000, 2000))
