@@ -292,7 +292,8 @@ class FusedNet(nn.Module):
             weight, bias, magnitude = fold.apply(port.weight, port.bias, 0)
             geometry = dict(kernel=tuple(port.kernel), stride=tuple(port.stride), pad=tuple(port.pad),
                             dilation=tuple(port.dilation))
-            pad_input = partial(pad_overhang, **geometry) if may_overhang(port.kernel, port.pad, port.dilation) else None
+            overhangs = may_overhang(port.kernel, port.pad, port.dilation)
+            pad_input = partial(pad_overhang, **geometry) if overhangs else None
             return FusedConvolution(weight, bias, port.stride, port.pad, port.dilation, port.group, activation,
                                     residual="sum" in kinds, bias_magnitude=magnitude, pad_input=pad_input)
         weight, bias, magnitude = fold.apply(port.weight, port.bias, 1 if port.transpose else 0)

@@ -18,7 +18,8 @@ def caffe_im2col(x, kernel, stride, pad, dilation):
     """Caffe's im2col_nd for one image (C, S_1..S_k): row c·prod(K) + row-major kernel offset, 0 in padding."""
     channels, spatial = x.shape[0], x.shape[1:]
     # C++ int division (toward zero), as Caffe's output-size formula
-    out = [int((s + 2 * p - (d * (k - 1) + 1)) / st) + 1 for s, k, st, p, d in zip(spatial, kernel, stride, pad, dilation)]
+    out = [int((s + 2 * p - (d * (k - 1) + 1)) / st) + 1
+           for s, k, st, p, d in zip(spatial, kernel, stride, pad, dilation)]
     offsets = list(itertools.product(*[range(k) for k in kernel]))
     cols = np.zeros((channels * len(offsets), *out))
     for c in range(channels):
