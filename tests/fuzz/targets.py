@@ -4,8 +4,10 @@ should be; for LMDB also a ``lock.mdb`` FIFO and a folder without ``data.mdb``) 
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
+import shutil
 import random
 import tempfile
 from dataclasses import dataclass, field
@@ -75,6 +77,19 @@ def _both(*readers):
         for reader in readers:
             reader(path)
     return read
+
+
+#: One folder for every file the targets write (seeds, images, outputs of the CLI targets), made when this module
+#: is imported (in the parent, before any case forks) and removed when that process exits; forked cases leave
+#: through ``os._exit``, so they never remove it.
+_SCRATCH_ROOT = Path(tempfile.mkdtemp(prefix="caffe-compat-fuzz-"))
+_SCRATCH_OWNER = os.getpid()
+atexit.register(lambda: os.getpid() == _SCRATCH_OWNER and shutil.rmtree(_SCRATCH_ROOT, ignore_errors=True))
+
+
+def _scratch(prefix: str) -> Path:
+    """A new folder inside the scratch folder (see ``_SCRATCH_ROOT``): nothing is left in the temp folder."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH_ROOT))
 
 
 # -- readers (imported here, before the runner forks) --------------------------------------------------
@@ -310,7 +325,7 @@ def _trainstate_setup():
         from tests.solver.test_train_resume import _run, _solver_file
 
         logging.getLogger("caffe_compat").setLevel(logging.ERROR)
-        tmp = Path(tempfile.mkdtemp(prefix="fuzz-trainstate-seed-"))
+        tmp = _scratch("fuzz-trainstate-seed-")
         part = _solver_file(tmp, "label_shuffling", "part")
         _run(part, iters=3)
         state = tmp / "part" / "snap_iter_3.solverstate"
@@ -480,7 +495,7 @@ def _onnx_setup():
         from caffe_compat.export import export_onnx
         from tests.export.helpers import TINY_PREPROCESSING, write_tiny_net
 
-        tmp = Path(tempfile.mkdtemp(prefix="fuzz-onnx-seed-"))
+        tmp = _scratch("fuzz-onnx-seed-")
         prototxt, weights = write_tiny_net(tmp)
         import warnings
 
@@ -583,17 +598,17 @@ def _cli(*argv):
 
 
 def _cli_compute_mean(path):
-    out = Path(tempfile.mkdtemp(prefix="fuzz-mean-")) / "mean.binaryproto"
+    out = _scratch("fuzz-mean-") / "mean.binaryproto"
     _cli("compute-mean", path, str(out))
 
 
 def _cli_upgrade(path):
-    out = Path(tempfile.mkdtemp(prefix="fuzz-upgrade-"))
+    out = _scratch("fuzz-upgrade-")
     _cli("upgrade", path, str(out / "new.prototxt"))
 
 
 def _cli_upgrade_solver(path):
-    out = Path(tempfile.mkdtemp(prefix="fuzz-upgrade-"))
+    out = _scratch("fuzz-upgrade-")
     _cli("upgrade", "--solver", path, str(out / "new.prototxt"))
 
 
@@ -605,7 +620,7 @@ def _v1_seeds():
 def _cli_make_lmdb(path):
     """``make-lmdb LIST ROOT OUT`` with the list mutated; ROOT holds a PNG and a JPEG the seeds name."""
     root = _image_root()
-    out = Path(tempfile.mkdtemp(prefix="fuzz-lmdb-")) / "db"
+    out = _scratch("fuzz-lmdb-") / "db"
     _cli("make-lmdb", "--quiet", path, str(root), str(out))
 
 
@@ -616,7 +631,7 @@ def _image_root() -> Path:
     if not _ROOT:
         import cv2
 
-        root = Path(tempfile.mkdtemp(prefix="fuzz-images-"))
+        root = _scratch("fuzz-images-")
         for name, ext in (("a", ".png"), ("b", ".jpg")):
             cv2.imwrite(str(root / f"{name}{ext}"), np.full((6, 5, 3), 7, np.uint8))
         _ROOT["root"] = root
