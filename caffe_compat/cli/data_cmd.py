@@ -156,17 +156,9 @@ def _run_compute_image_mean(args) -> int:
     """Caffe's compute_image_mean: the mean image is written when OUTPUT_FILE is given, and the channel means
     are printed either way, as Caffe logs them (``mean_value channel [c]:v``, no space after the colon)."""
     _lmdb_only(args.backend)
-    from caffe_compat.data.imageset import compute_image_mean
     from caffe_compat.io.glog import g6
 
-    if args.out is not None:
-        from caffe_compat.io import write_blob
-        from caffe_compat.io.atomic import require_folder
-
-        require_folder(args.out)
-    mean = compute_image_mean(args.db)
-    if args.out is not None:
-        write_blob(mean, args.out)
+    mean = _mean_image(args.db, args.out)
     for c, value in enumerate(caffe_channel_means(mean)):
         print(f"mean_value channel [{c}]:{g6(value)}")
     return 0
@@ -215,14 +207,22 @@ def run_lmdb(args) -> int:
     return 0
 
 
-def run_mean(args) -> int:
+def _mean_image(db, out):
+    """The LMDB's mean image, written to ``out`` when given (its folder checked before anything is read)."""
     from caffe_compat.data.imageset import compute_image_mean
     from caffe_compat.io import write_blob
     from caffe_compat.io.atomic import require_folder
 
-    require_folder(args.out)
-    mean = compute_image_mean(args.db)
-    write_blob(mean, args.out)
+    if out is not None:
+        require_folder(out)
+    mean = compute_image_mean(db)
+    if out is not None:
+        write_blob(mean, out)
+    return mean
+
+
+def run_mean(args) -> int:
+    mean = _mean_image(args.db, args.out)
     per_channel = ", ".join(f"{v:.3f}" for v in mean[0].reshape(mean.shape[1], -1).mean(axis=1))
     print(f"wrote {args.out}: shape {mean.shape}, channel means {per_channel}")
     return 0

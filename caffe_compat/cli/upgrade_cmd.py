@@ -33,45 +33,40 @@ def register(sub) -> None:
         p.set_defaults(func=_run_caffe_tool, tool=name)
 
 
-def _run_caffe_tool(args) -> int:
-    """Caffe's upgrade_net_proto_text / _binary / upgrade_solver_proto_text: the output format is the tool's
-    (text, binary, text), not OUT's suffix; an input already current is written as it is, after Caffe's
-    ``File already in latest proto format`` line."""
+def _upgrade(old, new, solver: bool, binary: bool):
+    """Read ``old`` as it is and upgraded, write the upgraded message to ``new`` (its folder must exist):
+    ``(upgraded message, whether upgrading changed it)``."""
     from caffe_compat.io import read_net, read_solver, write_net
     from caffe_compat.io.atomic import require_folder
     from caffe_compat.io.protofiles import write_message
 
-    require_folder(args.new)
-    if args.tool == "upgrade_solver_proto_text":
-        before, message = read_solver(args.old, upgrade=False), read_solver(args.old)
-        kind = "SolverParameter text"
+    require_folder(new)
+    read = read_solver if solver else read_net
+    before, message = read(old, upgrade=False), read(old)
+    if solver:
+        write_message(message, new, binary=binary)
     else:
-        before, message = read_net(args.old, upgrade=False), read_net(args.old)
-        kind = "NetParameter binary" if args.tool == "upgrade_net_proto_binary" else "NetParameter text"
-    if before == message:
+        write_net(message, new, binary=binary)
+    return message, before != message
+
+
+def _run_caffe_tool(args) -> int:
+    """Caffe's upgrade_net_proto_text / _binary / upgrade_solver_proto_text: the output format is the tool's
+    (text, binary, text), not OUT's suffix; an input already current is written as it is, after Caffe's
+    ``File already in latest proto format`` line."""
+    solver, binary = args.tool == "upgrade_solver_proto_text", args.tool == "upgrade_net_proto_binary"
+    _, changed = _upgrade(args.old, args.new, solver, binary)
+    if not changed:
         print(f"File already in latest proto format: {args.old}")
-    if args.tool == "upgrade_solver_proto_text":
-        write_message(message, args.new, binary=False)
-    else:
-        write_net(message, args.new, binary=args.tool == "upgrade_net_proto_binary")
+    kind = "SolverParameter text" if solver else "NetParameter binary" if binary else "NetParameter text"
     print(f"Wrote upgraded {kind} proto to {args.new}")
     return 0
 
 
 def run(args) -> int:
-    from caffe_compat.io import read_net, read_solver, write_net
-    from caffe_compat.io.atomic import require_folder
-    from caffe_compat.io.protofiles import write_message
-
-    require_folder(args.new)
+    message, changed = _upgrade(args.old, args.new, bool(args.solver), bool(args.binary))
     if args.solver:
-        solver = read_solver(args.old)
-        write_message(solver, args.new, binary=bool(args.binary))
-        print(f"wrote {args.new} (solver type {solver.type})")
-        return 0
-    before = read_net(args.old, upgrade=False)
-    net = read_net(args.old)
-    write_net(net, args.new, binary=args.binary)
-    changed = "upgraded" if before != net else "already current; copied"
-    print(f"wrote {args.new}: {len(net.layer)} layers ({changed})")
+        print(f"wrote {args.new} (solver type {message.type})")
+    else:
+        print(f"wrote {args.new}: {len(message.layer)} layers ({'upgraded' if changed else 'already current; copied'})")
     return 0

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, ShapeMismatchError
+from caffe_compat.errors import ShapeMismatchError
+from caffe_compat.layers.facts import legacy_shape as caffe_legacy_shape
 
 if TYPE_CHECKING:
     from caffe_compat.pycaffe.net import Net
@@ -41,9 +42,7 @@ __all__ = ["Blob", "ParamBlob", "legacy_shape", "reshape_argument", "grad_of"]
 def legacy_shape(name: str, shape: tuple, axis: int) -> int:
     """Caffe's ``Blob::LegacyShape(axis)`` (``num``/``channels``/``height``/``width``): the axis's size, 1 for
     an axis the blob lacks (a (N, C) blob has num N, channels C, height and width 1); > 4 axes refused."""
-    if len(shape) > 4:
-        raise CaffeCompatError(f"blob '{name}' has {len(shape)} axes; the legacy accessors need <= 4")
-    return shape[axis] if axis < len(shape) else 1
+    return caffe_legacy_shape(shape, f"blob '{name}'")[axis]
 
 
 def reshape_argument(name: str, shape: tuple) -> tuple[int, ...]:
