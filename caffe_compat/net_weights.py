@@ -1,10 +1,11 @@
 """CaffeNet's weights: Caffe's fillers, ``CopyTrainedLayersFrom`` (by layer name) and ``Net::ToProto``.
 
 :class:`CaffemodelWeights` is the part of :class:`~caffe_compat.net.CaffeNet` that moves blobs between
-the net and caffemodels (it uses the net's ``steps``, ``layers``, ``module_names`` and shared-blob
-table).  A stored blob is copied when Caffe's ``Blob::ShapeEquals`` accepts it (legacy 4-D dims padded
-with leading 1s); ``double_data`` wins over ``data``; name mismatches are reported once, as a
-:class:`~caffe_compat.errors.WeightsMismatchWarning` or, with ``strict``, a FormatError.
+the net and caffemodels (it uses the net's ``steps``, ``layers`` and shared-blob table).  A stored blob
+goes to the first net layer of its layer's name, and is copied when Caffe's ``Blob::ShapeEquals``
+accepts it (legacy 4-D dims padded with leading 1s); ``double_data`` wins over ``data``; name mismatches
+are reported once, as a :class:`~caffe_compat.errors.WeightsMismatchWarning` or, with ``strict``, a
+FormatError.
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 def overwritten_layers(layers, stored) -> frozenset[str]:
     """Names of the net layers (``layers``: the user layers, in net order) whose every blob the caffemodel
     ``stored`` overwrites, so that building them need not initialise their blobs: layers the file holds
-    blobs for, named once in the net (``CopyTrainedLayersFrom`` copies by name into the last layer of
-    that name).  Such a layer's blobs are all overwritten, or building the net raises: a blob count or
-    shape that does not fit is an error (:meth:`CaffemodelWeights._copy_stored`); a blob it shares
-    through ``ParamSpec.name`` is the owner's (filled or copied, as before)."""
+    blobs for, named once in the net (``CopyTrainedLayersFrom`` copies by name into the first layer of
+    that name: :attr:`CaffemodelWeights.copy_targets`).  Such a layer's blobs are all overwritten, or
+    building the net raises: a blob count or shape that does not fit is an error
+    (:meth:`CaffemodelWeights._copy_stored`); a blob it shares through ``ParamSpec.name`` is the owner's
+    (filled or copied, as before)."""
     if not stored:
         return frozenset()
     in_net = Counter(layer.name for layer in layers)
@@ -170,12 +172,24 @@ class CaffemodelWeights:
             for i, value in keep:
                 module.caffe_blobs()[i].copy_(value)
 
+    @property
+    def copy_targets(self) -> dict[str, str]:
+        """Caffe layer name -> module key of the layer ``CopyTrainedLayersFrom`` copies a caffemodel layer of that
+        name into: the *first* net layer so named (its linear search over ``layer_names_``), where pycaffe's
+        name dicts (``module_names``, ``params``) keep the last.  Two layers may share a name in Caffe (a ReLU
+        named like its convolution): only the first one gets the stored blobs."""
+        targets: dict[str, str] = {}
+        for step in self.steps:
+            if step.module_key is not None:
+                targets.setdefault(step.name, step.module_key)
+        return targets
+
     def _supplied_by(self, stored: list[tuple[str, list[StoredBlob]]] | None, blobs_of=None) -> frozenset[str]:
         """Module keys of the layers whose every blob a caffemodel's layer of the same name supplies
         (``blobs_of``: the ports' blobs by module key, when the caller has them)."""
         if not stored:
             return frozenset()
-        by_name, blobs_of = self.module_names, self._blobs_by_key(blobs_of)
+        by_name, blobs_of = self.copy_targets, self._blobs_by_key(blobs_of)
         return frozenset(by_name[name] for name, blobs in stored
                          if name in by_name and len(blobs) == len(blobs_of[by_name[name]]))
 
@@ -209,7 +223,7 @@ class CaffemodelWeights:
         (``blobs_of``: the ports' blobs by module key, when the caller has them)."""
         if not loaded:
             return
-        by_name, blobs_of = self.module_names, self._blobs_by_key(blobs_of)
+        by_name, blobs_of = self.copy_targets, self._blobs_by_key(blobs_of)
         ignored, covered = [], set()
         for model, stored in loaded:
             for name, blobs in stored:
@@ -244,7 +258,7 @@ class CaffemodelWeights:
     def unsupplied_layers(self, names) -> list[str]:
         """Names of the net layers left at their fillers by a caffemodel holding blobs for the layers called
         ``names`` (shared blobs count as supplied through any layer sharing them: :meth:`_left_at_fillers`)."""
-        by_name = self.module_names
+        by_name = self.copy_targets
         return self._left_at_fillers({by_name[name] for name in names if name in by_name})
 
     def _report_mismatch(self, models, ignored, left, strict: bool) -> None:

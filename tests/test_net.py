@@ -4,6 +4,7 @@ net plumbing (include/exclude rules, automatic Split names, weight sharing, caff
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -405,6 +406,43 @@ def test_load_caffemodel_by_name_keeps_absent_layers_and_accepts_legacy_dims():
     reference = caffe_pb2.NetParameter.FromString(fixture_path("nets/googlenet_small/weights.caffemodel").read_bytes())
     fc = next(layer for layer in reference.layer if layer.name == "fc_embedding")
     np.testing.assert_array_equal(net.params["fc_embedding"][0].detach().numpy().ravel(), np.asarray(fc.blobs[0].data))
+
+
+_TWO_LAYERS_NAMED_IP = """
+name: "dup"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 } } }
+layer { name: "ip" type: "%s" bottom: "data" top: "a" %s }
+layer { name: "ip" type: "%s" bottom: "a" top: "%s" %s }
+"""
+
+
+def _ip_caffemodel(path):
+    model = caffe_pb2.NetParameter()
+    layer = model.layer.add(name="ip", type="InnerProduct")
+    weight = layer.blobs.add()
+    weight.shape.dim.extend([2, 3])
+    weight.data.extend([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    bias = layer.blobs.add()
+    bias.shape.dim.append(2)
+    bias.data.extend([1.0, 2.0])
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
+def test_a_caffemodel_layer_goes_to_the_first_net_layer_of_its_name(tmp_path):
+    """Caffe's Net::CopyTrainedLayersFrom (net.cpp) finds its target by a linear search of layer_names_: the first
+    layer of the name.  An InnerProduct 'ip' followed by a ReLU also called 'ip' takes the weights (we copied into
+    the last 'ip', the ReLU: 'the weights have 2 blobs, the net expects 0'); with the ReLU first, Caffe's CHECK
+    'Incompatible number of blobs for layer ip' (2 vs. 0) fails."""
+    weights = _ip_caffemodel(tmp_path / "ip.caffemodel")
+    ip = "inner_product_param { num_output: 2 }"
+    net = load_net(_TWO_LAYERS_NAMED_IP % ("InnerProduct", ip, "ReLU", "a", ""), weights, strict=True)
+    out = net(data=torch.tensor([[1.0, -1.0, 2.0]]))["a"]
+    # x . w_row + b: [0 - 1 + 4 + 1, 3 - 4 + 10 + 2]
+    np.testing.assert_array_equal(out.detach().numpy(), [[4.0, 11.0]])
+    with pytest.raises(ShapeMismatchError, match="'ip'.*2 blobs.*expects 0"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the InnerProduct 'ip' is reported left at its fillers first
+        load_net(_TWO_LAYERS_NAMED_IP % ("ReLU", "", "InnerProduct", "b", ip), weights)
 
 
 def test_state_dict_keys_and_round_trip():
