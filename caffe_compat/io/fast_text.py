@@ -53,9 +53,17 @@ def _string(token: str) -> str:
     return token[1:-1]
 
 
+def _leading_zero(token: str) -> bool:
+    """``07``, ``-010``, ``01.5``: a number written with a leading zero, which the text format reads as
+    octal (``num_output: 010`` is 8 in Caffe's C++ TextFormat and in protobuf's parser, not 10) and refuses
+    for a float (C++: "Expect a decimal number"); protobuf's parser decides."""
+    digits = token[1:] if token[:1] in ("-", "+") else token
+    return len(digits) > 1 and digits[0] == "0" and digits[1].isdigit()
+
+
 def _int(token: str) -> int:
     digits = token[1:] if token[:1] in ("-", "+") else token
-    if not (digits.isascii() and digits.isdigit()):
+    if not (digits.isascii() and digits.isdigit()) or _leading_zero(token):
         raise _Fallback  # hex, octal, underscores...: protobuf's parser decides
     return int(token)
 
@@ -64,6 +72,8 @@ def _float(token: str) -> float:
     low = token.lower()
     if low in _SPECIAL_FLOATS:
         return _SPECIAL_FLOATS[low]
+    if _leading_zero(low):
+        raise _Fallback
     if low.endswith("f") and not low.startswith(("in", "-in", "+in")):
         low = low[:-1]
     if not low.isascii() or "_" in low:

@@ -44,7 +44,7 @@ def test_plain_subset_takes_the_fast_path():
                                  'inf', 'true', 'loss_weight', 'convolution_param', 'pad', 'engine', 'CAFFE',
                                  'force_backward', '#c\n', "'y'", 'input_dim', '0x10', '1e3f', '1_0', '"', "'",
                                  '"a#b"', '+3', '-0', '\u0663', '1.5F', 'nan', '-inf', '[1,', 'phase', 'TEST',
-                                 'input_shape', 'dim', '"a"#c\n', 'debug_info', 't', '07']), max_size=25))
+                                 'input_shape', 'dim', '"a"#c\n', 'debug_info', 't', '07', '010', '05.5']), max_size=25))
 def test_random_token_streams_agree(tokens):
     text = " ".join(tokens)
     slow = caffe_pb2.NetParameter()
@@ -77,3 +77,30 @@ def test_singular_field_given_twice_is_an_error_like_caffe(text, field, message)
     # repeated fields may repeat, in any order
     net = read_net('layer { name: "a" type: "Concat" bottom: "x" top: "y" bottom: "z" }')
     assert list(net.layer[0].bottom) == ["x", "z"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("layer { convolution_param { num_output: 010 } }", 8),
+    ("layer { convolution_param { num_output: 0x10 } }", 16),
+    ("layer { convolution_param { num_output: 007 } }", 7),
+    ("layer { convolution_param { num_output: 08 } }", None),
+    ("layer { loss_weight: 05 }", None),
+    ("layer { loss_weight: 01.5 }", None),
+    ("layer { loss_weight: -010 }", None),
+    ("layer { loss_weight: 0.5 }", 0.5),
+    ("layer { loss_weight: 0 }", 0.0),
+])
+def test_leading_zero_numbers_are_octal_like_caffe(text, expected):
+    """Caffe's ReadProtoFromTextFile uses protobuf's C++ TextFormat, whose tokenizer reads an integer with a
+    leading zero as octal (``num_output: 010`` is 8) and whose ConsumeDouble refuses one for a float ("Expect a
+    decimal number, got: 05"); protobuf's Python parser agrees.  The fast path read 010 as 10 and 05 as 5.0."""
+    from caffe_compat.errors import ParseError
+    from caffe_compat.io import read_net
+
+    if expected is None:
+        with pytest.raises(ParseError, match=r"<text>:1:\d+: "):
+            read_net(text)
+        return
+    layer = read_net(text).layer[0]
+    value = layer.convolution_param.num_output if "num_output" in text else layer.loss_weight[0]
+    assert value == expected
