@@ -99,9 +99,13 @@ def is_hdf5_weights(path) -> bool:
 
 
 def copy_hdf5_weights(cnet, path) -> None:
-    """Caffe's ``CopyTrainedLayersFromHDF5`` into ``cnet``'s blobs: by layer name, source layers the net lacks
-    ignored, a blob count or shape that differs a ShapeMismatchError (what ``copy_from``, ``caffe test
-    -weights`` and ``extract_features`` use for an HDF5 weights file, as Caffe's ``CopyTrainedLayersFrom``)."""
+    """Caffe's ``CopyTrainedLayersFromHDF5`` into ``cnet``'s blobs (what ``copy_from``, ``caffe test -weights``
+    and ``extract_features`` use for an HDF5 weights file, as Caffe's ``CopyTrainedLayersFrom``): each group of
+    ``data`` goes to the *last* net layer of its name (``layer_names_index_``); source layers the net lacks are
+    ignored; a group with more datasets than the layer has blobs is refused ("Incompatible number of blobs"),
+    and so is a missing dataset ``"i"`` unless blob i is shared from another layer (``ParamSpec.name``):
+    ``Net::ToHDF5`` writes only the blobs a layer owns, so a siamese net's sharing layers have none; a shape
+    that differs is a ShapeMismatchError."""
     try:
         import h5py
     except ModuleNotFoundError:
@@ -115,20 +119,24 @@ def copy_hdf5_weights(cnet, path) -> None:
         if "data" not in f:
             raise FormatError(f"{path}: no 'data' group (not a Caffe HDF5 weights file)")
         source = f["data"]
-        targets = {step.name: list(cnet.layers[step.module_key].caffe_blobs()) for step in cnet.steps
-                   if step.module_key is not None}
+        targets = {step.name: step.module_key for step in cnet.steps if step.module_key is not None}
+        sharers = {(key, i) for key, i, _, _ in cnet._shared}
         with torch.no_grad():
             for name in source:
-                blobs = targets.get(name)
-                if not blobs:
+                key = targets.get(name)
+                if key is None:
                     continue  # Caffe: "Ignoring source layer"
+                blobs = list(cnet.layers[key].caffe_blobs())
                 group = source[name]
-                if len(group) != len(blobs):
+                if len(group) > len(blobs):
                     raise ShapeMismatchError(f"{path}: layer '{name}' has {len(group)} blobs, the net's has "
                                              f"{len(blobs)} (Incompatible number of blobs)")
                 for i, blob in enumerate(blobs):
                     if str(i) not in group:
-                        raise FormatError(f"{path}: layer '{name}' lacks dataset '{i}'")
+                        if (key, i) in sharers:
+                            continue  # shared: its owner's dataset holds it
+                        raise ShapeMismatchError(f"{path}: layer '{name}' has no dataset '{i}' for its blob {i}, "
+                                                 f"which it does not share (Incompatible number of blobs)")
                     value = np.asarray(group[str(i)], dtype=np.float32)
                     if tuple(value.shape) != tuple(blob.shape):
                         raise ShapeMismatchError(f"{path}: layer '{name}' blob {i} has shape {value.shape}, "

@@ -139,6 +139,47 @@ def test_hdf5_weights_round_trip_and_mismatch(proto, tmp_path):
         c.load_hdf5(str(path))
 
 
+SIAMESE = """name: 'siamese'
+layer { name: 'data' type: 'Input' top: 'a' top: 'b'
+  input_param { shape { dim: 1 dim: 3 } shape { dim: 1 dim: 3 } } }
+layer { name: 'ip' type: 'InnerProduct' bottom: 'a' top: 'fa' param { name: 'w' } param { name: 'bias' }
+  inner_product_param { num_output: 2 } }
+layer { name: 'ip_p' type: 'InnerProduct' bottom: 'b' top: 'fb' param { name: 'w' } param { name: 'bias' }
+  inner_product_param { num_output: 2 } }
+layer { name: 'solo' type: 'InnerProduct' bottom: 'b' top: 'fc' inner_product_param { num_output: 2 } }
+"""
+
+
+def test_hdf5_weights_of_a_weight_shared_net_as_caffe_writes_them(tmp_path):
+    """Caffe's Net::ToHDF5 (net.cpp) writes a dataset only for the blobs a layer owns, so in a siamese net's
+    file the sharing layer's group is empty, and CopyTrainedLayersFromHDF5 skips a missing dataset when the
+    target blob is shared (param_owners_ != -1), refuses it otherwise and refuses more datasets than blobs
+    (CHECK_LE, "Incompatible number of blobs").  Ours refused the empty group: 'has 0 blobs, the net's has 2'."""
+    proto = tmp_path / "siamese.prototxt"
+    proto.write_text(SIAMESE)
+    w, bias = np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, 2], np.float32)
+    path = tmp_path / "siamese.caffemodel.h5"
+    with h5py.File(path, "w") as f:  # the layout Caffe's ToHDF5 writes
+        for layer in ("data", "ip", "ip_p", "solo"):
+            f.create_group(f"data/{layer}")
+        f["data/ip/0"], f["data/ip/1"] = w, bias
+        f["data/solo/0"], f["data/solo/1"] = w + 10, bias + 10
+    net = caffe.Net(str(proto), str(path), caffe.TEST)
+    for layer, offset in (("ip", 0), ("ip_p", 0), ("solo", 10)):
+        np.testing.assert_array_equal(net.params[layer][0].data, w + offset)
+        np.testing.assert_array_equal(net.params[layer][1].data, bias + offset)
+    out = net.forward(a=np.array([[1, 0, -1]], np.float32), b=np.array([[1, 0, -1]], np.float32))
+    np.testing.assert_array_equal(out["fb"], [[-1.0, 0.0]])  # [0 - 2 + 1, 3 - 5 + 2]
+    with h5py.File(path, "r+") as f:
+        del f["data/solo/1"]  # not shared: Caffe's LOG(FATAL) "Incompatible number of blobs for layer solo"
+    with pytest.raises(ShapeMismatchError, match="layer 'solo' has no dataset '1'"):
+        net.copy_from(str(path))
+    with h5py.File(path, "r+") as f:
+        f["data/solo/1"], f["data/solo/2"] = bias, bias
+    with pytest.raises(ShapeMismatchError, match="layer 'solo' has 3 blobs, the net's has 2"):
+        net.copy_from(str(path))
+
+
 @pytest.mark.parametrize("name", ["snapshot_iter_10.caffemodel.h5", "weights.caffemodel"])
 def test_the_net_constructor_reads_hdf5_weights_as_copy_from_does(proto, tmp_path, name):
     """``caffe.Net(prototxt, weights, phase)`` calls CopyTrainedLayersFrom, which reads an HDF5 file (Caffe
