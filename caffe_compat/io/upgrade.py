@@ -21,7 +21,9 @@ Solver files: the deprecated ``solver_type`` enum becomes the string ``type``.
 
 from __future__ import annotations
 
-from caffe_compat.errors import FormatError
+import warnings
+
+from caffe_compat.errors import FormatError, outside_stacklevel
 from caffe_compat.proto import caffe_pb2
 
 V1 = caffe_pb2.V1LayerParameter
@@ -251,10 +253,16 @@ def _v1_to_v2_layer(v1: caffe_pb2.V1LayerParameter, source: str) -> caffe_pb2.La
 
 
 def upgrade_v1_to_v2(net: caffe_pb2.NetParameter, source: str = "net") -> None:
+    """V1 ``layers`` -> V2 ``layer``.  A net that also holds V2 ``layer`` entries keeps only its upgraded V1
+    layers, as Caffe's ``UpgradeV1Net`` (it logs "already specifies 'layer' fields; these will be ignored for
+    the upgrade", clears them and continues); a UserWarning names the dropped layers."""
     if len(net.layer) and len(net.layers):
-        raise FormatError(f"{source}: the net mixes V1 'layers' and V2 'layer' fields")
+        dropped = ", ".join(f"'{layer.name}'" for layer in net.layer)
+        warnings.warn(f"{source}: the net mixes V1 'layers' and V2 'layer' fields; like Caffe's V1 upgrade, the "
+                      f"V2 layers are ignored: {dropped}", UserWarning, stacklevel=outside_stacklevel())
     new_layers = [_v1_to_v2_layer(v1, source) for v1 in net.layers]
     del net.layers[:]
+    del net.layer[:]
     net.layer.extend(new_layers)
 
 

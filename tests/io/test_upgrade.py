@@ -165,3 +165,16 @@ def test_a_v1_layer_in_a_v0_net_is_refused_by_name():
     with pytest.raises(FormatError, match=r"layer 'r' is written in the V1 format .* other layers are V0"):
         read_net('layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "data" top: "c" } '
                  'layers { name: "r" type: RELU bottom: "c" top: "c" }')
+
+
+def test_v2_layers_beside_v1_layers_are_dropped_like_caffe():
+    """Caffe's UpgradeV1Net (upgrade_proto.cpp) logs that a net with V1 'layers' "already specifies 'layer'
+    fields; these will be ignored for the upgrade", clears them and goes on with the upgraded V1 layers only;
+    we refused the file ("the net mixes V1 'layers' and V2 'layer' fields")."""
+    text = ('name: "mixed" input: "data" input_dim: 1 input_dim: 2 input_dim: 1 input_dim: 1 '
+            'layer { name: "v2_relu" type: "ReLU" bottom: "data" top: "data" } '
+            'layers { name: "ip" type: INNER_PRODUCT bottom: "data" top: "ip" inner_product_param { num_output: 3 } }')
+    with pytest.warns(UserWarning, match=r"<text>: the net mixes V1 'layers' and V2 'layer' .* ignored: 'v2_relu'"):
+        net = read_net(text)
+    assert [(layer.name, layer.type) for layer in net.layer] == [("input", "Input"), ("ip", "InnerProduct")]
+    assert not net.layers
