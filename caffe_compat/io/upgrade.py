@@ -192,9 +192,19 @@ def _v0_to_v1_layer(v1_in: caffe_pb2.V1LayerParameter, source: str) -> caffe_pb2
 
 
 def upgrade_v0_to_v1(net: caffe_pb2.NetParameter, source: str = "net") -> None:
+    """The V0 upgrade of a whole net.  Like Caffe's ``UpgradeV0Net``, which builds a fresh NetParameter, only
+    ``name``, the layers, ``input``, ``input_dim`` and ``force_backward`` survive: ``input_shape``, ``state``,
+    ``debug_info`` and any V2 ``layer`` of a V0 file are dropped."""
     layers = [_v0_to_v1_layer(v1, source) for v1 in _fold_padding(net, source)]
-    del net.layers[:]
-    net.layers.extend(layers)
+    kept = caffe_pb2.NetParameter()
+    if net.HasField("name"):
+        kept.name = net.name
+    kept.layers.extend(layers)
+    kept.input.extend(net.input)
+    kept.input_dim.extend(net.input_dim)
+    if net.HasField("force_backward"):
+        kept.force_backward = net.force_backward
+    net.CopyFrom(kept)
 
 
 # ---------------------------------------------------------------- data transformation

@@ -178,3 +178,20 @@ def test_v2_layers_beside_v1_layers_are_dropped_like_caffe():
         net = read_net(text)
     assert [(layer.name, layer.type) for layer in net.layer] == [("input", "Input"), ("ip", "InnerProduct")]
     assert not net.layers
+
+
+def test_the_v0_upgrade_keeps_only_caffes_five_net_fields():
+    """Caffe's UpgradeV0Net (upgrade_proto.cpp) clears the net and copies back only name, the layers, input,
+    input_dim and force_backward: a V0 file's input_shape, state and debug_info are lost (so its input, left
+    without dims, is stripped and the conv's bottom is unknown, as in Caffe); ours kept them."""
+    v0 = ('name: "old" input: "data" input_shape { dim: 1 dim: 1 dim: 4 dim: 4 } force_backward: true '
+          'debug_info: true state { level: 3 } '
+          'layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "data" top: "c" }')
+    net = read_net(v0)
+    assert net.name == "old" and net.force_backward
+    assert not net.HasField("debug_info") and not net.HasField("state") and not net.input_shape
+    assert [layer.name for layer in net.layer] == ["c"]
+    from caffe_compat.net import load_net
+
+    with pytest.raises(FormatError, match="layer 'c' .*unknown bottom blob 'data'"):
+        load_net(v0)
