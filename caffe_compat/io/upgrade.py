@@ -209,12 +209,16 @@ def upgrade_v0_to_v1(net: caffe_pb2.NetParameter, source: str = "net") -> None:
 
 # ---------------------------------------------------------------- data transformation
 
+_TRANSFORMED_PARAM = {V1.DATA: "data_param", V1.IMAGE_DATA: "image_data_param", V1.WINDOW_DATA: "window_data_param"}
+
+
 def upgrade_data_transformation(net: caffe_pb2.NetParameter) -> None:
-    """Move scale/mean_file/crop_size/mirror of V1 data layers into transform_param."""
+    """Move scale/mean_file/crop_size/mirror of V1 data layers into transform_param: as Caffe's
+    ``UpgradeNetDataTransformation``, only from the parameter of the layer's own type (a DATA layer's
+    ``data_param``, an IMAGE_DATA layer's ``image_data_param``, a WINDOW_DATA layer's ``window_data_param``)."""
     for layer in net.layers:
-        for name in ("data_param", "image_data_param", "window_data_param"):
-            if not layer.HasField(name):
-                continue
+        name = _TRANSFORMED_PARAM.get(layer.type)
+        if name is not None and layer.HasField(name):
             p = getattr(layer, name)
             t = layer.transform_param
             for field in ("scale", "mean_file", "crop_size", "mirror"):

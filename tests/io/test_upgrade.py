@@ -195,3 +195,17 @@ def test_the_v0_upgrade_keeps_only_caffes_five_net_fields():
 
     with pytest.raises(FormatError, match="layer 'c' .*unknown bottom blob 'data'"):
         load_net(v0)
+
+
+def test_v1_transformation_fields_move_only_from_the_param_of_the_layer_type():
+    """Caffe's UpgradeNetDataTransformation (CONVERT_LAYER_TRANSFORM_PARAM in upgrade_proto.cpp) moves
+    scale/mean_file/crop_size/mirror of a DATA layer's data_param, an IMAGE_DATA layer's image_data_param and a
+    WINDOW_DATA layer's window_data_param; ours moved them out of any of the three a layer carried, so an
+    IMAGE_DATA layer's stray data_param mean_file became a mean subtraction Caffe never applies."""
+    net = read_net('layers { name: "img" type: IMAGE_DATA top: "d" top: "l" '
+                   'image_data_param { source: "list.txt" batch_size: 1 scale: 0.5 } '
+                   'data_param { mean_file: "m.binaryproto" crop_size: 3 } }')
+    (layer,) = net.layer
+    assert layer.transform_param.scale == 0.5
+    assert not layer.transform_param.HasField("mean_file") and not layer.transform_param.HasField("crop_size")
+    assert layer.data_param.mean_file == "m.binaryproto" and layer.data_param.crop_size == 3
