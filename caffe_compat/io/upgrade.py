@@ -285,14 +285,17 @@ def upgrade_v1_to_v2(net: caffe_pb2.NetParameter, source: str = "net") -> None:
 def upgrade_input(net: caffe_pb2.NetParameter, source: str = "net") -> None:
     """Net-level ``input`` fields -> an ``Input`` layer named ``input``, first in the net.  Inputs named
     with neither ``input_shape`` nor ``input_dim`` (what an old Caffe's ``Net::ToProto`` wrote into a
-    caffemodel) are only stripped, as Caffe's ``UpgradeNetInput`` strips them."""
+    caffemodel) are only stripped, as Caffe's ``UpgradeNetInput`` strips them.  Like it, ``input_shape`` wins
+    over ``input_dim`` when both are given, and entries beyond one shape (four dims) per input are ignored."""
     n = len(net.input)
     if not net.input_shape and not net.input_dim:
         net.ClearField("input")
         return
-    if len(net.input_shape) not in (0, n):
+    # Caffe reads input_shape(i) (or input_dim(4i) .. input_dim(4i + 3)) for each input i: entries past those
+    # are never read; fewer would be read past the end of the field, which we refuse.
+    if net.input_shape and len(net.input_shape) < n:
         raise FormatError(f"{source}: {n} inputs but {len(net.input_shape)} input_shape entries")
-    if not net.input_shape and len(net.input_dim) != 4 * n:
+    if not net.input_shape and len(net.input_dim) < 4 * n:
         raise FormatError(f"{source}: {n} inputs need {4 * n} input_dim values, found {len(net.input_dim)}")
     layer = caffe_pb2.LayerParameter(name="input", type="Input")
     for i, name in enumerate(net.input):

@@ -209,3 +209,18 @@ def test_v1_transformation_fields_move_only_from_the_param_of_the_layer_type():
     assert layer.transform_param.scale == 0.5
     assert not layer.transform_param.HasField("mean_file") and not layer.transform_param.HasField("crop_size")
     assert layer.data_param.mean_file == "m.binaryproto" and layer.data_param.crop_size == 3
+
+
+def test_extra_input_dims_and_shapes_are_ignored_like_caffe():
+    """Caffe's UpgradeNetInput (upgrade_proto.cpp) reads input_shape(i), or input_dim(4i) .. input_dim(4i+3), for
+    each input i and nothing else (input_shape wins when both are given); we refused a net with more entries
+    than inputs ("1 inputs need 4 input_dim values, found 5")."""
+    for text, dims in [('input: "data" input_dim: 1 input_dim: 3 input_dim: 4 input_dim: 5 input_dim: 9', [1, 3, 4, 5]),
+                       ('input: "data" input_shape { dim: 2 dim: 3 } input_shape { dim: 7 }', [2, 3]),
+                       ('input: "data" input_shape { dim: 6 } input_dim: 1 input_dim: 2', [6])]:
+        (layer,) = read_net(text).layer
+        assert list(layer.top) == ["data"] and [list(s.dim) for s in layer.input_param.shape] == [dims]
+    with pytest.raises(FormatError, match="2 inputs need 8 input_dim values, found 4"):
+        read_net('input: "a" input: "b" input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1')
+    with pytest.raises(FormatError, match="2 inputs but 1 input_shape entries"):
+        read_net('input: "a" input: "b" input_shape { dim: 1 }')
