@@ -34,7 +34,9 @@ def _copy_blob(blob: StoredBlob, target: torch.Tensor, layer: str, index: int) -
     accepts it: legacy num/channels/height/width compare with the target's shape padded with leading 1s
     (at most 4 axes); otherwise ``shape.dim`` must equal it (an absent ``shape`` is a 0-axis blob, as Caffe
     writes a scalar such as a channel-shared PReLU slope).  Called once per blob of a load: the common case
-    (a float32 CPU target of the stored shape) costs a shape comparison and the copy."""
+    (a float32 CPU target of the stored shape) costs a shape comparison and the copy.  A stored diff (a
+    ``snapshot_diff: true`` snapshot's) becomes the target's ``.grad``, Caffe's diff, as ``FromProto`` copies it,
+    its count checked like the data's."""
     values = blob.values
     if blob.legacy or blob.shape != target.shape:  # torch.Size compares equal to a tuple of the same ints
         shape = tuple(int(d) for d in target.shape)
@@ -50,6 +52,15 @@ def _copy_blob(blob: StoredBlob, target: torch.Tensor, layer: str, index: int) -
         np.copyto(target.detach().numpy().reshape(-1), values, casting="same_kind")
     else:  # the values may be a read-only view of the mapped file: copy before handing them to torch
         target.copy_(torch.from_numpy(np.array(values)).reshape(target.shape))
+    if blob.diff is not None:  # Blob::FromProto copies a stored diff too (a snapshot_diff: true snapshot's)
+        if blob.diff.size != target.numel():
+            raise FormatError(f"layer '{layer}' blob {index}: the blob holds {blob.diff.size} diff values, its "
+                              f"shape {tuple(int(d) for d in target.shape)} needs {target.numel()}")
+        diff = torch.from_numpy(np.array(blob.diff)).reshape(target.shape)
+        if target.grad is None:
+            target.grad = diff.to(device=target.device, dtype=target.dtype)
+        else:
+            target.grad.copy_(diff)
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)

@@ -445,6 +445,30 @@ def test_a_caffemodel_layer_goes_to_the_first_net_layer_of_its_name(tmp_path):
         load_net(_TWO_LAYERS_NAMED_IP % ("ReLU", "", "InnerProduct", "b", ip), weights)
 
 
+def test_a_stored_diff_is_loaded_into_the_param_diff_like_blob_from_proto(tmp_path):
+    """Caffe's Blob::FromProto (blob.cpp) also copies a BlobProto's diff into the blob's diff (double_diff when
+    present), CHECKing its count, so a snapshot_diff: true snapshot brings its diffs back (pycaffe's .diff, and
+    the sum a later backward accumulates onto); ours dropped them and left the diffs at zero."""
+    model = caffe_pb2.NetParameter()
+    layer = model.layer.add(name="ip", type="InnerProduct")
+    weight = layer.blobs.add(data=[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], diff=[0.5, -0.5, 1.5, 2.5, 3.5, 4.5])
+    weight.shape.dim.extend([2, 3])
+    bias = layer.blobs.add(data=[1.0, 2.0], double_diff=[0.1, 0.2], diff=[7.0, 7.0])
+    bias.shape.dim.append(2)
+    path = tmp_path / "snapshot_with_diffs.caffemodel"
+    path.write_bytes(model.SerializeToString())
+    prototxt = _TWO_LAYERS_NAMED_IP % ("InnerProduct", "inner_product_param { num_output: 2 }", "ReLU", "a", "")
+    net = load_net(prototxt, str(path))
+    w, b = net.params["ip"]
+    np.testing.assert_array_equal(w.grad.numpy(), [[0.5, -0.5, 1.5], [2.5, 3.5, 4.5]])
+    np.testing.assert_array_equal(b.grad.numpy(), np.array([0.1, 0.2], np.float32))
+    del bias.double_diff[:]
+    bias.diff.append(7.0)  # three diff values for a blob of two: Caffe's CHECK_EQ(count_, proto.diff_size())
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(FormatError, match=r"layer 'ip' blob 1: the blob holds 3 diff values, its shape \(2,\) needs 2"):
+        load_net(prototxt, str(path))
+
+
 def test_state_dict_keys_and_round_trip():
     net, _, _ = _load("nets/googlenet_small")
     state = net.state_dict()

@@ -21,7 +21,9 @@ thousands of mutated caffemodels.  Anything else — legacy ``layers`` (V1/V0, w
 upgrade), a text file, unpacked floats, a known field with another wire type, groups, invalid UTF-8 in a
 name, a truncated or corrupt file — is :class:`Deferred` to :func:`caffe_compat.io.read_net`, which
 upgrades the net and raises the precise error.
-``double_data`` wins over ``data`` when present, as in ``Blob::FromProto``.
+``double_data`` wins over ``data`` when present, as in ``Blob::FromProto``; so does ``double_diff`` over
+``diff`` (fields 6 and 9: the diffs a ``snapshot_diff: true`` snapshot carries, which ``FromProto`` copies
+into the blob's diff too).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ _NET_LAYER, _NET_LEGACY_LAYERS = 100, 2
 _LAYER_NAME, _LAYER_BLOBS = 1, 7
 _BLOB_LEGACY_DIMS = (1, 2, 3, 4)
 _BLOB_DATA, _BLOB_SHAPE, _BLOB_DOUBLE_DATA = 5, 7, 8
+_BLOB_DIFF, _BLOB_DOUBLE_DIFF = 6, 9
 _SHAPE_DIM = 1
 
 
@@ -52,11 +55,13 @@ class StoredBlob:
     """One BlobProto of a caffemodel: its shape as stored and its values (flat, float32 or float64).
 
     ``legacy``: the shape is the 4-D ``num, channels, height, width`` (compared with a net's shape
-    after padding that with leading 1s, as ``Blob::ShapeEquals`` does)."""
+    after padding that with leading 1s, as ``Blob::ShapeEquals`` does).  ``diff``: the stored diff
+    (``double_diff`` when present, else ``diff``), None when the blob holds none."""
 
     shape: tuple[int, ...]
     legacy: bool
     values: np.ndarray
+    diff: np.ndarray | None = None
 
     def fits(self, target: tuple[int, ...]) -> bool:
         """Caffe's ``Blob::ShapeEquals`` against a net blob of shape ``target``."""
@@ -98,7 +103,9 @@ def from_netparameter(net: caffe_pb2.NetParameter) -> list[tuple[str, list[Store
 def _stored(blob: caffe_pb2.BlobProto) -> StoredBlob:
     values = (np.asarray(blob.double_data, dtype=np.float64) if len(blob.double_data)
               else np.asarray(blob.data, dtype=np.float32))
-    return StoredBlob(blob_shape(blob), is_legacy(blob), values)
+    diff = (np.asarray(blob.double_diff, dtype=np.float64) if len(blob.double_diff)
+            else np.asarray(blob.diff, dtype=np.float32) if len(blob.diff) else None)
+    return StoredBlob(blob_shape(blob), is_legacy(blob), values, diff)
 
 
 def _read_mapped(path: Path) -> list[tuple[str, list[StoredBlob]]]:
@@ -274,28 +281,37 @@ def _layer(buf, pos: int, end: int) -> tuple[str, list[StoredBlob]]:
 
 
 def _blob(buf, pos: int, end: int) -> StoredBlob:
-    legacy, dims, floats, doubles = {}, [], [], []
+    legacy, dims = {}, []
+    runs = {_BLOB_DATA: [], _BLOB_DOUBLE_DATA: [], _BLOB_DIFF: [], _BLOB_DOUBLE_DIFF: []}
     for field, wire, value in _fields(buf, pos, end):
         if field in _BLOB_LEGACY_DIMS and wire == _VARINT:
             legacy[field] = _int32(value)
         elif field == _BLOB_SHAPE and wire == _BYTES:
             dims.extend(_shape_dims(buf, *value))
-        elif field == _BLOB_DATA and wire == _BYTES:
-            floats.append(_packed(buf, value, "<f4"))
-        elif field == _BLOB_DOUBLE_DATA and wire == _BYTES:
-            doubles.append(_packed(buf, value, "<f8"))
-        elif field in (_BLOB_DATA, _BLOB_DOUBLE_DATA):
-            raise Deferred  # one unpacked value per field: valid, rare, left to protobuf
+        elif field in runs:
+            if wire != _BYTES:
+                raise Deferred  # one unpacked value per field: valid, rare, left to protobuf
+            runs[field].append(_packed(buf, value, "<f8" if field in (_BLOB_DOUBLE_DATA, _BLOB_DOUBLE_DIFF) else "<f4"))
         else:
             _check_field(buf, _BLOB, field, wire, value, 3)
     if legacy:
         shape = tuple(legacy.get(f, 0) for f in _BLOB_LEGACY_DIMS)  # proto2 defaults 0
     else:
         shape = tuple(dims)
-    runs = doubles or floats
-    values = (runs[0] if len(runs) == 1 else np.concatenate(runs) if runs
-              else np.zeros(0, np.float64 if doubles else np.float32))
-    return StoredBlob(shape, bool(legacy), values)
+    values = _first_present(_joined(runs[_BLOB_DOUBLE_DATA]), _joined(runs[_BLOB_DATA]))
+    diff = _first_present(_joined(runs[_BLOB_DOUBLE_DIFF]), _joined(runs[_BLOB_DIFF]))
+    return StoredBlob(shape, bool(legacy), np.zeros(0, np.float32) if values is None else values, diff)
+
+
+def _joined(runs: list) -> np.ndarray | None:
+    """The values of a packed field given in ``runs`` (protobuf concatenates them), None when it has none."""
+    values = runs[0] if len(runs) == 1 else np.concatenate(runs) if runs else None
+    return values if values is not None and values.size else None
+
+
+def _first_present(doubles: np.ndarray | None, floats: np.ndarray | None) -> np.ndarray | None:
+    """``Blob::FromProto``'s choice: the double field when it holds any value, else the float one."""
+    return doubles if doubles is not None else floats
 
 
 def _packed(buf, value, dtype: str) -> np.ndarray:

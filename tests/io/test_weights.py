@@ -24,6 +24,10 @@ def assert_same(fast, slow):
         for got, want in zip(blobs, expected):
             assert (got.shape, got.legacy, got.values.dtype) == (want.shape, want.legacy, want.values.dtype), name
             np.testing.assert_array_equal(got.values, want.values)
+            assert (got.diff is None) == (want.diff is None), name
+            if got.diff is not None:
+                assert got.diff.dtype == want.diff.dtype, name
+                np.testing.assert_array_equal(got.diff, want.diff)
 
 
 @pytest.mark.parametrize("path", CAFFEMODELS, ids=lambda p: p.split("fixtures/", 1)[-1])
@@ -178,3 +182,21 @@ def test_packed_float_writer_equals_protobufs_own_extend():
     empty = caffe_pb2.BlobProto()
     set_packed_floats(empty, np.zeros(0))
     assert empty.SerializeToString() == b""
+
+
+def test_stored_diffs_are_read_like_protobuf(tmp_path):
+    """A snapshot_diff: true snapshot carries each blob's diff (BlobProto field 6, packed float; 9, packed
+    double), which Caffe's Blob::FromProto copies too (double_diff when present); the fast reader read neither."""
+    packed = lambda field, fmt, values: _delimited(field, struct.pack(f"<{len(values)}{fmt}", *values))  # noqa: E731
+    shape = _delimited(7, _delimited(1, _varint(3)))
+    float_diff = shape + packed(5, "f", [1, 2, 3]) + packed(6, "f", [0.5]) + packed(6, "f", [0.25, -1])
+    double_diff = shape + packed(5, "f", [1, 2, 3]) + packed(6, "f", [9, 9, 9]) + packed(9, "d", [0.1, 0.2, 0.3])
+    no_diff = shape + packed(5, "f", [1, 2, 3]) + _delimited(6, b"")
+    layer = _delimited(1, b"a") + _delimited(7, float_diff) + _delimited(7, double_diff) + _delimited(7, no_diff)
+    path = _write(tmp_path, _delimited(100, layer))
+    fast = read_weights(path)
+    assert_same(fast, from_netparameter(read_net(path)))
+    first, second, third = fast[0][1]
+    np.testing.assert_array_equal(first.diff, np.array([0.5, 0.25, -1], np.float32))
+    assert second.diff.dtype == np.float64 and second.diff.tolist() == [0.1, 0.2, 0.3]
+    assert third.diff is None

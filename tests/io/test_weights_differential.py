@@ -65,6 +65,9 @@ def disagreement(data: bytes) -> str | None:
                 return f"layer {name!r} blob {i}: {(a.shape, a.legacy, a.values.dtype)} vs {(b.shape, b.legacy, b.values.dtype)}"
             if not np.array_equal(a.values, b.values, equal_nan=True):
                 return f"layer {name!r} blob {i}: values differ"
+            if (a.diff is None) != (b.diff is None) or (a.diff is not None and (
+                    a.diff.dtype != b.diff.dtype or not np.array_equal(a.diff, b.diff, equal_nan=True))):
+                return f"layer {name!r} blob {i}: diffs differ"
     return None
 
 
