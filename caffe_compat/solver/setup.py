@@ -24,8 +24,19 @@ from caffe_compat.proto import caffe_pb2
 log = logging.getLogger("caffe_compat.solver")
 
 
-def _phase_state(state: caffe_pb2.NetState) -> tuple[int | None, tuple[str, ...]]:
-    return (int(state.level) if state.HasField("level") else None), tuple(state.stage)
+_PHASE_NAMES = {caffe_pb2.TRAIN: "train", caffe_pb2.TEST: "test"}
+
+
+def _net_state(default_phase: int, net_param: caffe_pb2.NetParameter, state) -> caffe_pb2.NetState:
+    """Caffe's NetState for a solver's net (``InitTrainNet`` / ``InitTestNets``): the solver's default phase
+    (TRAIN, TEST), then ``MergeFrom`` the net's own ``state``, then ``MergeFrom`` the solver's ``train_state``
+    / ``test_state`` (``state``, may be None).  A phase set explicitly in either wins: a net file saying
+    ``state { phase: TEST }`` trains in the TEST phase, as in Caffe; stages accumulate."""
+    merged = caffe_pb2.NetState(phase=default_phase)
+    merged.MergeFrom(net_param.state)
+    if state is not None:
+        merged.MergeFrom(state)
+    return merged
 
 
 class SolverSetup:
@@ -101,12 +112,14 @@ class SolverSetup:
         source = given[0]
         net_param = (getattr(p, source) if source.endswith("param")
                      else self._read_net_file(getattr(p, source), source))
-        net_param = self._with_state(net_param, p.train_state if p.HasField("train_state") else None)
+        net_param = self._with_state(net_param, _net_state(caffe_pb2.TRAIN, net_param,
+                                                           p.train_state if p.HasField("train_state") else None))
         if source.endswith("param"):
             log.info("Creating training net specified in %s.", source)
         else:
             log.info("Creating training net from %s file: %s", source, getattr(p, source))
-        return self._build_net(net_param, "train", seed, None if source.endswith("param") else getattr(p, source))
+        return self._build_net(net_param, _PHASE_NAMES[net_param.state.phase], seed,
+                               None if source.endswith("param") else getattr(p, source))
 
     def _build_net(self, net_param, phase: str, seed: int, file: str | None) -> CaffeNet:
         """``net_class(net_param)``; a setup error (which names the layer) names the net's file too, or the
@@ -117,15 +130,11 @@ class SolverSetup:
             raise naming_file(exc, self._resolve(file) if file else self.solver_path) from exc
 
     @staticmethod
-    def _with_state(net_param, state) -> caffe_pb2.NetParameter:
-        """Caffe: ``net_state`` = the net's own state, then ``MergeFrom(train_state/test_state)``."""
+    def _with_state(net_param, state: caffe_pb2.NetState) -> caffe_pb2.NetParameter:
+        """A copy of ``net_param`` whose ``state`` is ``state`` (Caffe's ``mutable_state()->CopyFrom``)."""
         copy = caffe_pb2.NetParameter()
         copy.CopyFrom(net_param)
-        if state is not None:
-            merged = caffe_pb2.NetState()
-            merged.CopyFrom(copy.state)
-            merged.MergeFrom(state)
-            copy.state.CopyFrom(merged)
+        copy.state.CopyFrom(state)
         return copy
 
     def _test_nets(self, seed: int) -> list[CaffeNet]:
@@ -150,11 +159,9 @@ class SolverSetup:
                  + [generic_name] * (len(sources) - given))
         nets = []
         for i, net_param in enumerate(sources):
-            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
-            if p.test_state:
-                state.MergeFrom(p.test_state[i])
-                state.phase = caffe_pb2.TEST
+            state = _net_state(caffe_pb2.TEST, net_param, p.test_state[i] if p.test_state else None)
             log.info("Creating test net (#%d) specified by %s", i, names[i])
-            nets.append(self._build_net(self._with_state(net_param, state), "test", seed, files[i]))
+            nets.append(self._build_net(self._with_state(net_param, state), _PHASE_NAMES[state.phase], seed,
+                                        files[i]))
         log.info("Solver scaffolding done.")
         return nets

@@ -365,3 +365,36 @@ def test_displayed_loss_is_the_mean_of_the_last_average_loss_iterations(average)
         tolerance = 1e-6 * max(losses[:n])
         assert solver.smoothed_loss == pytest.approx(sum(window) / len(window), rel=2e-6, abs=tolerance), (n, average)
     assert abs(sum(losses[-3:]) / 3 - losses[-1]) > 1e-3  # the mean of a window is not just the last loss
+
+
+_STATE_NET = """name: "states" {state}
+layer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{ dim: 1 dim: 2 }} }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param {{ num_output: 1 }} }}
+layer {{ name: "in_train" type: "Power" bottom: "ip" top: "t" include {{ phase: TRAIN }} }}
+layer {{ name: "in_test" type: "Power" bottom: "ip" top: "s" include {{ phase: TEST }} }}
+layer {{ name: "staged" type: "Power" bottom: "ip" top: "g" include {{ stage: "extra" }} }}
+"""
+
+
+@pytest.mark.parametrize("net_state, solver_states, train_layers, test_layers", [
+    ("", "", ["in_train"], ["in_test"]),
+    ("state { phase: TEST }", "", ["in_test"], ["in_test"]),
+    ("state { phase: TRAIN stage: 'extra' }", "", ["in_train", "staged"], ["in_train", "staged"]),
+    ("", "train_state { phase: TEST } test_state { phase: TRAIN stage: 'extra' }", ["in_test"],
+     ["in_train", "staged"]),
+    ("state { phase: TEST }", "train_state { phase: TRAIN }", ["in_train"], ["in_test"]),
+])
+def test_solver_net_states_merge_like_caffe(tmp_path, net_state, solver_states, train_layers, test_layers):
+    """Caffe's Solver::InitTrainNet / InitTestNets (solver.cpp) start from phase TRAIN / TEST, MergeFrom the net's
+    own state, then MergeFrom train_state / test_state(i): a phase set in either wins (a net file saying
+    state { phase: TEST } trains in the TEST phase), stages accumulate.  Ours forced TRAIN for the train net
+    and TEST for the test nets whatever the states said."""
+    (tmp_path / "net.prototxt").write_text(_STATE_NET.format(state=net_state))
+    (tmp_path / "solver.prototxt").write_text(f'net: "net.prototxt" test_iter: 1 test_interval: 10 base_lr: 0.1 '
+                                              f'lr_policy: "fixed" max_iter: 1 solver_mode: CPU {solver_states}')
+    solver = Solver(str(tmp_path / "solver.prototxt"))
+    extra = {"in_train", "in_test", "staged"}
+    assert [n for n in solver.net.layer_names if n in extra] == train_layers
+    assert [n for n in solver.test_nets[0].layer_names if n in extra] == test_layers
+    phases = tuple("test" if "in_test" in layers else "train" for layers in (train_layers, test_layers))
+    assert (solver.net.phase, solver.test_nets[0].phase) == phases
