@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
-from caffe_compat.errors import CaffeCompatError, FormatError, naming_file
+from caffe_compat.errors import CaffeCompatError, FormatError, WeightsMismatchWarning, naming_file
 from caffe_compat.io import read_net, read_solver, upgrade_solver
 from caffe_compat.io.safe_open import check_regular_file
 from caffe_compat.net import CaffeNet
@@ -76,20 +77,35 @@ class SolverSetup:
         return str(candidate) if candidate.exists() else path
 
     @staticmethod
-    def _copy_weights(net, paths, strict: bool = False) -> None:
+    def _copy_weights(net, paths, strict: bool = False, quiet: bool = False) -> None:
         """Caffe's ``CopyLayers``: each weights file in order into ``net``, an HDF5 one (a ``.caffemodel.h5``
-        snapshot) read as HDF5 (:func:`~caffe_compat.net_weights.copy_weights_files`)."""
+        snapshot) read as HDF5 (:func:`~caffe_compat.net_weights.copy_weights_files`).  ``quiet``: layer names
+        that do not match are not reported (a TEST net lacks the train-only layers; Caffe only logs them)."""
         from caffe_compat.net import copy_weights_files
 
-        copy_weights_files(net, paths, strict=strict)
+        if not quiet:
+            copy_weights_files(net, paths, strict=strict)
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WeightsMismatchWarning)
+            copy_weights_files(net, paths)
 
     @staticmethod
     def _weight_list(weights) -> list[str]:
-        if weights is None:
+        """The caffemodel names in ``weights`` (a string, or a list of them: the solver's ``weights`` field),
+        as Caffe's ``LoadNetWeights`` reads each entry: split at ``,``, each name trimmed of surrounding
+        blanks (``boost::trim``).  An empty name (``"a.caffemodel,"``) is refused: Caffe fails to read it."""
+        if weights is None or (isinstance(weights, str) and not weights):
             return []
-        if isinstance(weights, (str, os.PathLike)):
-            return [w for w in str(weights).split(",") if w]
-        return [str(w) for w in weights]
+        entries = [weights] if isinstance(weights, (str, os.PathLike)) else list(weights)
+        names = []
+        for entry in entries:
+            for name in os.fspath(entry).split(","):
+                if not name.strip():
+                    raise FormatError(f"weights {os.fspath(entry)!r}: an empty caffemodel name (Caffe's "
+                                      f"LoadNetWeights splits the list at ',' and cannot read '')")
+                names.append(name.strip())
+        return names
 
     def _read_net_file(self, path: str, field: str = "net") -> caffe_pb2.NetParameter:
         resolved = self._resolve(path)

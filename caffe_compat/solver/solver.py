@@ -91,8 +91,9 @@ class Solver(SolverSetup, SolverSnapshots):
 
     ``solver``: solver prototxt path, prototxt text or SolverParameter.  ``weights``: caffemodel path(s)
     (a list, or Caffe's comma-separated string) copied into the TRAIN net after the solver's own
-    ``weights``.  ``device``: default ``cuda:<device_id>`` when ``solver_mode: GPU`` and CUDA is
-    available, else CPU.  ``solver_type`` overrides ``type`` (pycaffe's ``SGDSolver(...)`` etc.).
+    ``weights``, then into each TEST net (Caffe's ``InitTrainNet`` and ``InitTestNets``).  ``device``: default
+    ``cuda:<device_id>`` when ``solver_mode: GPU`` and CUDA is available, else CPU.  ``solver_type``
+    overrides ``type`` (pycaffe's ``SGDSolver(...)`` etc.).
     Caffemodel layer names that do not match the TRAIN net give one
     :class:`~caffe_compat.errors.WeightsMismatchWarning` for all the weights; ``strict_weights=True``
     makes that a FormatError (see :meth:`~caffe_compat.net.CaffeNet.load_caffemodels`).
@@ -132,11 +133,14 @@ class Solver(SolverSetup, SolverSnapshots):
         if seed >= 0:
             torch.manual_seed(seed)
         self.net = self._train_net(max(seed, 0))
-        paths = (list(self.param.weights) if solver_weights else []) + self._weight_list(weights)
+        paths = [self._resolve(path) for path in
+                 (self._weight_list(list(self.param.weights)) if solver_weights else []) + self._weight_list(weights)]
         if paths:
-            self._copy_weights(self.net, [self._resolve(path) for path in paths], strict=strict_weights)
+            self._copy_weights(self.net, paths, strict=strict_weights)
         self.net.to(self.device)
         self.test_nets = [n.to(self.device) for n in self._test_nets(max(seed, 0))]
+        for test_net in self.test_nets:  # InitTestNets loads the weights into every TEST net too
+            self._copy_weights(test_net, paths, quiet=True)
         if len(self.param.test_iter) != len(self.test_nets):
             raise FormatError(f"test_iter must be given once per test net: {len(self.test_nets)} test net(s), "
                               f"{len(self.param.test_iter)} test_iter value(s)")

@@ -292,7 +292,10 @@ def _solver_with_weights(solver, data, weights, device, strict_weights, train_st
             raise CaffeCompatError("train_state applies while the nets are built: give the solver file or "
                                    "SolverParameter, or build the Solver with train_state=")
         if weights is not None:
-            Solver._copy_weights(solver.net, Solver._weight_list(weights), strict=strict_weights)
+            paths = Solver._weight_list(weights)
+            Solver._copy_weights(solver.net, paths, strict=strict_weights)
+            for test_net in solver.test_nets:  # as the Solver's own weights: the TEST nets take them too
+                Solver._copy_weights(test_net, paths, quiet=True)
         return solver
     source_name = solver if isinstance(solver, (str, os.PathLike)) else "the solver"
     solver = Solver(solver, weights=weights, device=device, strict_weights=strict_weights, train_state=train_state,

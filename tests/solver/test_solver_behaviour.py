@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import caffe_compat.io.atomic as atomic
-from caffe_compat.errors import FormatError, TrainingDiverged, WriteError
+from caffe_compat.errors import FormatError, TrainingDiverged, WeightsMismatchWarning, WriteError
 from caffe_compat.io import read_net, read_solver, read_solverstate, blob_to_array
 from caffe_compat.net import CaffeNet
+from caffe_compat.proto import caffe_pb2
 from caffe_compat.pycaffe import AdamSolver, SGDSolver, get_solver
 from caffe_compat.solver import SGD, Solver
 from tests.solver.caffe_cases import case_dir, feed, load_case, make_solver, param_arrays
@@ -398,3 +399,46 @@ def test_solver_net_states_merge_like_caffe(tmp_path, net_state, solver_states, 
     assert [n for n in solver.test_nets[0].layer_names if n in extra] == test_layers
     phases = tuple("test" if "in_test" in layers else "train" for layers in (train_layers, test_layers))
     assert (solver.net.phase, solver.test_nets[0].phase) == phases
+
+
+def _ip_blobs(model: caffe_pb2.NetParameter, name: str, value: float) -> None:
+    layer = model.layer.add(name=name, type="InnerProduct")
+    layer.blobs.add(data=[value, value]).shape.dim.extend([1, 2])
+    layer.blobs.add(data=[-value]).shape.dim.append(1)
+
+
+def test_solver_weights_are_split_trimmed_and_loaded_into_the_test_nets(tmp_path):
+    """Caffe's Solver loads each `weights` entry through LoadNetWeights (solver.cpp), which splits it at ','
+    and trims each name (boost::trim), into the TRAIN net (InitTrainNet) and into every TEST net
+    (InitTestNets), so a TEST-only layer takes its stored blobs too.  Ours took a solver `weights` entry as one
+    file name, kept the blank in 'a, b' (' b': not found), and left the TEST-only layers at their fillers."""
+    (tmp_path / "net.prototxt").write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 1 } }\n'
+        'layer { name: "probe" type: "InnerProduct" bottom: "data" top: "probe" include { phase: TEST }\n'
+        '        inner_product_param { num_output: 1 } }\n')
+    first, second = caffe_pb2.NetParameter(), caffe_pb2.NetParameter()
+    _ip_blobs(first, "ip", 2.0)
+    _ip_blobs(second, "probe", 3.0)
+    (tmp_path / "a.caffemodel").write_bytes(first.SerializeToString())
+    (tmp_path / "b.caffemodel").write_bytes(second.SerializeToString())
+    solver_text = ('net: "net.prototxt" test_iter: 1 test_interval: 10 base_lr: 0.1 lr_policy: "fixed" max_iter: 1 '
+                   'solver_mode: CPU ')
+    (tmp_path / "solver.prototxt").write_text(solver_text + 'weights: "a.caffemodel, b.caffemodel"')
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # Caffe opens the weights relative to the working directory
+    try:
+        with pytest.warns(WeightsMismatchWarning, match="ignoring source layers the net lacks: 'probe'"):
+            solvers = (Solver("solver.prototxt"), Solver(str(tmp_path / "solver.prototxt"),
+                                                          weights=" a.caffemodel ,b.caffemodel", solver_weights=False))
+        for solver in solvers:  # the TRAIN net lacks the TEST-only 'probe': reported for it alone
+            assert solver.net.params["ip"][0].tolist() == [[2.0, 2.0]]
+            test_net = solver.test_nets[0]
+            assert test_net.params["probe"][0].tolist() == [[3.0, 3.0]]
+            assert test_net.params["probe"][1].tolist() == [-3.0]
+            assert test_net.params["ip"][1].tolist() == [-2.0]
+        (tmp_path / "solver.prototxt").write_text(solver_text + 'weights: "a.caffemodel,"')
+        with pytest.raises(FormatError, match="an empty caffemodel name"):
+            Solver("solver.prototxt")
+    finally:
+        os.chdir(cwd)
