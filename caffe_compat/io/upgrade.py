@@ -74,33 +74,38 @@ def needs_input_upgrade(net: caffe_pb2.NetParameter) -> bool:
 # ---------------------------------------------------------------- V0 -> V1
 
 def _fold_padding(net: caffe_pb2.NetParameter, source: str) -> list:
-    """Drop V0 ``padding`` layers, moving their pad into the consuming conv/pool layer."""
-    padding_bottom: dict[str, tuple[str, int]] = {}
+    """Drop V0 ``padding`` layers, moving their pad into the consuming conv/pool layer.  As in Caffe's
+    ``UpgradeV0PaddingLayers``, the checks (the consumer is a conv or pool layer with one bottom, the padding
+    layer has one bottom and one top) are made where a padding output is consumed: an unread padding layer
+    is dropped whatever its blobs."""
+    padding_of: dict[str, caffe_pb2.V1LayerParameter] = {}  # blob -> the padding layer that last wrote it
     kept = []
     for v1 in net.layers:
         v0 = v1.layer
         if v0.type == "padding":
-            if len(v1.bottom) != 1 or len(v1.top) != 1:
-                raise FormatError(f"{source}: V0 padding layer '{v0.name}' must have one bottom and one top")
-            if v1.bottom[0] in padding_bottom:
+            if any(bottom in padding_of for bottom in v1.bottom):
                 raise FormatError(f"{source}: V0 padding layer '{v0.name}' reads the output of another padding layer; "
                                   f"only conv and pool layers can absorb padding")
-            padding_bottom[v1.top[0]] = (v1.bottom[0], v0.pad)
+            for top in v1.top:
+                padding_of[top] = v1
             continue
         new = V1()
         new.CopyFrom(v1)
         for i, bottom in enumerate(list(new.bottom)):
-            if bottom in padding_bottom:
+            padding = padding_of.get(bottom)
+            if padding is not None:
                 if v0.type not in ("conv", "pool"):
                     raise FormatError(f"{source}: V0 padding feeds layer '{v0.name}' of type '{v0.type}'; "
                                       f"only conv and pool layers can absorb padding")
                 if len(new.bottom) != 1:
                     raise FormatError(f"{source}: V0 padding feeds layer '{v0.name}', which has {len(new.bottom)} "
                                       f"bottoms; a layer absorbing padding must have one")
-                new.bottom[i], pad = padding_bottom[bottom]
-                new.layer.pad = pad
+                if len(padding.bottom) != 1 or len(padding.top) != 1:
+                    raise FormatError(f"{source}: V0 padding layer '{padding.layer.name}' (read by '{v0.name}') "
+                                      f"must have one bottom and one top")
+                new.bottom[i], new.layer.pad = padding.bottom[0], padding.layer.pad
         for top in new.top:
-            padding_bottom.pop(top, None)  # like Caffe, a blob is what its last producer wrote
+            padding_of.pop(top, None)  # like Caffe, a blob is what its last producer wrote
         kept.append(new)
     return kept
 

@@ -224,3 +224,17 @@ def test_extra_input_dims_and_shapes_are_ignored_like_caffe():
         read_net('input: "a" input: "b" input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1')
     with pytest.raises(FormatError, match="2 inputs but 1 input_shape entries"):
         read_net('input: "a" input: "b" input_shape { dim: 1 }')
+
+
+def test_v0_padding_checks_are_made_where_the_padding_is_read():
+    """Caffe's UpgradeV0PaddingLayers (upgrade_proto.cpp) checks a padding layer's single bottom and top only
+    when a conv/pool layer reads its output (CHECK_EQ(source_layer.bottom_size(), 1) ...); a padding layer
+    nobody reads is dropped whatever its blobs.  Ours refused any padding layer of two bottoms or tops."""
+    head = 'input: "data" input: "more" input_dim: 1 input_dim: 1 input_dim: 5 input_dim: 5 ' \
+           'input_dim: 1 input_dim: 1 input_dim: 5 input_dim: 5 '
+    unread = ('layers { layer { name: "p" type: "padding" pad: 1 } bottom: "data" bottom: "more" top: "p" } '
+              'layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "data" top: "c" }')
+    net = read_net(head + unread)
+    assert [layer.name for layer in net.layer] == ["input", "c"] and not net.layer[1].convolution_param.pad
+    with pytest.raises(FormatError, match="V0 padding layer 'p' \\(read by 'c'\\) must have one bottom and one top"):
+        read_net(head + unread.replace('bottom: "data" top: "c"', 'bottom: "p" top: "c"'))
