@@ -75,13 +75,19 @@ def needs_input_upgrade(net: caffe_pb2.NetParameter) -> bool:
 
 def _fold_padding(net: caffe_pb2.NetParameter, source: str) -> list:
     """Drop V0 ``padding`` layers, moving their pad into the consuming conv/pool layer.  As in Caffe's
-    ``UpgradeV0PaddingLayers``, the checks (the consumer is a conv or pool layer with one bottom, the padding
-    layer has one bottom and one top) are made where a padding output is consumed: an unread padding layer
-    is dropped whatever its blobs."""
+    ``UpgradeV0PaddingLayers``, every bottom must be a net input or an earlier layer's top, and the checks of
+    a fold (the consumer is a conv or pool layer with one bottom, the padding layer has one bottom and one
+    top) are made where a padding output is consumed: an unread padding layer is dropped whatever its blobs."""
     padding_of: dict[str, caffe_pb2.V1LayerParameter] = {}  # blob -> the padding layer that last wrote it
+    known = set(net.input)  # blobs written so far: Caffe's fold fails on a bottom nobody wrote
     kept = []
     for v1 in net.layers:
         v0 = v1.layer
+        for bottom in v1.bottom:
+            if bottom not in known:
+                raise FormatError(f"{source}: V0 layer '{v0.name}' reads blob '{bottom}', which no earlier layer "
+                                  f"nor net input produces (Caffe's V0 upgrade: 'Unknown blob input')")
+        known.update(v1.top)
         if v0.type == "padding":
             if any(bottom in padding_of for bottom in v1.bottom):
                 raise FormatError(f"{source}: V0 padding layer '{v0.name}' reads the output of another padding layer; "

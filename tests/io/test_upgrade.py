@@ -94,7 +94,8 @@ def test_input_names_without_dims_are_stripped_like_an_old_caffemodel(tmp_path):
 
 def test_v0_infogain_loss_source_moves_to_infogain_loss_param():
     # Caffe's V0 upgrade sends `source` to infogain_loss_param for an infogain_loss layer (the H matrix file).
-    net = read_net('layers { layer { name: "loss" type: "infogain_loss" source: "H.binaryproto" } '
+    net = read_net('input: "prob" input: "label" '
+                   'layers { layer { name: "loss" type: "infogain_loss" source: "H.binaryproto" } '
                    'bottom: "prob" bottom: "label" top: "loss" }')
     assert net.layer[0].type == "InfogainLoss"
     assert net.layer[0].infogain_loss_param.source == "H.binaryproto"
@@ -119,8 +120,8 @@ def test_v0_padding_fold_refuses_what_caffe_refuses(layers, message):
 def test_unnamed_legacy_layers_stay_unnamed():
     # Caffe's V0->V1 and V1->V2 upgrades copy a layer's name only when it has one, so the upgraded file
     # carries no `name: ""`.
-    for legacy in ('layers { type: RELU bottom: "x" top: "x" }',
-                   'layers { layer { type: "relu" } bottom: "x" top: "x" }'):
+    for legacy in ('input: "x" layers { type: RELU bottom: "x" top: "x" }',
+                   'input: "x" layers { layer { type: "relu" } bottom: "x" top: "x" }'):
         layer = read_net(legacy).layer[0]
         assert layer.type == "ReLU" and not layer.HasField("name")
         assert "name" not in str(layer)
@@ -163,7 +164,8 @@ def test_a_v1_layer_in_a_v0_net_is_refused_by_name():
     # Caffe's V0 upgrade keeps only the bottoms and tops of a layer without a V0 `layer` (its name, type and
     # params are lost); the error names that layer instead of "layer '': unknown V0 layer type ''".
     with pytest.raises(FormatError, match=r"layer 'r' is written in the V1 format .* other layers are V0"):
-        read_net('layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "data" top: "c" } '
+        read_net('input: "data" '
+                 'layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "data" top: "c" } '
                  'layers { name: "r" type: RELU bottom: "c" top: "c" }')
 
 
@@ -238,3 +240,15 @@ def test_v0_padding_checks_are_made_where_the_padding_is_read():
     assert [layer.name for layer in net.layer] == ["input", "c"] and not net.layer[1].convolution_param.pad
     with pytest.raises(FormatError, match="V0 padding layer 'p' \\(read by 'c'\\) must have one bottom and one top"):
         read_net(head + unread.replace('bottom: "data" top: "c"', 'bottom: "p" top: "c"'))
+
+
+def test_a_v0_bottom_nobody_produces_is_refused_by_the_upgrade():
+    """Caffe's UpgradeV0PaddingLayers (upgrade_proto.cpp) LOG(FATAL)s "Unknown blob input" for a V0 layer
+    bottom that is neither a net input nor an earlier layer's top, so even a V0 caffemodel (where no net is
+    built) or upgrade_net_proto_text fails on it; ours upgraded such a net."""
+    v0 = ('input: "data" input_dim: 1 input_dim: 1 input_dim: 5 input_dim: 5 '
+          'layers { layer { name: "c" type: "conv" num_output: 1 kernelsize: 3 } bottom: "data" top: "c" } '
+          'layers { layer { name: "r" type: "relu" } bottom: "nowhere" top: "r" }')
+    with pytest.raises(FormatError, match="V0 layer 'r' reads blob 'nowhere', which no earlier layer"):
+        read_net(v0)
+    assert [layer.name for layer in read_net(v0.replace("nowhere", "c")).layer] == ["input", "c", "r"]
