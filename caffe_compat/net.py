@@ -67,14 +67,15 @@ from caffe_compat.net_run import (Blobs, DataAheadOfGraph, GraphSegments, LayerS
                                   compile_net, data_steps, graph_breaking_step, step_whose_port_says, traces_whole,
                                   with_data_tops)
 from caffe_compat.net_shapes import BudgetTracker, budget_tracker, layer_shapes
-from caffe_compat.net_weights import CaffemodelWeights, copy_weights_files, overwritten_layers
+from caffe_compat.net_weights import (CaffemodelWeights, copy_weights_files, overwritten_layers,
+                                      trained_layer_pairs)
 from caffe_compat.proto import caffe_pb2
 
 log = logging.getLogger("caffe_compat.net")
 
 __all__ = ["Blobs", "CaffeNet", "DataAheadOfGraph", "GraphSegments", "LayerStep", "breaking_step", "compile_net",
-           "copy_weights_files",
-           "data_steps", "graph_breaking_step", "load_net", "step_whose_port_says", "traces_whole", "with_data_tops"]
+           "copy_weights_files", "data_steps", "graph_breaking_step", "load_net", "step_whose_port_says",
+           "traces_whole", "trained_layer_pairs", "with_data_tops"]
 
 
 _DEFAULT_SPEC = caffe_pb2.ParamSpec()  # read only

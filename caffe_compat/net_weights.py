@@ -155,6 +155,35 @@ def copy_hdf5_weights(cnet, path) -> None:
                     blob.copy_(torch.from_numpy(value))
 
 
+def trained_layer_pairs(source, target, where: str) -> list:
+    """Caffe's ``target->ShareTrainedLayersWith(source)`` matching (net.cpp), as ``[(target step, source blobs,
+    target blobs)]``: every layer of ``source`` in order, blob-less ones included, goes to the *first* layer of
+    ``target`` of its name (none: ignored); their blob counts must agree ("Incompatible number of blobs", a
+    ShapeMismatchError naming ``where`` and the layer) and so must each blob's shape, exactly."""
+    first = {}
+    for step in target.steps:
+        first.setdefault(step.name, step)
+
+    def blobs(net, step):
+        return list(net.layers[step.module_key].caffe_blobs()) if step.module_key is not None else []
+
+    pairs = []
+    for step in source.steps:
+        mine = first.get(step.name)
+        if mine is None:
+            continue  # Caffe: "Ignoring source layer"
+        theirs, ours = blobs(source, step), blobs(target, mine)
+        if len(theirs) != len(ours):
+            raise ShapeMismatchError(f"{where}: layer '{step.name}' has {len(ours)} blobs, the source net's has "
+                                     f"{len(theirs)} (Incompatible number of blobs)")
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            if tuple(a.shape) != tuple(b.shape):
+                raise ShapeMismatchError(f"{where}: layer '{step.name}' blob {i} has shape {tuple(a.shape)}, the "
+                                         f"source net's {tuple(b.shape)}")
+        pairs.append((mine, theirs, ours))
+    return pairs
+
+
 def copy_weights_files(cnet, paths, strict: bool = False) -> None:
     """Caffe's ``CopyLayers``: each weights file in order into ``cnet``: one that ``CopyTrainedLayersFrom``
     reads as HDF5 (:func:`is_hdf5_weights`: a ``.caffemodel.h5`` snapshot) through

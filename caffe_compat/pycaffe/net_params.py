@@ -28,7 +28,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, ShapeMismatchError
 from caffe_compat.net import CaffeNet
-from caffe_compat.net_weights import copy_hdf5_weights, is_hdf5_weights
+from caffe_compat.net_weights import copy_hdf5_weights, is_hdf5_weights, trained_layer_pairs
 from caffe_compat.pycaffe.blob import grad_of
 
 __all__ = ["NetParamsMixin", "copy_hdf5_weights", "is_hdf5_weights", "set_input_arrays_of", "share_trained_layers",
@@ -42,22 +42,13 @@ def _layer_blobs(cnet: CaffeNet) -> list[tuple[str, list]]:
 
 
 def share_trained_layers(source: CaffeNet, target: CaffeNet) -> bool:
-    """Caffe's ``target->ShareTrainedLayersWith(source)``: same-named layers of ``target`` take ``source``'s
-    blob tensors.  Returns whether anything changed."""
-    by_name = {name: blobs for name, blobs in _layer_blobs(source) if blobs}
+    """Caffe's ``target->ShareTrainedLayersWith(source)``: each layer of ``source`` gives its blob tensors to
+    the first layer of ``target`` of its name (:func:`~caffe_compat.net_weights.trained_layer_pairs`: blob
+    counts and shapes must agree).  Returns whether anything changed."""
     changed = False
-    for step in target.steps:
-        if step.module_key is None or step.name not in by_name:
-            continue
-        module = target.layers[step.module_key]
-        mine, theirs = list(module.caffe_blobs()), by_name[step.name]
-        if len(mine) != len(theirs):
-            raise ShapeMismatchError(f"share_with: layer '{step.name}' has {len(mine)} blobs, the source net's "
-                                     f"has {len(theirs)} (Incompatible number of blobs)")
+    for step, theirs, mine in trained_layer_pairs(source, target, "share_with"):
+        module = target.layers[step.module_key] if step.module_key is not None else None
         for i, (a, b) in enumerate(zip(mine, theirs)):
-            if tuple(a.shape) != tuple(b.shape):
-                raise ShapeMismatchError(f"share_with: layer '{step.name}' blob {i} has shape {tuple(a.shape)}, "
-                                         f"the source net's {tuple(b.shape)}")
             if a is not b:
                 module.share_caffe_blob(i, b)
                 changed = True

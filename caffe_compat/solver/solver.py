@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
-from caffe_compat.net import CaffeNet
+from caffe_compat.net import CaffeNet, trained_layer_pairs
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
@@ -424,18 +424,10 @@ class Solver(SolverSetup, SolverSnapshots):
 
     @torch.no_grad()
     def _share_weights(self, test_net: CaffeNet) -> None:
-        """Caffe's ``ShareTrainedLayersWith``: same-named layers take the TRAIN net's blobs (copied here)."""
-        train = self.net.params
-        for name, blobs in test_net.params.items():
-            source = train.get(name)
-            if source is None:
-                continue
-            if len(source) != len(blobs):
-                raise FormatError(f"test net layer '{name}' has {len(blobs)} blobs, the train net's has {len(source)}")
+        """Caffe's ``ShareTrainedLayersWith``: each TRAIN net layer's blobs go to the first TEST net layer of its
+        name (copied here; :func:`~caffe_compat.net_weights.trained_layer_pairs` checks counts and shapes)."""
+        for _, source, blobs in trained_layer_pairs(self.net, test_net, f"test net '{test_net.name}'"):
             for target, value in zip(blobs, source):
-                if tuple(target.shape) != tuple(value.shape):
-                    raise FormatError(f"test net layer '{name}': blob shape {tuple(target.shape)} vs the train net's "
-                                      f"{tuple(value.shape)}")
                 target.copy_(value)
 
     @torch.no_grad()

@@ -207,6 +207,30 @@ def test_share_with_shares_the_memory(proto):
     np.testing.assert_allclose(b.forward(blobs=["ip"])["ip"], a.forward(blobs=["ip"])["ip"], rtol=0, atol=0)
 
 
+_DUP = """layer {{ name: 'data' type: 'Input' top: 'data' input_param {{ shape {{ dim: 1 dim: 3 }} }} }}
+layer {{ name: '{first}' type: 'InnerProduct' bottom: 'data' top: 'ip'
+  inner_product_param {{ num_output: 2 weight_filler {{ type: 'gaussian' std: {std} }} }} }}
+layer {{ name: '{second}' type: 'ReLU' bottom: 'ip' top: 'ip' }}
+"""
+
+
+def test_share_with_matches_layers_as_share_trained_layers_with(tmp_path):
+    """Caffe's Net::ShareTrainedLayersWith (net.cpp) walks the source net's layers, blob-less ones included, and
+    gives each to the *first* target layer of its name, CHECKing equal blob counts.  With an InnerProduct and a
+    ReLU both called 'ip', the InnerProduct shares and the ReLU is left alone (ours also tried the ReLU:
+    'layer 'ip' has 0 blobs, the source net's has 2'); a blob-less source layer named like a target layer with
+    blobs fails Caffe's CHECK (ours skipped it silently)."""
+    paths = []
+    for i, (first, second, std) in enumerate([("ip", "relu", 1), ("ip", "ip", 2), ("relu", "ip", 3)]):
+        paths.append(tmp_path / f"net{i}.prototxt")
+        paths[-1].write_text(_DUP.format(first=first, second=second, std=std))
+    source, target, blobless_source = (caffe.Net(str(p), caffe.TEST) for p in paths)
+    target.share_with(source)
+    assert np.shares_memory(target.params["ip"][0].data, source.params["ip"][0].data)
+    with pytest.raises(ShapeMismatchError, match="layer 'ip' has 2 blobs, the source net's has 0"):
+        target.share_with(blobless_source)
+
+
 def test_forward_all_batches_pads_and_trims(tmp_path):
     path = tmp_path / "deploy.prototxt"
     path.write_text("""layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 3 dim: 6 } } }

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import caffe_compat.io.atomic as atomic
-from caffe_compat.errors import FormatError, TrainingDiverged, WeightsMismatchWarning, WriteError
+from caffe_compat.errors import FormatError, ShapeMismatchError, TrainingDiverged, WeightsMismatchWarning, WriteError
 from caffe_compat.io import read_net, read_solver, read_solverstate, blob_to_array
 from caffe_compat.net import CaffeNet
 from caffe_compat.proto import caffe_pb2
@@ -442,3 +442,21 @@ def test_solver_weights_are_split_trimmed_and_loaded_into_the_test_nets(tmp_path
             Solver("solver.prototxt")
     finally:
         os.chdir(cwd)
+
+
+def test_test_nets_share_the_train_layers_as_share_trained_layers_with(tmp_path):
+    """Solver::Test calls test_net->ShareTrainedLayersWith(net_) (solver.cpp, net.cpp): every TRAIN layer, blob-less
+    ones included, goes to the first TEST layer of its name, blob counts CHECKed.  So the TEST-only 'probe' named
+    like a TRAIN ReLU fails Caffe's CHECK ('Incompatible number of blobs'); ours shared only layers with blobs,
+    by name, and tested on."""
+    (tmp_path / "net.prototxt").write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 1 } }\n'
+        'layer { name: "probe" type: "ReLU" bottom: "ip" top: "r" include { phase: TRAIN } }\n'
+        'layer { name: "probe" type: "InnerProduct" bottom: "ip" top: "p" include { phase: TEST }\n'
+        '        inner_product_param { num_output: 1 } }\n')
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" test_iter: 1 test_interval: 1 base_lr: 0.1 '
+                                              'lr_policy: "fixed" max_iter: 1 solver_mode: CPU')
+    solver = Solver(str(tmp_path / "solver.prototxt"))
+    with pytest.raises(ShapeMismatchError, match="layer 'probe' has 2 blobs, the source net's has 0"):
+        solver.test_all()
