@@ -165,6 +165,23 @@ def _merge(message, tokens: list[str], i: int, depth: int) -> int:
     return i
 
 
+def plus_sign(text: str) -> tuple[int, int] | None:
+    """``(line, column)``, 1-based, of the first ``+`` outside strings and comments that is not an exponent's
+    sign (``1e+5``), or None.  protobuf's C++ tokenizer, which Caffe's parser uses, makes such a ``+`` a symbol
+    of its own that no value may start with (``num_output: +3`` is "Expected integer, got: +"), where
+    protobuf's Python parser reads ``+3`` as 3."""
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token[0] in "\"'#" or "+" not in token:
+            continue
+        for i, char in enumerate(token):
+            if char == "+" and not (i and token[i - 1] in "eE" and (token[0].isdigit() or token[0] in ".-")):
+                offset = match.start() + i
+                line = text.count("\n", 0, offset) + 1
+                return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return None
+
+
 def merge_fast(text: str, message) -> bool:
     """Merge prototxt ``text`` into ``message`` if it uses only the plain subset; False otherwise
     (``message`` is then left cleared, ready for the full parser)."""

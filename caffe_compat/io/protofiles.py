@@ -16,7 +16,7 @@ from google.protobuf import text_format
 
 from caffe_compat.errors import ParseError
 from caffe_compat.io.atomic import write_bytes_atomic, write_text_atomic
-from caffe_compat.io.fast_text import merge_fast
+from caffe_compat.io.fast_text import merge_fast, plus_sign
 from caffe_compat.io.path_or_text import is_path
 from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, read_regular_bytes
 
@@ -71,13 +71,18 @@ def parse_text(text: str, message, source: str = "<text>"):
     field given twice is an error, as in Caffe's ``TextFormat::Parse``).
 
     Plain Caffe files take the fast path of :mod:`caffe_compat.io.fast_text`; anything else, and every
-    error, goes through protobuf's own text parser."""
-    if not message.ByteSize() and merge_fast(text, message):
-        return message
-    try:
-        text_format.Parse(text, message)  # like Caffe's TextFormat::Parse: a singular field only once
-    except text_format.ParseError as exc:
-        raise ParseError(describe_text_error(exc, source, text)) from None
+    error, goes through protobuf's own text parser.  A value signed with ``+``, which protobuf's Python
+    parser takes and Caffe's C++ one refuses, is refused (:func:`~caffe_compat.io.fast_text.plus_sign`)."""
+    fast = not message.ByteSize() and merge_fast(text, message)
+    if not fast:
+        try:
+            text_format.Parse(text, message)  # like Caffe's TextFormat::Parse: a singular field only once
+        except text_format.ParseError as exc:
+            raise ParseError(describe_text_error(exc, source, text)) from None
+    where = plus_sign(text) if "+" in text else None
+    if where is not None:
+        raise ParseError(f"{source}:{where[0]}:{where[1]}: '+' before a value: Caffe's parser (protobuf's C++ "
+                         f"TextFormat) takes only '-' as a sign (\"Expected ..., got: +\")")
     return message
 
 

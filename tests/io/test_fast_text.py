@@ -104,3 +104,25 @@ def test_leading_zero_numbers_are_octal_like_caffe(text, expected):
     layer = read_net(text).layer[0]
     value = layer.convolution_param.num_output if "num_output" in text else layer.loss_weight[0]
     assert value == expected
+
+
+@pytest.mark.parametrize("text, value", [
+    ("layer { loss_weight: +1 }", None),
+    ("layer { convolution_param { num_output: +3 } }", None),
+    ("layer { loss_weight: [1, +2] }", None),
+    ("layer { loss_weight: +inf }", None),
+    ("layer { loss_weight: 1e+2 }", 100.0),
+    ("layer { loss_weight: -1.5E+1 name: 'a+b' } # +1", -15.0),
+])
+def test_a_plus_sign_is_refused_like_caffe(text, value):
+    """protobuf's C++ tokenizer (Caffe's ReadProtoFromTextFile) makes '+' a symbol that no value may start with:
+    ConsumeSignedInteger and ConsumeDouble take only '-' ("Expected integer, got: +"); only an exponent's sign
+    is part of a number.  protobuf's Python parser reads +3 as 3, so we accepted what Caffe refuses."""
+    from caffe_compat.errors import ParseError
+    from caffe_compat.io import read_net
+
+    if value is None:
+        with pytest.raises(ParseError, match=r"<text>:1:\d+: '\+' before a value"):
+            read_net(text)
+    else:
+        assert read_net(text).layer[0].loss_weight[0] == value
