@@ -165,12 +165,16 @@ def _merge(message, tokens: list[str], i: int, depth: int) -> int:
     return i
 
 
+# A quoted string (escapes included), a comment, or a run of other non-blank characters.
+_PLUS_SCAN = re.compile(r"""\"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|\#[^\n]*|[^\s"'\#]+|["']""")
+
+
 def plus_sign(text: str) -> tuple[int, int] | None:
     """``(line, column)``, 1-based, of the first ``+`` outside strings and comments that is not an exponent's
     sign (``1e+5``), or None.  protobuf's C++ tokenizer, which Caffe's parser uses, makes such a ``+`` a symbol
     of its own that no value may start with (``num_output: +3`` is "Expected integer, got: +"), where
     protobuf's Python parser reads ``+3`` as 3."""
-    for match in _TOKEN.finditer(text):
+    for match in _PLUS_SCAN.finditer(text):
         token = match.group()
         if token[0] in "\"'#" or "+" not in token:
             continue

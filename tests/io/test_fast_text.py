@@ -113,6 +113,7 @@ def test_leading_zero_numbers_are_octal_like_caffe(text, expected):
     ("layer { loss_weight: +inf }", None),
     ("layer { loss_weight: 1e+2 }", 100.0),
     ("layer { loss_weight: -1.5E+1 name: 'a+b' } # +1", -15.0),
+    ('layer { loss_weight: 2 python_param { param_str: "{\\"k\\": \\"+1\\"}" } name: \'it\\\'s+\' }', 2.0),
 ])
 def test_a_plus_sign_is_refused_like_caffe(text, value):
     """protobuf's C++ tokenizer (Caffe's ReadProtoFromTextFile) makes '+' a symbol that no value may start with:
