@@ -97,16 +97,15 @@ _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 def is_hdf5_weights(path) -> bool:
     """Whether ``CopyTrainedLayersFrom`` reads ``path`` as HDF5: Caffe asks ``H5Fis_hdf5`` (the file's HDF5
-    signature, at its start here); a name ending in ``.h5`` also counts (what a missing file is taken for)."""
+    signature, at its start here), whatever the name, so a binary caffemodel called ``x.h5`` is read as one; only
+    a file that cannot be opened is taken for what a ``.h5`` name says (its reader then names the problem)."""
     if not isinstance(path, (str, os.PathLike)):
         return False
-    if os.fspath(path).endswith(".h5"):
-        return True
     try:
         with open(path, "rb") as handle:
             return handle.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE
-    except OSError:  # the caffemodel reader names the problem
-        return False
+    except OSError:
+        return os.fspath(path).endswith(".h5")
 
 
 def copy_hdf5_weights(cnet, path) -> None:

@@ -411,3 +411,15 @@ def test_a_start_or_end_naming_no_layer_is_a_value_error(proto):
                  lambda: net.backward(start="nope"), lambda: net.backward(end="nope")):
         with pytest.raises(ValueError, match="no layer named 'nope'"):
             call()
+
+
+def test_a_caffemodel_named_h5_is_read_as_a_caffemodel(proto, tmp_path):
+    """Caffe's Net::CopyTrainedLayersFrom (net.cpp) picks the reader by H5Fis_hdf5, the file's signature, not
+    by its name: a binary caffemodel saved as 'weights.h5' is read as a caffemodel.  Ours sent every '*.h5' to
+    h5py ('cannot read ... as HDF5')."""
+    a = _fed(proto, seed=0)
+    path = tmp_path / "weights.h5"
+    a.save(str(path))
+    for net in (caffe.Net(proto, str(path), caffe.TEST), _fed(proto, seed=2)):
+        net.copy_from(str(path))
+        np.testing.assert_array_equal(net.params["ip"][0].data, a.params["ip"][0].data)
