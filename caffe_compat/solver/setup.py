@@ -169,6 +169,10 @@ class SolverSetup:
         if len(p.test_state) not in (0, len(sources)):
             raise FormatError(f"test_state must be unspecified or given once per test net ({len(sources)}), got "
                               f"{len(p.test_state)}")
+        if sources and p.test_interval <= 0:  # InitTestNets: CHECK_GT(test_interval, 0) once there is a test net
+            where = self.solver_path if self.solver_path is not None else "solver"
+            raise FormatError(f"{where}: test_interval must be > 0 with {len(sources)} test net(s) (Caffe's "
+                              f"InitTestNets: CHECK_GT(test_interval, 0)), got {p.test_interval}")
         given = len(p.test_net_param) + len(p.test_net)
         generic_name = "net_param" if p.HasField("net_param") else f"net file: {p.net}"
         names = (["test_net_param"] * len(p.test_net_param) + [f"test_net file: {f}" for f in p.test_net]

@@ -144,8 +144,6 @@ class Solver(SolverSetup, SolverSnapshots):
         if len(self.param.test_iter) != len(self.test_nets):
             raise FormatError(f"test_iter must be given once per test net: {len(self.test_nets)} test net(s), "
                               f"{len(self.param.test_iter)} test_iter value(s)")
-        if self.test_nets and self.param.test_interval <= 0:
-            log.info("test_interval is 0: the test nets run only when test_all() is called")
         self.inputs: dict = zero_inputs(self.net)  # Input top -> the array the TRAIN forwards read
         self.test_inputs: list[dict] = [zero_inputs(net) for net in self.test_nets]  # one per TEST net
         self.optimizer = make_optimizer(self.param, learnable_blobs(self.net))

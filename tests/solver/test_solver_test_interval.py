@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from caffe_compat.errors import FormatError
 from caffe_compat.net import CaffeNet
 from caffe_compat.solver import Solver
 from caffe_compat.solver.train import train
@@ -133,13 +134,23 @@ def test_test_interval_3_and_step_calls_split_anywhere(tmp_path):
     assert solver.iter == 10 and [c["iter"] for c in calls] == [0, 3, 6, 9]
 
 
-def test_test_interval_0_never_tests_on_its_own(tmp_path):
-    solver, calls = _make(_solver_file(tmp_path, interval=0))
+@pytest.mark.parametrize("interval", [0, -3, None], ids=["zero", "negative", "unset"])
+def test_test_nets_without_a_positive_test_interval_are_refused(tmp_path, interval):
+    """Caffe's ``InitTestNets``: ``CHECK_GT(test_interval, 0)`` as soon as there is one test net (the field
+    defaults to 0), so such a solver never trains; without test nets (no ``test_iter``) 0 is fine."""
+    path = _solver_file(tmp_path, interval=0 if interval is None else interval)
+    if interval is None:
+        text = (tmp_path / "solver.prototxt").read_text().replace("test_interval: 0\n", "")
+        (tmp_path / "solver.prototxt").write_text(text)
+    with pytest.raises(FormatError, match=r"solver\.prototxt: test_interval must be > 0 with 1 test net"):
+        Solver(path)
+    text = (tmp_path / "solver.prototxt").read_text().replace("test_iter: 2\n", "")
+    (tmp_path / "solver.prototxt").write_text(text)
+    solver = Solver(path)
+    assert solver.test_nets == []
     solver.data_source = _train_batches()
-    solver.step(4)
-    assert calls == []
-    solver.test_all()  # still available by hand
-    assert [c["iter"] for c in calls] == [4]
+    solver.step(2)
+    assert solver.iter == 2
 
 
 def test_reported_outputs_equal_a_manual_test_net_forward(tmp_path, caplog):
