@@ -36,3 +36,12 @@ def add_device_flags(p) -> None:
     p.add_argument("--gpu", "-gpu", metavar="ID",
                    help="Caffe's flag: run on CUDA device ID (a list or 'all': the first is used); default CPU")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (instead of -gpu)")
+
+
+def atoi(text: str) -> int:
+    """C's ``atoi``, as Caffe's tools read their positional numbers: leading white space, an optional sign,
+    then the digits up to the first other character; no digits is 0 (``atoi("abc")``, ``atoi("2x")`` = 2)."""
+    import re
+
+    match = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    return int(match.group(1)) if match else 0

@@ -4,14 +4,16 @@
 Forwards the TEST-phase net N times and writes every sample of each named blob to its dataset
 (:mod:`caffe_compat.tools.features`): ``lmdb`` (Caffe's Datum records with ``float_data``, keys
 ``0000000000``, ``0000000001``, ...), ``npy`` or ``hdf5`` (needs h5py).  A progress bar on stderr, then
-Caffe's ``Extracted features of N query images for feature blob B`` lines and a table.  As Caffe, the
-mode ``GPU`` (any case here) runs on CUDA device DEVICE_ID (default 0), and any other word (``CPU``) on the
-CPU, a DEVICE_ID after it ignored.
+Caffe's ``Extracted features of N query images for feature blob B`` lines and a table.  As Caffe
+(``strcmp(argv[7], "GPU")``), the mode ``GPU``, exactly so spelt, runs on CUDA device DEVICE_ID (read as C's
+``atoi``: default 0, a negative one refused as Caffe's ``CHECK_GE(device_id, 0)``), and any other word
+(``CPU``, ``gpu``) on the CPU, a DEVICE_ID after it not read.
 """
 
 from __future__ import annotations
 
-from caffe_compat.cli.caffe_flags import add_device_flags
+from caffe_compat.cli.caffe_flags import add_device_flags, atoi
+from caffe_compat.errors import CaffeCompatError
 
 
 def register(sub) -> None:
@@ -23,9 +25,9 @@ def register(sub) -> None:
     p.add_argument("save_feature_dataset_names", help="one output path per blob, comma-separated")
     p.add_argument("num_mini_batches", type=int, help="number of forward passes (mini-batches)")
     p.add_argument("db_type", help="lmdb (Caffe's Datum records), npy or hdf5")
-    p.add_argument("mode", nargs="?", type=str.upper, default="CPU",
-                   help="GPU, or CPU (the default; as Caffe, any word other than GPU means CPU)")
-    p.add_argument("device_id", nargs="?", type=int, default=None,
+    p.add_argument("mode", nargs="?", default="CPU",
+                   help="GPU, or CPU (the default; as Caffe, any word other than GPU, lower case too, means CPU)")
+    p.add_argument("device_id", nargs="?", default=None,
                    help="the CUDA device id with GPU (default 0; after CPU it is ignored, as Caffe ignores it)")
     add_device_flags(p)
     p.add_argument("--input", action="append", default=[], metavar="BLOB=FILE",
@@ -46,7 +48,13 @@ def run(args) -> int:
     require_output_folders(*split_list(args.save_feature_dataset_names), args.json)
     # Caffe: argv[7] == "GPU" selects the GPU (DEVICE_ID, default 0); anything else runs on the CPU and
     # whatever follows it is not read
-    gpu = str(args.device_id or 0) if args.mode == "GPU" else None
+    gpu = None
+    if args.mode == "GPU":
+        gpu = atoi(args.device_id) if args.device_id is not None else 0
+        if gpu < 0:
+            raise CaffeCompatError(f"the device id after GPU must be >= 0 (Caffe's CHECK_GE(device_id, 0)), "
+                                   f"got {args.device_id!r}")
+        gpu = str(gpu)
     device = resolve_device(gpu, args.device)
     net = build_net(args.feature_extraction_proto_file, args.pretrained_net_param, phase="test", device=device)
     inputs = load_inputs(args.input, net)

@@ -79,3 +79,25 @@ def test_errors_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
     assert "Unknown feature blob name nope" in err[0] and "must be equal" in err[1]
     assert "already exists" in err[2] and "leveldb is not supported" in err[3] and "pip install h5py" in err[4]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exists"]
+
+
+def test_mode_is_gpu_only_as_exactly_GPU_and_the_device_id_is_read_as_atoi(tmp_path, monkeypatch, capsys):
+    """Caffe's extract_features: ``strcmp(argv[7], "GPU") == 0`` (so ``gpu`` runs on the CPU), the device id
+    after it read with ``atoi`` and ``CHECK_GE(device_id, 0)``; after any other mode nothing more is read."""
+    import json
+
+    from caffe_compat.cli.caffe_flags import atoi
+
+    assert [atoi(t) for t in (" 12x", "abc", "-3", "+4", "", "\t7")] == [12, 0, -3, 4, 0, 7]
+    monkeypatch.chdir(fixture_path("data"))
+    empty = tmp_path / "empty.caffemodel"
+    empty.write_bytes(b"")
+    base = [str(empty), "raw_no_transform.prototxt", "label"]
+    for i, tail in enumerate((["gpu", "0"], ["Gpu"], ["CPU", "abc"])):
+        report = tmp_path / f"{i}.json"
+        assert main(["extract_features", *base, str(tmp_path / f"label{i}.npy"), "1", "npy", *tail,
+                     "--json", str(report), "--no-progress"]) == 0, tail
+        assert json.loads(report.read_text())["device"] == "cpu"
+    capsys.readouterr()
+    assert main(["extract_features", *base, str(tmp_path / "neg.npy"), "1", "npy", "GPU", "-1"]) == 2
+    assert "must be >= 0" in capsys.readouterr().err
