@@ -312,4 +312,5 @@ def make_optimizer(param, params) -> CaffeOptimizer:
         extra = dict(momentum=_f32(param.momentum), delta=_f32(param.delta))
     else:
         extra = dict(momentum=_f32(param.momentum), momentum2=_f32(param.momentum2), delta=_f32(param.delta))
-    return cls(params, **common, **extra)
+    params = list(params)  # a net without learnable blobs trains in Caffe (ApplyUpdate updates nothing)
+    return cls(params if params else [{"params": []}], **common, **extra)
