@@ -14,6 +14,10 @@ continues as the uninterrupted one would (same losses with ``--deterministic --s
 Caffe snapshot) only Caffe's state is restored and the data layers and RNGs restart, as in Caffe (a
 warning says so).
 
+Log lines as ``caffe train`` writes them around the solver's: ``Resuming from <snapshot>`` (before the
+restore), ``Starting Optimization``, and after training one more ``Optimization Done.`` (Caffe's tool logs
+it after ``Solve``'s own, also after an early stop).
+
 ``-level N`` and ``-stage S1,S2`` set the train net's state as ``caffe train`` does (the level always: 0
 unless given, even over a level the net's own ``state`` names; the stages added to the solver's
 ``train_state``).
@@ -45,6 +49,7 @@ folders are created.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from caffe_compat.cli.signal_effects import EFFECTS
@@ -190,6 +195,7 @@ def run(args) -> int:
                         tensorboard=args.tensorboard, deterministic=args.deterministic, seed=args.seed,
                         distributed=args.distributed, strict_weights=args.strict, cuda_graphs=args.cuda_graphs,
                         action_request=effects, train_state=_train_state(args))
+        logging.getLogger("caffe_compat.solver").info("Optimization Done.")  # caffe train's, after Solve's own
     main = ddp.is_main_process()
     ddp.shutdown_distributed()
     if not main:

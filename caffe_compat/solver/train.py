@@ -230,6 +230,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
     solver = _solver_with_weights(solver, data, weights, device, strict_weights, train_state,
                                   solver_weights=weights is None and resume is None)
     if resume is not None:
+        log.info("Resuming from %s", resume)  # caffe train's line, before its Restore
         solver.restore(resume)
     if distributed:
         prepare_nets(solver)
@@ -257,6 +258,7 @@ def _train(solver, data, shard_data, *, iters, weights, resume, device, amp, cha
         solver.action_request = action_request
     start_iter, start = solver.iter, time.perf_counter()
     diverged = None
+    log.info("Starting Optimization")  # caffe train's line, before Solve's "Solving <net>"
     try:
         _solve(solver, total, iters is None, run)
     except TrainingDiverged as exc:

@@ -179,3 +179,19 @@ def test_weights_may_be_an_hdf5_snapshot(solver_dir, capsys):
         finetuned.append((solver_dir / "snap" / "s_iter_2.caffemodel").read_bytes())
     assert finetuned[0] == finetuned[1] and finetuned[0] != (solver_dir / "w.caffemodel").read_bytes()
     capsys.readouterr()
+
+
+def test_caffe_train_log_lines_around_the_solver(solver_dir, caplog):
+    """tools/caffe.cpp train: ``Resuming from <snapshot>`` then Restore (``SGDSolver: restoring history``),
+    ``Starting Optimization``, ``Solve`` (``Solving <net>`` ... its ``Optimization Done.``), then the tool's
+    own ``Optimization Done.``."""
+    import logging
+
+    assert main(["train", "solver.prototxt", "--iters", "2"]) == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="caffe_compat"):
+        assert main(["train", "solver.prototxt", "-snapshot", "snap/s_iter_2.solverstate"]) == 0
+    wanted = ("Resuming from snap/s_iter_2.solverstate", "SGDSolver: restoring history", "Starting Optimization",
+              "Solving dummy", "Optimization Done.")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage() in wanted]
+    assert lines == [*wanted, "Optimization Done."]
