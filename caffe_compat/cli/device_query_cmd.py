@@ -20,9 +20,10 @@ multiprocessor), ``memPitch``, ``maxThreadsPerBlock``, ``maxThreadsDim``, ``maxG
 ``Clock rate:``) is not part of the properties every torch build has.  Caffe logs these lines through glog
 (stderr, with glog's prefix); here they are plain lines on stdout, as ``caffe-compat time`` prints its own.
 
-Errors exit 2 with one line and nothing printed before it: no ``-gpu`` (``Need a device ID to query.``, the
-check of Caffe's ``device_query`` before ``-gpu`` took lists; today's Caffe would query nothing and exit 0),
-an ID that is not a non-negative integer, a torch without CUDA
+Without ``-gpu`` (or with an empty one) it queries nothing, as Caffe 1.0's ``get_gpus`` gives no device
+then: the line ``Querying GPUs `` alone and exit 0, CUDA or not (Caffe rc2's ``Need a device ID to query.``
+check went when ``-gpu`` took lists).  Errors exit 2 with one line and nothing printed before it: an ID
+that is not a non-negative integer, a torch without CUDA
 (:func:`caffe_compat.evaluate.inputs.cuda_missing`) and an ID at or beyond the device count (where Caffe's
 ``cudaSetDevice`` fails with ``invalid device ordinal``).
 """
@@ -63,12 +64,11 @@ def device_lines(index: int, props) -> list[str]:
 
 def requested_ids(gpu) -> list[int] | None:
     """The IDs of ``-gpu`` (:func:`caffe_compat.tools.netsetup.gpu_ids`: a list of integers, or ``None`` for
-    ``all``, known once CUDA is checked); no ``-gpu`` is Caffe's "Need a device ID to query."."""
-    from caffe_compat.errors import CaffeCompatError
+    ``all``, known once CUDA is checked); no ``-gpu`` (or an empty one) is none, as Caffe's ``get_gpus``."""
     from caffe_compat.tools.netsetup import gpu_ids
 
-    if gpu is None or not str(gpu).strip():
-        raise CaffeCompatError("Need a device ID to query.")
+    if gpu is None or not str(gpu):
+        return []
     return gpu_ids(gpu)
 
 
@@ -80,6 +80,8 @@ def query(gpu) -> list[str]:
     from caffe_compat.evaluate.inputs import cuda_missing
 
     ids = requested_ids(gpu)
+    if ids == []:  # Caffe: the Querying line, then no device to query
+        return [f"Querying GPUs {gpu or ''}"]
     if not torch.cuda.is_available():
         raise cuda_missing(f"-gpu {gpu}", "device_query shows CUDA devices only (train, test and time run on "
                                           "the CPU without -gpu)")

@@ -41,9 +41,13 @@ def two_gpus(monkeypatch):
     return devices
 
 
-def test_without_gpu_it_needs_a_device_id():
-    for verb in ("device_query", "device-query"):
-        assert_usage_error(run_cli(verb), verb, "Need a device ID to query.")
+def test_without_gpu_it_queries_nothing_and_exits_0(capsys):
+    """Caffe 1.0's device_query: ``LOG(INFO) << "Querying GPUs " << FLAGS_gpu``, then ``get_gpus`` gives no
+    device for an empty -gpu (``CHECK_EQ(gpus->size(), 0)``), so nothing more and status 0, without CUDA too."""
+    for argv in (["device_query"], ["device-query"], ["device_query", "-gpu", ""], ["device_query", "--gpu="]):
+        assert main(argv) == 0, argv
+        captured = capsys.readouterr()
+        assert captured.out == "Querying GPUs \n" and captured.err == "", argv
 
 
 def test_on_a_machine_without_cuda_it_names_what_is_missing():
