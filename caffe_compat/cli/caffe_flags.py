@@ -1,7 +1,26 @@
 """Options shared by the commands that mirror Caffe's tools, each with Caffe's single-dash spelling too
-(``-model``, ``-weights``, ``-iterations``, ``-gpu``, ``-phase``, ``-level``, ``-stage``; ``-model=x`` works)."""
+(``-model``, ``-weights``, ``-iterations``, ``-gpu``, ``-phase``, ``-level``, ``-stage``; ``-model=x`` works).
+
+The ``caffe`` binary's flags are gflags, defined once for all its commands: ``caffe test -solver s.prototxt``
+or ``caffe device_query -gpu 0 -model m`` parse and ignore what the command does not read.
+:func:`accept_caffe_flags` gives a command the flags of :data:`CAFFE_FLAGS` it does not take, hidden and
+unread (an int32 flag still has to be an integer, as gflags checks)."""
 
 from __future__ import annotations
+
+import argparse
+
+#: tools/caffe.cpp's gflags: name -> value type (DEFINE_string / DEFINE_int32)
+CAFFE_FLAGS = {"gpu": str, "solver": str, "model": str, "phase": str, "level": int, "stage": str, "snapshot": str,
+               "weights": str, "iterations": int, "sigint_effect": str, "sighup_effect": str}
+
+
+def accept_caffe_flags(p) -> None:
+    """Add to parser ``p`` each flag of :data:`CAFFE_FLAGS` it lacks (``-name``, ``--name``), accepted and
+    ignored, as the ``caffe`` binary's gflags are for a command that does not read them."""
+    for name, kind in CAFFE_FLAGS.items():
+        if f"-{name}" not in p._option_string_actions:
+            p.add_argument(f"--{name}", f"-{name}", dest=f"unused_caffe_flag_{name}", type=kind, help=argparse.SUPPRESS)
 
 
 def add_net_flags(p, *, weights_help: str, iterations_help: str, phase: str | None = None) -> None:

@@ -30,6 +30,8 @@ that is not a non-negative integer, a torch without CUDA
 
 from __future__ import annotations
 
+from caffe_compat.cli.caffe_flags import accept_caffe_flags
+
 #: Caffe's label (padded as ``Caffe::DeviceQuery`` pads it) and the torch property each value comes from.
 FIELDS = (
     ("Major revision number:", "major"),
@@ -48,6 +50,7 @@ def register(sub) -> None:
                        help="show CUDA device properties in Caffe's lines (caffe device_query)")
     p.add_argument("--gpu", "-gpu", metavar="ID",
                    help="Caffe's flag: the CUDA device ID to query, a comma-separated list of IDs, or 'all'")
+    accept_caffe_flags(p)  # the caffe binary's other flags, accepted and unread (gflags)
     p.set_defaults(func=run)
 
 

@@ -8,7 +8,7 @@ element with `` (* w = w·mean loss)`` for loss outputs.  ``--json PATH`` also w
 
 from __future__ import annotations
 
-from caffe_compat.cli.caffe_flags import add_net_flags, check_iterations
+from caffe_compat.cli.caffe_flags import accept_caffe_flags, add_net_flags, check_iterations
 
 
 def register(sub) -> None:
@@ -17,6 +17,7 @@ def register(sub) -> None:
     add_net_flags(p, weights_help="the trained weights to score (required when the net has learnable blobs; a "
                                   "comma-separated list is copied in order)",
                   iterations_help="number of forward passes (batches)")
+    accept_caffe_flags(p)  # the caffe binary's other flags, accepted and unread (gflags)
     p.set_defaults(func=run)
 
 

@@ -9,13 +9,14 @@ On CUDA the device is synchronised around every timed span.  ``--json PATH`` als
 
 from __future__ import annotations
 
-from caffe_compat.cli.caffe_flags import add_net_flags, check_iterations
+from caffe_compat.cli.caffe_flags import accept_caffe_flags, add_net_flags, check_iterations
 
 
 def register(sub) -> None:
     p = sub.add_parser("time", help="benchmark a model: per-layer forward/backward milliseconds (caffe time)")
     add_net_flags(p, weights_help="optional weights (caffemodel, comma-separated list) copied in before timing",
                   iterations_help="number of timed forward-backward iterations", phase="TRAIN")
+    accept_caffe_flags(p)  # the caffe binary's other flags, accepted and unread (gflags)
     p.set_defaults(func=run)
 
 

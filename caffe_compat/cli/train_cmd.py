@@ -52,6 +52,7 @@ import argparse
 import logging
 import os
 
+from caffe_compat.cli.caffe_flags import accept_caffe_flags
 from caffe_compat.cli.signal_effects import EFFECTS
 
 
@@ -110,6 +111,7 @@ def register(sub) -> None:
                    help="allow the net's Python layers to import their python_param.module from DIR (repeatable); "
                         "without it a Python layer runs only when it has a native port (code named by a model "
                         "file is never imported unless allowed)")
+    accept_caffe_flags(p)  # the caffe binary's other flags, accepted and unread (gflags)
     p.set_defaults(func=run)
 
 
