@@ -322,6 +322,8 @@ class Solver(SolverSetup, SolverSnapshots):
             if (self.param.test_interval and self.iter % self.param.test_interval == 0
                     and (self.iter > 0 or self.param.test_initialization)):
                 self.test_all()
+                if self.requested_early_exit:  # a stop asked for while testing: out before this iteration
+                    break
             notify(self, "on_start")
             loss = np.float32(0.0)
             for _ in range(iter_size):
@@ -434,14 +436,28 @@ class Solver(SolverSetup, SolverSnapshots):
         output blob over the iterations (element-wise, summed and divided in float as Caffe does), keyed by
         blob name.  With ``test_compute_loss``, Caffe
         also sums each forward's objective (Σ loss_weight · loss, in float) and logs the mean as
-        ``Test loss: <mean>`` before the outputs."""
+        ``Test loss: <mean>`` before the outputs.  Before each forward ``action_request`` is asked until it
+        has nothing more (a "snapshot" snapshots at once, a "stop" sets ``requested_early_exit``); a stop
+        ends the test there with ``Test interrupted.`` and no scores (an empty dict; ``test_scores`` keeps
+        the last complete ones)."""
         net = self.test_nets[index]
+        log.info("Iteration %d, Testing net (#%d)", self.iter, index)
         self._share_weights(net)
         sums: dict[str, np.ndarray] = {}
         iters = int(self.param.test_iter[index])
         source = self.test_data_sources[index]
         loss = np.float32(0.0)
         for _ in range(iters):
+            request = self.action_request() if self.action_request is not None else None
+            while request is not None:
+                if request == "snapshot":
+                    self.snapshot()
+                elif request == "stop":
+                    self.requested_early_exit = True
+                request = self.action_request()
+            if self.requested_early_exit:
+                log.info("Test interrupted.")
+                return {}
             inputs = self._prepare(next(source) if source is not None else self.test_inputs[index])
             with self._autocast():
                 blobs = net(**inputs)
@@ -451,7 +467,6 @@ class Solver(SolverSetup, SolverSnapshots):
                 value = blobs[name].float().cpu().numpy().astype(np.float32)
                 sums[name] = value if name not in sums else (sums[name] + value).astype(np.float32)
         scores = {name: (total / np.float32(iters)).astype(np.float32) for name, total in sums.items()}
-        log.info("Iteration %d, Testing net (#%d)", self.iter, index)
         if self.param.test_compute_loss:
             with np.errstate(invalid="ignore"):
                 log.info("Test loss: %s", _g6(float(loss / np.float32(iters))))
@@ -465,5 +480,16 @@ class Solver(SolverSetup, SolverSnapshots):
         return scores
 
     def test_all(self) -> list[dict[str, np.ndarray]]:
-        self.test_scores = [self.test(i) for i in range(len(self.test_nets))]
-        return self.test_scores
+        """Caffe's ``TestAll``: :meth:`test` of each TEST net in turn while no stop is requested; returns
+        (and keeps as ``test_scores``) their scores, unless a stop cut the tests short (then ``test_scores``
+        stays as it was and the completed ones are returned)."""
+        scores = []
+        for i in range(len(self.test_nets)):
+            if self.requested_early_exit:
+                return scores
+            result = self.test(i)
+            if self.requested_early_exit:
+                return scores
+            scores.append(result)
+        self.test_scores = scores
+        return scores

@@ -207,3 +207,44 @@ def test_train_with_test_data_iterables(tmp_path):
         expected = _manual_test(tmp_path / "net.prototxt", call["weights"])
         for name, value in expected.items():
             np.testing.assert_allclose(call["scores"][name], value, rtol=1e-6, err_msg=name)
+
+
+def _requests(*answers):
+    """An ``action_request`` giving ``answers`` in turn, then None; the answers given are counted."""
+    queue = list(answers)
+
+    def request():
+        return queue.pop(0) if queue else None
+
+    return request
+
+
+def test_a_stop_asked_for_while_testing_interrupts_the_test_and_the_step(tmp_path, caplog):
+    """Caffe's ``Test``: ``GetRequestedAction`` before every test forward, until NONE; a STOP sets
+    ``requested_early_exit_``, breaks out (``Test interrupted.``, no scores) and ``Step`` breaks before
+    that iteration's training.  Requests: None after updates 1 and 2, then "stop" at the first test
+    forward of iteration 2 (test_interval 2, no test at 0): iteration 2 trains no more, no test batch taken."""
+    solver, calls = _make(_solver_file(tmp_path, initialization=False))
+    solver.data_source = _train_batches()
+    solver.action_request = _requests(None, None, "stop")
+    with caplog.at_level(logging.INFO, logger="caffe_compat.solver"):
+        solver.step(5)
+    assert solver.iter == 2 and solver.requested_early_exit
+    assert [c["iter"] for c in calls] == [2] and calls[0]["scores"] == {} and calls[0]["taken"] == 0
+    assert solver.test_scores == []
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines.index("Iteration 2, Testing net (#0)") + 1 == lines.index("Test interrupted.")
+    assert not any(line.startswith("    Test net output") for line in lines)
+
+
+def test_a_snapshot_asked_for_while_testing_is_written_at_once(tmp_path):
+    """A SNAPSHOT request before a test forward: ``Snapshot()`` there (iteration 2), then the test goes on."""
+    path = _solver_file(tmp_path, initialization=False)
+    text = (tmp_path / "solver.prototxt").read_text() + f'snapshot_prefix: "{tmp_path / "snap"}"\n'
+    (tmp_path / "solver.prototxt").write_text(text)
+    solver, calls = _make(path)
+    solver.data_source = _train_batches()
+    solver.action_request = _requests(None, None, "snapshot")
+    solver.step(3)
+    assert solver.iter == 3 and (tmp_path / "snap_iter_2.solverstate").is_file()
+    assert [c["iter"] for c in calls] == [2] and calls[0]["taken"] == 2
