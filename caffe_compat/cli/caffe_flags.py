@@ -3,12 +3,10 @@
 
 The ``caffe`` binary's flags are gflags, defined once for all its commands: ``caffe test -solver s.prototxt``
 or ``caffe device_query -gpu 0 -model m`` parse and ignore what the command does not read.
-:func:`accept_caffe_flags` gives a command the flags of :data:`CAFFE_FLAGS` it does not take, hidden and
+:func:`accept_caffe_flags` gives a command the flags of :data:`CAFFE_FLAGS` it does not take, accepted and
 unread (an int32 flag still has to be an integer, as gflags checks)."""
 
 from __future__ import annotations
-
-import argparse
 
 #: tools/caffe.cpp's gflags: name -> value type (DEFINE_string / DEFINE_int32)
 CAFFE_FLAGS = {"gpu": str, "solver": str, "model": str, "phase": str, "level": int, "stage": str, "snapshot": str,
@@ -20,7 +18,9 @@ def accept_caffe_flags(p) -> None:
     ignored, as the ``caffe`` binary's gflags are for a command that does not read them."""
     for name, kind in CAFFE_FLAGS.items():
         if f"-{name}" not in p._option_string_actions:
-            p.add_argument(f"--{name}", f"-{name}", dest=f"unused_caffe_flag_{name}", type=kind, help=argparse.SUPPRESS)
+            p.add_argument(f"--{name}", f"-{name}", dest=f"unused_caffe_flag_{name}", type=kind,
+                           metavar="INT" if kind is int else "VALUE",
+                           help="the caffe binary's flag, accepted and not read by this command")
 
 
 def add_net_flags(p, *, weights_help: str, iterations_help: str, phase: str | None = None) -> None:
