@@ -92,8 +92,9 @@ class Solver(SolverSetup, SolverSnapshots):
     ``solver``: solver prototxt path, prototxt text or SolverParameter.  ``weights``: caffemodel path(s)
     (a list, or Caffe's comma-separated string) copied into the TRAIN net after the solver's own
     ``weights``, then into each TEST net (Caffe's ``InitTrainNet`` and ``InitTestNets``).  ``device``: default
-    ``cuda:<device_id>`` when ``solver_mode: GPU`` and CUDA is available, else CPU.  ``solver_type``
-    overrides ``type`` (pycaffe's ``SGDSolver(...)`` etc.).
+    ``cuda:<device_id>`` when the solver sets ``solver_mode: GPU`` and CUDA is available, else CPU (``caffe
+    train``: an unset ``solver_mode``, though its proto default is GPU, is CPU).  ``solver_type`` overrides
+    ``type`` (pycaffe's ``SGDSolver(...)`` etc.).
     Caffemodel layer names that do not match the TRAIN net give one
     :class:`~caffe_compat.errors.WeightsMismatchWarning` for all the weights; ``strict_weights=True``
     makes that a FormatError (see :meth:`~caffe_compat.net.CaffeNet.load_caffemodels`).
@@ -125,8 +126,9 @@ class Solver(SolverSetup, SolverSnapshots):
         self.check_snapshot_write_permissions()  # Caffe's Solver::Init, before the nets are built
         if int(self.param.iter_size) < 1:
             raise FormatError(f"iter_size must be >= 1, got {self.param.iter_size}")
-        if device is None:
-            gpu = self.param.solver_mode == caffe_pb2.SolverParameter.GPU and torch.cuda.is_available()
+        if device is None:  # caffe train: GPU only for a solver_mode GPU the file sets (unset, its default GPU: CPU)
+            gpu = (self.param.HasField("solver_mode") and self.param.solver_mode == caffe_pb2.SolverParameter.GPU
+                   and torch.cuda.is_available())
             device = f"cuda:{self.param.device_id}" if gpu else "cpu"
         self.device = torch.device(device)
         seed = int(self.param.random_seed)
