@@ -40,6 +40,9 @@ What Caffe does and this reproduces:
 * ``add_callback(on_start, on_gradients_ready)`` (two callables, or one object with those methods, e.g.
   ``caffe.NCCL``), ``apply_update()``, ``iter``, ``step``, ``solve(resume_file=None)``, ``restore``,
   ``snapshot``, ``test``, ``param``.
+* The device is the process-wide mode when the solver is built (``caffe.set_mode_gpu()`` /
+  ``set_device``, CPU by default), as pycaffe's solvers run in ``Caffe::mode()``: the file's
+  ``solver_mode``/``device_id`` are not read (only ``caffe train`` reads them).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from caffe_compat.errors import CaffeCompatError
 from caffe_compat.io import read_net
 from caffe_compat.io.blobs import set_packed_floats
 from caffe_compat.net import CaffeNet
+from caffe_compat.pycaffe._mode import current_device
 from caffe_compat.pycaffe.blob import Blob, _Synced, grad_of
 from caffe_compat.pycaffe.net import Net
 from caffe_compat.pycaffe.net_backward import backward_layers
@@ -258,8 +262,10 @@ class Solver(CoreSolver):
 
     net_class = _BuiltNet
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, solver, weights=None, device=None, **kwargs):
+        if device is None:  # pycaffe: Caffe's process-wide mode (set_mode_gpu / set_device), not solver_mode
+            device = current_device()
+        super().__init__(solver, weights=weights, device=device, **kwargs)
         train = SolverNet.of_solver(self, self.net)
         tests = [SolverNet.of_solver(self, net, i) for i, net in enumerate(self.test_nets)]
         for view in tests:
