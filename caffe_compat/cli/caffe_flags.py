@@ -30,9 +30,9 @@ def add_net_flags(p, *, weights_help: str, iterations_help: str, phase: str | No
     p.add_argument("--weights", "-weights", metavar="W.caffemodel", help=weights_help)
     p.add_argument("--iterations", "-iterations", type=int, default=50, metavar="N",
                    help=iterations_help + " (default 50, as Caffe)")
-    if phase is not None:
-        p.add_argument("--phase", "-phase", type=str.upper, choices=["TRAIN", "TEST"], default=phase,
-                       help=f"network phase (default {phase}, as Caffe)")
+    if phase is not None:  # Caffe's get_phase_from_flags: "" is the default, else exactly TRAIN or TEST
+        p.add_argument("--phase", "-phase", choices=["TRAIN", "TEST", ""], default=phase,
+                       help=f"network phase, TRAIN or TEST spelt so (default, or empty: {phase}, as Caffe)")
     p.add_argument("--level", "-level", type=int, default=0, help="network level (default 0, as Caffe)")
     p.add_argument("--stage", "-stage", default="", metavar="S1,S2",
                    help="network stages, comma-separated (not to be confused with the phase)")

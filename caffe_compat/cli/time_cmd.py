@@ -28,8 +28,8 @@ def run(args) -> int:
     check_iterations(args)
     require_output_folders(args.json)
     device = resolve_device(args.gpu, args.device)
-    net = build_net(args.model, args.weights, phase=args.phase.lower(), level=args.level, stages=args.stage,
-                    device=device)
+    phase = (args.phase or "TRAIN").lower()  # Caffe's get_phase_from_flags(TRAIN): an empty -phase is the default
+    net = build_net(args.model, args.weights, phase=phase, level=args.level, stages=args.stage, device=device)
     inputs = load_inputs(args.input, net)
     quiet = args.json == "-"
 

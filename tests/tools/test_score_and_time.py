@@ -133,6 +133,18 @@ def test_time_flags_in_caffe_spelling_with_equals(capsys):
     assert main(["time", f"-model={model}", "-gpu", "x"]) == 2
 
 
+def test_time_phase_is_exactly_TRAIN_or_TEST_or_empty(capsys):
+    """Caffe's get_phase_from_flags: ``-phase ""`` is the default (TRAIN for time), ``TRAIN``/``TEST`` as
+    spelt, anything else (``train``) ``LOG(FATAL) << "phase must be \"TRAIN\" or \"TEST\""``."""
+    model = fixture_path("losses/euclidean_lw0.5.prototxt")
+    assert main(["time", f"-model={model}", "-iterations=1", "-phase="]) == 0
+    assert re.search(r"^loss_layer\tbackward: \S+ ms\.$", capsys.readouterr().out, re.MULTILINE)
+    for spelling in ("train", "Test"):
+        with pytest.raises(SystemExit):
+            main(["time", f"-model={model}", "-iterations=1", f"-phase={spelling}"])
+        assert "invalid choice" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["test", "time"])
 def test_iterations_below_1_exit_2_before_any_output(capsys, command):
     model = fixture_path("losses/euclidean_lw0.5.prototxt")
