@@ -45,6 +45,7 @@ decoder of :mod:`caffe_compat.io.datum_lmdb`.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -60,33 +61,43 @@ from caffe_compat.io.planes import chw_planes
 from caffe_compat.io.safe_open import memory_budget, read_list_text, read_regular_bytes
 
 
+def caffe_atoi(text: str) -> int:
+    """C's ``atoi``: leading white space (``isspace``) skipped, an optional sign, then the decimal digits up
+    to the first other character; no digit gives 0 (``"1.5"`` is 1, ``"3abc"`` 3, ``"x"`` and ``""`` 0)."""
+    match = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    return int(match.group(1)) if match else 0
+
+
 def read_list_entries(list_file: str | os.PathLike, what: str | None = None) -> list[tuple[int, str, int]]:
-    """``(line number, path, label)`` of every non-blank line of a Caffe list file (numbers from 1); a list
-    that is not a regular file raises NotRegularFileError naming ``what`` named it."""
+    """``(line number, path, label)`` of every line of a Caffe list file (numbers from 1), parsed as Caffe's
+    ImageDataLayer and convert_imageset parse them (``std::getline``, ``find_last_of(' ')``, ``atoi``):
+    the path is the text before the **last space** and the label ``atoi`` of the text after it, so
+    ``a.jpg 1.5`` has label 1 and ``a.jpg 3abc`` label 3; a line without a space is all path, with label
+    ``atoi`` of the whole line (``a.jpg``: label 0); a trailing space leaves the label text empty (label 0)
+    and the path ``a.jpg 3``; a blank line is an entry with the empty path (Caffe cannot load it).  Line ends
+    are ``\n`` (``\r\n`` too: the CR is dropped).  A list that is not a regular file raises
+    NotRegularFileError naming ``what`` named it."""
     from caffe_compat.io.datum_lmdb import fits_datum_label
 
     entries = []
     path = Path(list_file)
     try:
-        lines = read_list_text(path, what).splitlines()
+        text = read_list_text(path, what)
     except FileNotFoundError:
         raise DataError(f"{path}: no such list file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read the list file ({exc})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":  # std::getline gives no line after the final newline
+        lines.pop()
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        name, _, label = line.rstrip().rpartition(" ")
-        if not name:
-            raise DataError(f"{path}:{number}: expected 'relative/path label', got {line!r}")
+        space = line.rfind(" ")
+        name, label = (line[:space], line[space + 1:]) if space >= 0 else (line, line)
         if "\0" in name:
             raise DataError(f"{path}:{number}: the path {name!r} holds a NUL byte")
-        try:
-            value = int(label)
-        except ValueError:
-            raise DataError(f"{path}:{number}: label {label!r} is not an integer") from None
-        if not fits_datum_label(value):  # Caffe's int label (atoi; Datum.label is an int32)
-            raise DataError(f"{path}:{number}: label {label} is outside Caffe's 32-bit int range")
+        value = caffe_atoi(label)
+        if not fits_datum_label(value):  # atoi past int's range is undefined in C (Datum.label is an int32)
+            raise DataError(f"{path}:{number}: label {label.strip()} is outside Caffe's 32-bit int range")
         entries.append((number, name, value))
     return entries
 

@@ -264,7 +264,9 @@ class ImageData(_RecordLayer):
 
     ``image_data_param { source root_folder new_height new_width is_color shuffle rand_skip batch_size }``
     (defaults: batch 1, colour, no resize, no shuffle) and ``transform_param``.  Each line of
-    ``source`` is ``path label`` (the label is after the last space); the image is
+    ``source`` is ``path label``, split at the last space with the label read by ``atoi`` (``1.5`` is 1, a
+    line without a space is all path with label 0, a blank line the empty path: Caffe's parsing,
+    :func:`~caffe_compat.data.imageset.read_list_entries`); the image is
     ``root_folder + path`` -- plain string concatenation, as Caffe does it, so ``root_folder`` needs its
     trailing ``/`` -- read with ``cv::imread`` (BGR or grey) and, when both ``new_height`` and
     ``new_width`` are positive, ``cv::resize``'d (bilinear), then transformed like the Data layer.

@@ -8,7 +8,6 @@ import pytest
 
 from caffe_compat.cli import main
 from caffe_compat.data.imageset import compute_image_mean, convert_imageset, read_list_file
-from caffe_compat.errors import DataError
 from caffe_compat.io import iter_lmdb, read_blob
 from caffe_compat.proto import caffe_pb2
 
@@ -68,11 +67,14 @@ def test_compute_mean_is_float32_average(images, tmp_path):
     assert (blob.num, blob.channels, blob.height, blob.width) == (1, 3, 6, 7)
 
 
-def test_list_file_errors_name_line(tmp_path):
-    bad = tmp_path / "list.txt"
-    bad.write_text("a.png 0\nb.png x\n")
-    with pytest.raises(DataError, match=r"list.txt:2: label 'x' is not an integer"):
-        read_list_file(bad)
+def test_list_file_lines_parse_as_caffes_find_last_of_and_atoi(tmp_path):
+    """Caffe (ImageDataLayer, convert_imageset) splits each ``std::getline`` line at its last space and reads
+    the label with ``atoi``; before, ours refused ``x``, ``1.5`` and label-less lines (DataError) and dropped a
+    trailing space and blank lines."""
+    listed = tmp_path / "list.txt"
+    listed.write_text("a.png 0\nb.png x\nc d.png 1.5\ne.png\n\nf.png 4 \ng.png  +12\r\nh.png -7z\n")
+    assert read_list_file(listed) == [("a.png", 0), ("b.png", 0), ("c d.png", 1), ("e.png", 0), ("", 0),
+                                      ("f.png 4", 0), ("g.png ", 12), ("h.png", -7)]
 
 
 def test_cli_make_lmdb_refuses_existing_output(images, capsys):

@@ -208,9 +208,11 @@ def test_encoded_datum_opencv_cannot_decode(tmp_path):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("onlyonefield", "expected 'relative/path label'"),
-    ("a.png notanint", "label 'notanint' is not an integer"),
-    ("a.png 1.5", "label '1.5' is not an integer"),
+    # Caffe's find_last_of(' ') + atoi: these are the paths 'onlyonefield' and 'a.png' with labels 0, 0 and 1,
+    # which name no image here (skipped, as Caffe skips them): nothing is written
+    ("onlyonefield", "none of its 1 images could be read"),
+    ("a.png notanint", "none of its 1 images could be read"),
+    ("a.png 1.5", "none of its 1 images could be read"),
     ("a.png 99999999999999999999999", None),
     ("\x00 1", None),
 ])

@@ -279,6 +279,45 @@ def test_image_data_missing_list_or_image(tmp_path, monkeypatch):
         _layer('name: "img" type: "ImageData" top: "data" top: "label" image_data_param { source: "list.txt" }')
 
 
+def test_image_data_list_lines_parse_as_caffes_find_last_of_and_atoi(tmp_path, monkeypatch):
+    """Caffe's ImageDataLayer splits each line at its last space and reads the label with ``atoi``:
+    ``1.5`` is 1, ``-3`` is -3, ``7abc`` is 7, and a line without a space (no label) is label 0.  Before,
+    ours refused the first, third and fourth lines (DataError: not an integer / expected 'path label')."""
+    entries = _toy_images(tmp_path, count=4)
+    monkeypatch.chdir(tmp_path)
+    names = [name for name, _, _ in entries]
+    (tmp_path / "list.txt").write_text(f"{names[0]} 1.5\n{names[1]} -3\n{names[2]} 7abc\n{names[3]}\n")
+    layer = _layer('name: "img" type: "ImageData" top: "data" top: "label" '
+                   'image_data_param { source: "list.txt" batch_size: 4 }')
+    data, labels = layer()
+    assert labels.tolist() == [1.0, -3.0, 7.0, 0.0]
+    for k, (_, _, image) in enumerate(entries):
+        assert np.array_equal(data[k].numpy(), image.transpose(2, 0, 1).astype(np.float32))
+
+
+def test_image_data_trailing_space_or_blank_line_is_caffes_unloadable_path(tmp_path, monkeypatch):
+    """With a trailing space Caffe's path is ``img/toy_1.png 11`` (the text before the last space) and the
+    label ``atoi("")`` = 0; a blank line is an entry with the empty path.  Caffe aborts when it reaches
+    either ("Could not load"); ours raises a DataError naming the line, and the lines before it are read.
+    Before, ours read ``img/toy_1.png`` with label 11 and skipped the blank line."""
+    entries = _toy_images(tmp_path, count=2)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "list.txt").write_text(f"{entries[0][0]} 10\n{entries[1][0]} 11 \n")
+    layer = _layer('name: "img" type: "ImageData" top: "data" top: "label" '
+                   'image_data_param { source: "list.txt" batch_size: 1 }')
+    assert layer.lines == [(entries[0][0], 10), (f"{entries[1][0]} 11", 0)]
+    assert layer()[1].tolist() == [10.0]
+    with pytest.raises(DataError, match=r"line 2.*toy_1.png 11"):
+        layer()
+    (tmp_path / "list.txt").write_text(f"{entries[0][0]} 10\n\n{entries[1][0]} 11\n")
+    layer = _layer('name: "img" type: "ImageData" top: "data" top: "label" '
+                   'image_data_param { source: "list.txt" batch_size: 1 }')
+    assert layer.lines == [(entries[0][0], 10), ("", 0), (entries[1][0], 11)]
+    assert layer()[1].tolist() == [10.0]
+    with pytest.raises(DataError, match=r"line 2"):
+        layer()
+
+
 HDF5_TEXT = ('name: "h5" type: "HDF5Data" top: "data" top: "label" '
              'hdf5_data_param { source: "files.txt" batch_size: 3 }')
 
