@@ -2,7 +2,10 @@
 
 :func:`read_hdf5_tops` opens the file (only a regular file: a FIFO or a device named in the layer's list is
 refused by name before anything opens it), and for each top takes the dataset of that name as float32,
-as Caffe's ``hdf5_load_nd_dataset`` does.  What a hostile or damaged file can provoke inside h5py
+as Caffe's ``hdf5_load_nd_dataset`` does.  The name is a link of the file's root group (Caffe's
+``H5LTfind_dataset`` compares it with the root's link names): a top named ``group/data`` or ``/data`` is
+not found (h5py's path lookup would reach into the group), as Caffe CHECK-fails "Failed to find HDF5
+dataset group/data".  What a hostile or damaged file can provoke inside h5py
 (``OSError``, ``RuntimeError``, ``KeyError``, ``ValueError``, ``TypeError``, ``IndexError``, ``OverflowError``,
 ``MemoryError``) is a :class:`~caffe_compat.errors.DataError` naming the file, the dataset and who named the
 file.  Before a byte of a dataset is read, its declared size (a compressed dataset declares its
@@ -52,8 +55,10 @@ def read_hdf5_tops(path, names, where: str, named_by: str | None = None,
     try:
         with h5py.File(path, "r") as f:
             for name in names:
-                if name not in f:
-                    raise DataError(f"{where}: {path} has no dataset '{name}'")
+                if "/" in name or name not in f:  # H5LTfind_dataset: a link of the root group, by exact name
+                    raise DataError(f"{where}: {path} has no dataset '{name}'" + (
+                        " (Caffe looks the top's name up among the datasets at the file's root, so a name with '/' "
+                        "never reaches into a group: 'Failed to find HDF5 dataset')" if "/" in name else ""))
                 item = f[name]
                 if not isinstance(item, h5py.Dataset):
                     raise FormatError(f"{where}: {path}: '{name}' is a {type(item).__name__}, not a dataset")

@@ -366,6 +366,24 @@ def test_hdf5_data_missing_dataset_and_unreadable_file_name_the_file(tmp_path, m
         _layer(HDF5_TEXT)
 
 
+@pytest.mark.parametrize("top", ["g/data", "/data"])
+def test_hdf5_data_top_name_with_a_slash_is_not_a_path_into_a_group(tmp_path, monkeypatch, top):
+    """Caffe's hdf5_load_nd_dataset CHECKs ``H5LTfind_dataset(file, name)``, which compares the name with the
+    links of the file's root group: ``g/data`` (or ``/data``) is never found ("Failed to find HDF5 dataset").
+    Before, ours followed h5py's path and read the group's dataset (or the root's ``data``)."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["g/data"] = np.ones((4, 2), np.float32)
+        f["data"] = np.ones((4, 2), np.float32)
+    (tmp_path / "files.txt").write_text("a.h5\n")
+    with pytest.raises(DataError, match=f"a.h5 has no dataset '{top}'.*root"):
+        _layer(f'name: "h5" type: "HDF5Data" top: "{top}" hdf5_data_param {{ source: "files.txt" batch_size: 2 }}')
+    data, = _layer('name: "h5" type: "HDF5Data" top: "data" hdf5_data_param { source: "files.txt" batch_size: 2 }')()
+    assert data.tolist() == [[1, 1], [1, 1]]
+
+
 @pytest.mark.parametrize("sizes", ["new_height: 8", "new_width: 12", "new_height: 8 new_width: 0"])
 def test_image_data_new_height_and_width_must_come_together(tmp_path, monkeypatch, sizes):
     _toy_images(tmp_path)
