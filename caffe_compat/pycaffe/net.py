@@ -83,7 +83,7 @@ import torch
 from caffe_compat.errors import CaffeCompatError, LayerNameError, NetFileMissingError, ShapeMismatchError
 from caffe_compat.io import read_net
 from caffe_compat.io.path_or_text import is_path
-from caffe_compat.layers.python_user import UserPythonLayer, keeping_user_objects
+from caffe_compat.layers.python_user import Layer, UserPythonLayer, keeping_user_objects
 from caffe_compat.net import CaffeNet
 from caffe_compat.net_graph import PHASE_NAMES, phase_value
 from caffe_compat.proto import caffe_pb2
@@ -141,7 +141,9 @@ class NetLayer:
     For a user Python layer pycaffe hands back the user's own ``caffe.Layer`` object, so scripts call its
     methods and read or set its attributes (``solver.net.layers[0].set_roidb(roidb)``, ``.param_str``):
     every other attribute is the user object's, read and written there, and ``reshape`` is its own; its
-    ``__class__`` is the user's class, so ``isinstance(net.layers[0], MyDataLayer)`` holds as in pycaffe."""
+    ``__class__`` is the user's class, so ``isinstance(net.layers[0], MyDataLayer)`` holds as in pycaffe.
+    A built-in layer's ``__class__`` is ``caffe.Layer``: pycaffe wraps every ``net.layers`` entry in the one
+    ``Layer`` class _caffe.cpp registers, so ``isinstance(net.layers[i], caffe.Layer)`` holds for all."""
 
     _OWN = ("_net", "_index", "_user", "name", "type", "blobs")
 
@@ -156,7 +158,7 @@ class NetLayer:
     @property
     def __class__(self):
         user = self.__dict__.get("_user")
-        return type(self) if user is None else type(user)
+        return Layer if user is None else type(user)
 
     def __getattr__(self, name: str):
         user = self.__dict__.get("_user")

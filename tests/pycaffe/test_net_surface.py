@@ -117,6 +117,16 @@ def test_structure_names(proto):
     assert top.shape == (2, 3, 8, 8)
 
 
+def test_every_layer_in_net_layers_is_a_caffe_layer(proto):
+    """pycaffe's ``net.layers`` holds built-in layers as instances of the one ``Layer`` class _caffe.cpp
+    registers (``caffe.Layer``, the Python-layer base): ``isinstance(layer, caffe.Layer)`` is true for every
+    entry and a built-in's ``__class__`` is ``caffe.Layer``.  Before, a built-in was no ``caffe.Layer``."""
+    layers = caffe.Net(proto, caffe.TEST).layers
+    assert [isinstance(layer, caffe.Layer) for layer in layers] == [True] * 5
+    assert [layer.__class__ for layer in layers] == [caffe.Layer] * 5
+    assert [len(layer.blobs) for layer in layers] == [0, 2, 0, 2, 0]
+
+
 def test_hdf5_weights_round_trip_and_mismatch(proto, tmp_path):
     a, b = _fed(proto, seed=0), _fed(proto, seed=1)
     assert not np.array_equal(a.params["conv"][0].data, b.params["conv"][0].data)
