@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from caffe_compat.data.transformer import DataTransformer
-from caffe_compat.errors import DataError, FormatError
+from caffe_compat.errors import DataError
 from caffe_compat.io.datum_lmdb import (decode_datum, iter_records, lmdb_errors, open_lmdb, parse_datum, record_key,
                                         record_name, warn_force_on_raw)
 from caffe_compat.io.safe_open import require_regular_file
@@ -58,8 +58,6 @@ class DatumSource:
         require_regular_file(self.path / "data.mdb", f"the LMDB {path}", error=DataError,
                              missing=lambda: f"{path}: not an LMDB database (no data.mdb in {self.path}); Caffe "
                                              f"resolves the source relative to the working directory {Path.cwd()}")
-        if force_color and force_gray:
-            raise FormatError(f"{path}: cannot set both force_color and force_gray")
         self.force_color, self.force_gray = bool(force_color), bool(force_gray)
         self._env = None
         self._warned_raw = False

@@ -15,7 +15,8 @@ an encoded image file (``encoded: true``; JPEG/PNG bytes).
   rotate by EXIF).  ``compute_image_mean`` decodes with the same native flag (``DecodeDatumNative``).
   The image must then be 8-bit: Caffe CHECKs ``CV_8U`` (DataTransformer, ``CVMatToDatum``), so a
   16-bit PNG is a :class:`DataError` here;
-* both flags set: Caffe CHECK-fails "cannot set both force_color and force_gray" -> :class:`FormatError`;
+* both flags set: Caffe CHECK-fails "cannot set both force_color and force_gray" when it decodes an
+  encoded record (``DataTransformer::Transform``/``InferBlobShape``, nowhere else) -> :class:`FormatError`;
 * raw (not encoded): the bytes (uint8) or ``float_data`` (float32) as stored.  ``force_color`` /
   ``force_gray`` do **not** apply: Caffe only logs "force_color and force_gray only for encoded datum"
   and uses the record as it is; the readers here warn once (``UserWarning``) and do the same.
@@ -189,9 +190,9 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
     byte data and encoded images, float32 for ``float_data``.  ``source`` names the record in errors.
     An encoded image of 2 to 4 channels comes as OpenCV split it (:func:`caffe_compat.io.planes.chw_planes`):
     each plane contiguous, the planes not one block (``np.ascontiguousarray`` makes one)."""
-    if force_color and force_gray:
-        raise FormatError(f"{source}: cannot set both force_color and force_gray")
     if datum.encoded:
+        if force_color and force_gray:  # Caffe CHECKs this only where it decodes an encoded Datum
+            raise FormatError(f"{source}: cannot set both force_color and force_gray")
         import cv2
 
         from caffe_compat.io.image_header import check_decode_budget

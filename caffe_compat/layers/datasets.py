@@ -47,9 +47,7 @@ def _transformer(param, phase: str):
     from caffe_compat.data.transformer import DataTransformer
     from caffe_compat.io import read_blob
 
-    t = param.transform_param
-    if t.force_color and t.force_gray:
-        raise FormatError(f"layer '{param.name}' ({param.type}): cannot set both force_color and force_gray")
+    t = param.transform_param  # force_color + force_gray: refused only where an encoded Datum is decoded (Caffe)
     mean = None
     if t.HasField("mean_file"):
         path = Path(t.mean_file)
@@ -209,7 +207,8 @@ class Data(_RecordLayer):
     accessors (:func:`legacy_mean_blob`: a 3-D ``C x H x W`` blob does not fit the images, as in Caffe).
     Encoded records decode with OpenCV:
     ``transform_param.force_color`` or ``data_param.force_encoded_color`` (older Caffe's name) ->
-    colour, ``force_gray`` -> grey, else native channels.  ``source`` is relative to the working
+    colour, ``force_gray`` -> grey, else native channels; both set is a FormatError at the first encoded
+    record, as Caffe CHECKs only there (raw records and ImageData accept both: they never read them).  ``source`` is relative to the working
     directory (Caffe opens the DB at construction, so does this layer).  Only ``backend: LMDB``
     (LEVELDB, the proto default, is refused); ``rand_skip`` is ignored like in BVLC master's
     DataLayer (warned); multi-GPU striding (``Skip()``) is left to DDP samplers.

@@ -143,6 +143,26 @@ def test_data_layer_transform_follows_eval_and_train(in_data_dir):
     assert np.array_equal(test_net.forward()["data"].numpy(), expected["data_iter0"])
 
 
+def test_force_color_and_force_gray_together_fail_only_on_an_encoded_record(in_data_dir, tmp_path, monkeypatch):
+    """Caffe CHECKs "cannot set both force_color and force_gray" only where DataTransformer decodes an encoded
+    Datum (Transform / InferBlobShape): a Data layer over raw records (Caffe logs 'only for encoded datum') and
+    an ImageData layer (which never reads the two flags) accept both and give the flag-free values.  Before,
+    ours refused both layers at construction."""
+    both = "force_color: true force_gray: true"
+    with pytest.raises(FormatError, match="force_color and force_gray"):
+        _data_layer("lmdb_png", 2, both)
+    with pytest.warns(UserWarning, match="only apply to encoded Datums"):
+        data, label = _data_layer("lmdb_raw", 2, both)()
+    plain, plain_label = _data_layer("lmdb_raw", 2)()
+    assert np.array_equal(data.numpy(), plain.numpy()) and label.tolist() == plain_label.tolist()
+    entries = _toy_images(tmp_path, count=2)
+    monkeypatch.chdir(tmp_path)
+    data, label = _layer(f'name: "img" type: "ImageData" top: "data" top: "label" transform_param {{ {both} }} '
+                         'image_data_param { source: "list.txt" batch_size: 2 }')()
+    assert label.tolist() == [10.0, 11.0]
+    assert np.array_equal(data.numpy(), np.stack([image.transpose(2, 0, 1) for _, _, image in entries]))
+
+
 def test_data_layer_errors(in_data_dir, tmp_path):
     with pytest.raises(FormatError, match="LEVELDB"):
         _layer('name: "d" type: "Data" top: "data" data_param { source: "lmdb_raw" batch_size: 2 }')
