@@ -54,6 +54,12 @@ class PythonLayerError(CaffeCompatError, RuntimeError):
     (:func:`caffe_compat.layers.python_user._user_error`)."""
 
 
+class InputArraysError(ShapeMismatchError, RuntimeError):
+    """pycaffe's ``net.set_input_arrays(data, labels)`` refused (no MemoryData first layer, not float32, not
+    C-contiguous, wrong shape or row count): names what is wrong.  Also a :class:`RuntimeError`, what
+    pycaffe raises there (``Net_SetInputArrays``/``CheckContiguousArray`` throw ``std::runtime_error``)."""
+
+
 class NetFileMissingError(ParseError, RuntimeError):
     """pycaffe's ``caffe.Net(...)`` of a net or weights file that cannot be opened: names the file.  Also a
     :class:`RuntimeError`, what pycaffe raises there (its ``CheckFile`` throws ``std::runtime_error`` before

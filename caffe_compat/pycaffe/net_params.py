@@ -26,7 +26,7 @@ import os
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, ShapeMismatchError
+from caffe_compat.errors import CaffeCompatError, InputArraysError, ShapeMismatchError
 from caffe_compat.net import CaffeNet
 from caffe_compat.net_weights import copy_hdf5_weights, is_hdf5_weights, trained_layer_pairs
 from caffe_compat.pycaffe.blob import grad_of
@@ -76,7 +76,17 @@ def transplant_state(old: CaffeNet, new: CaffeNet) -> None:
 
 def set_input_arrays_of(cnet: CaffeNet, data, labels) -> None:
     """pycaffe's ``Net::set_input_arrays`` on ``cnet``: its first layer must be MemoryData; float32,
-    C-contiguous arrays, 4-D data, labels one per row."""
+    C-contiguous arrays, 4-D data, labels one per row.  Every refusal is an :class:`InputArraysError`, a
+    RuntimeError as pycaffe's (its C++ checks throw ``std::runtime_error``)."""
+    try:
+        _set_input_arrays_of(cnet, data, labels)
+    except InputArraysError:
+        raise
+    except CaffeCompatError as exc:
+        raise InputArraysError(str(exc)) from None
+
+
+def _set_input_arrays_of(cnet: CaffeNet, data, labels) -> None:
     first = cnet.steps[0] if cnet.steps else None
     if first is None or first.type != "MemoryData":
         raise CaffeCompatError("set_input_arrays may only be called if the first layer is a MemoryData layer")
@@ -176,6 +186,6 @@ class NetParamsMixin:
         the labels must already be 4-D, n × 1 × 1 × 1 (pycaffe's wrapper reshapes 1-D labels first)."""
         shape = np.shape(labels)
         if len(shape) != 4 or tuple(shape[1:]) != (1, 1, 1):
-            raise ShapeMismatchError(f"_set_input_arrays: labels array must be 4-d, n x 1 x 1 x 1, got shape "
+            raise InputArraysError(f"_set_input_arrays: labels array must be 4-d, n x 1 x 1 x 1, got shape "
                                      f"{tuple(shape)}")
         set_input_arrays_of(self._cnet, data, labels)

@@ -127,6 +127,29 @@ def test_every_layer_in_net_layers_is_a_caffe_layer(proto):
     assert [len(layer.blobs) for layer in layers] == [0, 2, 0, 2, 0]
 
 
+def test_set_input_arrays_refusals_are_pycaffes_runtime_error(proto, tmp_path):
+    """pycaffe's ``set_input_arrays`` checks in C++ (``Net_SetInputArrays``, ``CheckContiguousArray``) and
+    throws ``std::runtime_error``: a RuntimeError for a net without a MemoryData first layer, float64 or
+    non-contiguous arrays, wrong channels, a row count that is no multiple of the batch.  Before, ours raised
+    CaffeCompatError / ShapeMismatchError, which are no RuntimeError."""
+    path = tmp_path / "memory.prototxt"
+    path.write_text("""name: 'memory'
+layer { name: 'data' type: 'MemoryData' top: 'data' top: 'label'
+  memory_data_param { batch_size: 2 channels: 3 height: 2 width: 2 } }""")
+    net = caffe.Net(str(path), caffe.TEST)
+    data, labels = np.arange(48, dtype=np.float32).reshape(4, 3, 2, 2), np.array([5, 6, 7, 8], np.float32)
+    bad = [(data.astype(np.float64), labels), (data[:, :, :, ::-1], labels), (data[:, :2], labels),
+           (data[:3], labels[:3]), (data, labels.astype(np.int64))]
+    for d, lab in bad:
+        with pytest.raises(RuntimeError):
+            net.set_input_arrays(d, lab)
+    with pytest.raises(RuntimeError, match="MemoryData"):
+        caffe.Net(proto, caffe.TEST).set_input_arrays(data, labels)
+    net.set_input_arrays(data, labels)
+    out = net.forward()
+    assert out["label"].tolist() == [5.0, 6.0] and out["data"].tolist() == data[:2].tolist()
+
+
 def test_hdf5_weights_round_trip_and_mismatch(proto, tmp_path):
     a, b = _fed(proto, seed=0), _fed(proto, seed=1)
     assert not np.array_equal(a.params["conv"][0].data, b.params["conv"][0].data)
