@@ -172,7 +172,8 @@ def test_set_input_arrays_advances_and_wraps():
         out = net.forward()
         seen.append((net.blobs["data"].data.copy(), net.blobs["label"].data.copy(), float(out["loss"])))
     for t in range(10):
-        assert np.array_equal(seen[t][0], data[4 * t:4 * t + 4]) and np.array_equal(seen[t][1], labels[4 * t:4 * t + 4])
+        assert np.array_equal(seen[t][0], data[4 * t:4 * t + 4])
+        assert np.array_equal(seen[t][1], labels[4 * t:4 * t + 4].reshape(4, 1, 1, 1))  # Caffe's label top shape
     assert np.array_equal(seen[10][0], data[:4])  # wraps to the start
     assert seen[1][2] == pytest.approx(float(trajectory["loss_blob"][0]), rel=1e-5)  # last sub-batch of step 0
     with pytest.raises(CaffeCompatError, match="float32"):

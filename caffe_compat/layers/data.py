@@ -12,7 +12,9 @@
   fails at setup), ``data`` ``(batch_size, channels, height, width)`` and ``label`` ``(batch_size,)``
   served from arrays given to :meth:`MemoryData.set_input_arrays` (pycaffe's ``set_input_arrays``,
   Caffe's ``MemoryDataLayer::Reset``): the number of rows must be a multiple of ``batch_size``; each
-  forward serves the next ``batch_size`` rows and wraps around to the start after the last batch.  Like
+  forward serves the next ``batch_size`` rows and wraps around to the start after the last batch.
+  Caffe quirk kept: the label top is ``(batch_size,)`` as set up (the net's shapes), but every forward
+  reshapes it to ``(batch_size, 1, 1, 1)`` (``Forward_cpu``), so that is what a forward yields.  Like
   ``Reset``, no ``transform_param`` is applied to these arrays.
 """
 
@@ -197,6 +199,7 @@ class MemoryData(SourceLayer):
                             f"first (Caffe: 'MemoryDataLayer needs to be initialized by calling Reset')")
         start, stop = self.position, self.position + self.batch_size
         data = self._data[start:stop].to(device=self.device, dtype=self.dtype)
-        labels = self._labels[start:stop].to(device=self.device, dtype=self.dtype)
+        # Caffe's Forward_cpu reshapes the label top to (batch_size, 1, 1, 1); setup shaped it (batch_size,)
+        labels = self._labels[start:stop].to(device=self.device, dtype=self.dtype).reshape(-1, 1, 1, 1)
         self.position = stop % self._data.shape[0]
         return (data, labels)[:len(self.param.top)]

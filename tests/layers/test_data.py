@@ -53,7 +53,8 @@ def test_memory_data_cycles_and_wraps_like_caffe():
     labels = np.arange(6, dtype=np.float32)
     layer.set_input_arrays(data, labels.reshape(6, 1, 1, 1))
     served = [layer() for _ in range(4)]
-    assert [s[1].tolist() for s in served] == [[0, 1], [2, 3], [4, 5], [0, 1]]
+    assert {tuple(s[1].shape) for s in served} == {(2, 1, 1, 1)}  # Caffe's Forward_cpu: (batch_size, 1, 1, 1)
+    assert [s[1].reshape(-1).tolist() for s in served] == [[0, 1], [2, 3], [4, 5], [0, 1]]
     assert torch.equal(served[3][0], torch.from_numpy(data[:2]))
     with pytest.raises(ShapeMismatchError, match="multiple of batch_size 2"):
         layer.set_input_arrays(data[:3], labels[:3])
@@ -69,7 +70,7 @@ def test_memory_data_net_matches_caffe_loss():
     first = net()
     second = net()  # iteration 0 ran sub-batches 0 and 1; Caffe's loss top then holds sub-batch 1's loss
     np.testing.assert_array_equal(second["data"].numpy(), inputs["data"][0, 1])
-    np.testing.assert_array_equal(first["label"].numpy(), inputs["label"][0, 0])
+    np.testing.assert_array_equal(first["label"].numpy(), inputs["label"][0, 0].reshape(-1, 1, 1, 1))
     expected = float(np.load(directory / "trajectory.npz")["loss_blob"][0])
     assert float(second["loss"].detach()) == pytest.approx(expected, rel=1e-5)
     fed = net(data=torch.from_numpy(inputs["data"][0, 1]), label=torch.from_numpy(inputs["label"][0, 1]))

@@ -284,4 +284,4 @@ def test_set_input_arrays_binding_takes_4d_labels(tmp_path):
     net._set_input_arrays(data, np.arange(4, dtype=np.float32).reshape(4, 1, 1, 1))
     net.forward()
     np.testing.assert_array_equal(net.blobs["data"].data, data[:2])
-    np.testing.assert_array_equal(net.blobs["label"].data, [0, 1])
+    np.testing.assert_array_equal(net.blobs["label"].data, np.reshape([0, 1], (2, 1, 1, 1)))

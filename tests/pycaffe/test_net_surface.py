@@ -147,7 +147,24 @@ layer { name: 'data' type: 'MemoryData' top: 'data' top: 'label'
         caffe.Net(proto, caffe.TEST).set_input_arrays(data, labels)
     net.set_input_arrays(data, labels)
     out = net.forward()
-    assert out["label"].tolist() == [5.0, 6.0] and out["data"].tolist() == data[:2].tolist()
+    assert out["label"].reshape(-1).tolist() == [5.0, 6.0] and out["data"].tolist() == data[:2].tolist()
+
+
+def test_memory_data_label_top_is_reshaped_to_4d_by_each_forward(tmp_path):
+    """Caffe's MemoryDataLayer sets the label top up as (batch_size,) but its Forward_cpu reshapes it to
+    (batch_size, 1, 1, 1), so after a forward pycaffe shows a 4-D label, and the layers after it (a Power
+    here, which shapes its top like its bottom) see 4-D too.  Before, ours kept (batch_size,)."""
+    path = tmp_path / "memory.prototxt"
+    path.write_text("""name: 'memory'
+layer { name: 'data' type: 'MemoryData' top: 'data' top: 'label'
+  memory_data_param { batch_size: 2 channels: 1 height: 1 width: 2 } }
+layer { name: 'p' type: 'Power' bottom: 'label' top: 'p' power_param { scale: 2 shift: 1 } }""")
+    net = caffe.Net(str(path), caffe.TEST)
+    assert (net.blobs["label"].shape, net.blobs["p"].shape) == ((2,), (2,))  # as set up
+    net.set_input_arrays(np.zeros((4, 1, 1, 2), np.float32), np.array([3, 4, 5, 6], np.float32))
+    out = net.forward()
+    assert net.blobs["label"].data.shape == (2, 1, 1, 1) and out["p"].shape == (2, 1, 1, 1)
+    assert net.blobs["label"].data.reshape(-1).tolist() == [3.0, 4.0] and out["p"].reshape(-1).tolist() == [7.0, 9.0]
 
 
 def test_hdf5_weights_round_trip_and_mismatch(proto, tmp_path):
