@@ -344,8 +344,12 @@ class Transformer:
         self.mean[in_] = mean
 
     def preprocess(self, in_, data) -> np.ndarray:
+        """pycaffe's ``preprocess`` (order in the module docstring).  Quirk kept: pycaffe starts from
+        ``data.astype(np.float32, copy=False)`` and scales / subtracts in place, so a float32 image already
+        at the blob's H×W whose channels are not swapped (a fancy-index copy) is itself changed: after the
+        call it holds the raw-scaled, mean-subtracted values (transposed back to its own layout)."""
         self._check(in_)
-        caffe_in = np.array(data, dtype=np.float32, copy=True)
+        caffe_in = np.asarray(data).astype(np.float32, copy=False)
         in_dims = self.inputs[in_][2:]
         if caffe_in.shape[:2] != tuple(in_dims):
             caffe_in = resize_image(caffe_in, in_dims)

@@ -86,6 +86,29 @@ def test_a_float64_mean_is_subtracted_in_float64_as_pycaffe():
     assert t.deprocess("data", out[None].astype(np.float64)).dtype == np.float64
 
 
+def test_preprocess_scales_a_float32_image_at_blob_size_in_place_as_pycaffe():
+    """pycaffe's preprocess starts from ``data.astype(np.float32, copy=False)`` and applies raw_scale, mean and
+    input_scale in place: a float32 H×W×C image already at the blob size, transposed (a view) but not
+    channel-swapped (a copy), is itself changed, so preprocessing it a second time scales it again.  A
+    channel swap, a resize or another dtype leave the caller's array alone.  Before, ours always copied."""
+    t = caffe.io.Transformer({"data": (1, 3, 2, 2)})
+    t.set_transpose("data", (2, 0, 1))
+    t.set_raw_scale("data", 255)
+    t.set_mean("data", np.array([1.0, 2.0, 3.0]))
+    x = np.full((2, 2, 3), 0.5, np.float32)
+    first = t.preprocess("data", x)
+    assert np.array_equal(first[:, 0, 0], [126.5, 125.5, 124.5])
+    assert np.array_equal(x[0, 0], [126.5, 125.5, 124.5])  # the caller's image now holds the result
+    assert np.array_equal(t.preprocess("data", x)[:, 0, 0], [126.5 * 255 - 1, 125.5 * 255 - 2, 124.5 * 255 - 3])
+    t.set_channel_swap("data", (2, 1, 0))
+    y = np.full((2, 2, 3), 0.5, np.float32)
+    t.preprocess("data", y)
+    assert np.all(y == 0.5)
+    z = np.full((2, 2, 3), 0.5, np.float64)
+    t.preprocess("data", z)
+    assert np.all(z == 0.5)
+
+
 def test_subclasses_reach_pycaffes_private_input_check():
     """Scripts subclass Transformer and call pycaffe's name-mangled check, _Transformer__check_input."""
     class Cropper(caffe.io.Transformer):
