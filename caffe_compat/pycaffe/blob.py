@@ -223,8 +223,48 @@ class ParamBlob:
     height = property(lambda self: legacy_shape(repr(self), self.shape, 2))
     width = property(lambda self: legacy_shape(repr(self), self.shape, 3))
 
+    def reshape(self, *shape) -> None:
+        """pycaffe's ``net.params[layer][i].reshape(*shape)``, Caffe's ``Blob::Reshape`` of the parameter
+        blob (net surgery: reshape, write ``data``, ``net.save``): ``data`` and ``diff`` keep their memory,
+        seen in the new shape, while the new count fits in what the tensor's storage holds, else become
+        zeros; ``shape`` and a saved caffemodel then have the new shape.  The layer keeps its own
+        sizes: Caffe's layer goes on reading them over the blob's memory, which this does not reproduce, so
+        a forward after a reshape that changes the count is not Caffe's (and may fail)."""
+        shape = reshape_argument(repr(self), shape)
+        owner = self._owner()
+        owner._upload_params()  # host copies the script wrote (CUDA) first
+        tensor = self.tensor
+        if shape == tuple(tensor.shape):
+            return  # Caffe: nothing changes
+        with torch.no_grad():
+            grad = grad_of(tensor)
+            bases = owner.__dict__.setdefault("_param_bases", {})  # (key, index, kind) -> its full memory
+            for kind, current in (("data", tensor.data), ("diff", grad)):
+                view, bases[(self._key, self._index, kind)] = _within_capacity(
+                    current, shape, bases.get((self._key, self._index, kind)))
+                if kind == "data":
+                    tensor.data = view
+                else:
+                    tensor.grad = view
+        for kind in ("data", "diff"):  # the next .data / .diff read sees the new tensors
+            owner._param_mirrors.pop((self._key, self._index, kind), None)
+
     def __repr__(self) -> str:
         return f"ParamBlob({self._key!r}[{self._index}], shape={self.shape})"
+
+
+def _within_capacity(current: torch.Tensor, shape: tuple[int, ...], base: torch.Tensor | None):
+    """Caffe's ``Blob::Reshape`` of one memory: ``(view, base)``, the memory seen in ``shape`` (values kept,
+    those past the current count too, as Caffe's capacity keeps them) when the new count fits in ``base``
+    (the largest memory an earlier reshape gave this blob, if ``current`` still lies in it, else ``current``),
+    else new zeros, which become the base."""
+    if base is None or base.untyped_storage().data_ptr() != current.untyped_storage().data_ptr():
+        base = current
+    count = int(np.prod(shape, dtype=np.int64))
+    if base.is_contiguous() and count <= base.numel():
+        return base.reshape(-1)[:count].view(shape), base
+    fresh = torch.zeros(shape, dtype=current.dtype, device=current.device)
+    return fresh, fresh
 
 
 def grad_of(tensor: torch.Tensor) -> torch.Tensor:

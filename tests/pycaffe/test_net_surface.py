@@ -167,6 +167,29 @@ layer { name: 'p' type: 'Power' bottom: 'label' top: 'p' power_param { scale: 2 
     assert net.blobs["label"].data.reshape(-1).tolist() == [3.0, 4.0] and out["p"].reshape(-1).tolist() == [7.0, 9.0]
 
 
+def test_a_param_blob_reshapes_as_caffes_blob_and_saves_in_its_new_shape(proto, tmp_path):
+    """pycaffe's ``net.params[layer][i]`` is a Blob with ``reshape`` (Caffe's ``Blob::Reshape``): within its
+    capacity the memory is kept and seen in the new shape (growing back restores the values), past it the
+    data and diff are zeros; ``net.save`` writes the new shape.  Before, ours had no ``reshape``."""
+    net = caffe.Net(proto, caffe.TEST)
+    weight = net.params["ip"][0]
+    old = weight.data.copy()
+    assert old.shape == (4, 60)  # conv's 3 x 4 x 5 outputs
+    weight.reshape(2, 48)
+    assert (weight.shape, weight.count, weight.diff.shape) == ((2, 48), 96, (2, 48))
+    assert np.array_equal(weight.data, old.reshape(-1)[:96].reshape(2, 48))
+    weight.reshape(4, 60)
+    assert np.array_equal(weight.data, old)
+    weight.reshape(5, 60)
+    assert weight.data.shape == (5, 60) and not weight.data.any() and not weight.diff.any()
+    weight.reshape(3, 2)
+    weight.data[...] = 7
+    net.save(str(tmp_path / "surgery.caffemodel"))
+    saved = caffe.proto.caffe_pb2.NetParameter.FromString((tmp_path / "surgery.caffemodel").read_bytes())
+    blob = next(layer for layer in saved.layer if layer.name == "ip").blobs[0]
+    assert list(blob.shape.dim) == [3, 2] and list(blob.data) == [7.0] * 6
+
+
 def test_hdf5_weights_round_trip_and_mismatch(proto, tmp_path):
     a, b = _fed(proto, seed=0), _fed(proto, seed=1)
     assert not np.array_equal(a.params["conv"][0].data, b.params["conv"][0].data)
