@@ -284,17 +284,18 @@ class FusedNet(nn.Module):
     def _fused_module(port, fold, kinds, slope):
         from functools import partial
 
-        from caffe_compat.layers.geometry import may_overhang
+        from caffe_compat.layers.geometry import fold_zero_dilation, may_overhang
         from caffe_compat.layers.vision import Convolution, pad_overhang
 
         activation = None if slope is None else float(slope)
         if type(port) is Convolution:
-            weight, bias, magnitude = fold.apply(port.weight, port.bias, 0)
+            kernel_weight, dilation = fold_zero_dilation(port.weight, port.dilation)
+            weight, bias, magnitude = fold.apply(kernel_weight, port.bias, 0)
             geometry = dict(kernel=tuple(port.kernel), stride=tuple(port.stride), pad=tuple(port.pad),
                             dilation=tuple(port.dilation))
             overhangs = may_overhang(port.kernel, port.pad, port.dilation)
             pad_input = partial(pad_overhang, **geometry) if overhangs else None
-            return FusedConvolution(weight, bias, port.stride, port.pad, port.dilation, port.group, activation,
+            return FusedConvolution(weight, bias, port.stride, port.pad, dilation, port.group, activation,
                                     residual="sum" in kinds, bias_magnitude=magnitude, pad_input=pad_input)
         weight, bias, magnitude = fold.apply(port.weight, port.bias, 1 if port.transpose else 0)
         return FusedInnerProduct(weight, bias, port.axis, port.transpose, activation, bias_magnitude=magnitude)

@@ -279,3 +279,18 @@ def test_a_kernel_overhanging_by_less_than_a_stride_fuses_to_caffes_output():
             out = fused(**{k: v.requires_grad_(grad) for k, v in inputs.items()})
         torch.testing.assert_close(out["conv"].detach(), ref["conv"], rtol=0,
                                    atol=fused.tolerance() * float(ref["conv"].abs().max()))
+
+
+def test_dilation_zero_fuses_to_the_unfused_output():
+    # Caffe accepts dilation 0 (kernel extent 1: each kernel row reads one input row); the fused convolution
+    # gets the same folded kernel as the port (torch's conv2d refuses a dilation of 0)
+    text = OVERHANG.replace("kernel_size: 3 stride: 2", "kernel_size: 3 stride: 2 dilation: 0 dilation: 1")
+    assert text != OVERHANG
+    net = load_net(text, seed=2).eval()
+    fused = net.fuse_for_inference()
+    assert [s.type for s in fused.steps if "Convolution" in s.type] == ["Convolution+ReLU"]
+    inputs = _inputs(net)
+    ref = _unfused_values(net, inputs)
+    out = fused(**inputs)
+    torch.testing.assert_close(out["conv"], ref["conv"], rtol=0,
+                               atol=fused.tolerance() * float(ref["conv"].abs().max()))

@@ -132,9 +132,6 @@ SETUP_CHECKS = [
     ('layer { name: "a" type: "ReLU" bottom: "data" top: "r" }\n'
      'layer { name: "b" type: "Sigmoid" bottom: "data" top: "r" }',
      "layer 'b': top blob 'r' is produced by multiple sources (already produced by layer 'a')"),
-    ('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
-     'convolution_param { num_output: 2 kernel_size: 3 dilation: 0 } }',
-     "layer 'c' (Convolution): convolution_param.dilation must be >= 1, got (0, 0)"),
     ('layer { name: "p" type: "Pooling" bottom: "data" top: "p" pooling_param { kernel_size: 9 pool: MAX round_mode: FLOOR } }',
      "layer 'p' (Pooling): kernel (9, 9) with pad (0, 0) does not fit the 5x5 input"),
 ]

@@ -50,6 +50,18 @@ def conv_overhangs(hw, kernel, stride, pad, dilation) -> tuple[int, ...]:
                  for size, k, s, p, d in zip(hw, kernel, stride, pad, dilation))
 
 
+def fold_zero_dilation(weight, dilation):
+    """``(weight, dilation)`` for torch's convolutions, which refuse a dilation of 0.  Caffe's im2col/col2im
+    read (write) input element ``o·s − p + k·d``: with ``d = 0`` every kernel offset ``k`` on that axis reaches
+    the same element, so the product is that of a kernel 1 wide there holding the sum of the weights along
+    it, with dilation 1 (weight axes 2, 3, ... are the spatial ones, for Convolution and Deconvolution).
+    Unchanged when no dilation is 0."""
+    if 0 not in tuple(dilation):
+        return weight, tuple(dilation)
+    axes = [2 + a for a, d in enumerate(dilation) if d == 0]
+    return weight.sum(dim=axes, keepdim=True), tuple(d or 1 for d in dilation)
+
+
 def deconv_out_size(size: int, kernel: int, stride: int = 1, pad: int = 0, dilation: int = 1) -> int:
     extent = dilation * (kernel - 1) + 1
     return stride * (size - 1) + extent - 2 * pad
@@ -107,7 +119,8 @@ def conv_geometry(layer) -> ConvGeometry:
     """Caffe's BaseConvolutionLayer rules: the ``_h``/``_w`` forms when either is set (an unset one is 0,
     which is fine for pad and an error for kernel and stride), else the repeated field (1 or 2 values).
     Giving both forms of one field is an error (Caffe's CHECK: "Either kernel_size or kernel_h/w should be
-    specified; not both", and the same for stride and pad)."""
+    specified; not both", and the same for stride and pad).  Caffe checks kernel and stride > 0 but not
+    dilation: a dilation of 0 makes the kernel's extent ``0·(k − 1) + 1 = 1`` (see :func:`fold_zero_dilation`)."""
     p = layer.convolution_param
     for name, repeated in (("kernel", "kernel_size"), ("stride", "stride"), ("pad", "pad")):
         if (p.HasField(f"{name}_h") or p.HasField(f"{name}_w")) and len(getattr(p, repeated)):
@@ -125,10 +138,7 @@ def conv_geometry(layer) -> ConvGeometry:
         pad = int(p.pad_h), int(p.pad_w)
     else:
         pad = _pair(p.pad, 0, "pad", layer.name)
-    dilation = _pair(p.dilation, 1, "dilation", layer.name)
-    if min(dilation) < 1:
-        raise FormatError(f"layer '{layer.name}' ({layer.type}): convolution_param.dilation must be >= 1, got "
-                          f"{dilation}")
+    dilation = _pair(p.dilation, 1, "dilation", layer.name)  # 0 is accepted (Caffe checks no dilation)
     if min(kernel) <= 0 or min(stride) <= 0:
         raise FormatError(f"layer '{layer.name}': kernel and stride must be > 0, got kernel {kernel} stride {stride}")
     if p.num_output == 0:

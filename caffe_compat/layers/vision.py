@@ -5,8 +5,9 @@
 * **Convolution** ``y = W ⋆ x + b`` with Caffe's blobs ``W: num_output × (C/group) × kh × kw`` and
   ``b: num_output``; ``out = (in + 2·pad − (dilation·(k − 1) + 1)) / stride + 1`` (C++ division).
   kernel/pad/stride come from the repeated fields (one value for both axes or one per axis) or their
-  ``_h``/``_w`` forms; ``dilation`` is repeated only.  Defaults: pad 0, stride 1, dilation 1, group 1, bias_term true,
-  fillers constant 0 (Caffe's FillerParameter default).  Several bottoms are convolved with the same
+  ``_h``/``_w`` forms; ``dilation`` is repeated only (0 allowed: extent 1, see
+  :func:`~caffe_compat.layers.geometry.fold_zero_dilation`).  Defaults: pad 0, stride 1, dilation 1, group 1,
+  bias_term true, fillers constant 0 (Caffe's FillerParameter default).  Several bottoms are convolved with the same
   weights, one top each (Caffe allows this).
 * **Deconvolution** is the transpose of Convolution; Caffe stores its weight **C_in × (num_output/group)
   × kh × kw** (the convolution it transposes has C_in outputs), which is exactly
@@ -32,7 +33,7 @@ from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers.facts import ONE, BlobCount, Shapes, canonical_axis, count
 from caffe_compat.layers.fillers import fill_blob, layer_filler
 from caffe_compat.layers.geometry import (conv_geometry, conv_out_size, conv_overhang, conv_overhangs,
-                                         deconv_out_size, may_overhang, need_axes)
+                                         deconv_out_size, fold_zero_dilation, may_overhang, need_axes)
 from caffe_compat.layers.registry import CaffeLayer, register_layer
 
 
@@ -142,8 +143,9 @@ class Convolution(_ConvolutionBase):
     computes one output, its im2col reading the overhang as zeros; so does the port (zeros appended)."""
 
     def _convolve(self, x):
+        weight, dilation = fold_zero_dilation(self.weight, self.dilation)
         x = pad_overhang(x, self.kernel, self.stride, self.pad, self.dilation)
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.pad, self.dilation, self.group)
+        return F.conv2d(x, weight, self.bias, self.stride, self.pad, dilation, self.group)
 
 
 def pad_overhang(x, kernel, stride, pad, dilation):
@@ -164,7 +166,8 @@ class Deconvolution(_ConvolutionBase):
     transposed = True
 
     def _convolve(self, x):
-        return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.pad, 0, self.group, self.dilation)
+        weight, dilation = fold_zero_dilation(self.weight, self.dilation)
+        return F.conv_transpose2d(x, weight, self.bias, self.stride, self.pad, 0, self.group, dilation)
 
 
 # ---------------------------------------------------------------------------- inner product

@@ -44,14 +44,14 @@ mutated ``.trainstate`` (TypeError/KeyError/...)       solver/test_trainstate_in
 LabelShufflingLayer ``param_str`` ValueError           here: test_label_shuffling_param_str_is_a_typed_error
 blob whose dims overflow ("cannot reshape")            here: test_blob_dims_that_overflow
 conv with a missing kernel (IndexError)                here: test_nets_caffe_refuses_exit_2_naming_the_file[no_kernel]
-negative or zero dims / dilations reaching torch       here: [negative_dim, zero_dim, dilation_0, dilation_huge];
+negative or zero dims, huge dilations reaching torch   here: [negative_dim, zero_dim, dilation_huge];
                                                        test_net_shapes.py::test_caffes_setup_checks_are_format_errors
 corrupted ``.pt`` checkpoint                           converters/test_checkpoint_integrity.py::test_a_flipped_byte_in_a_
                                                        tensor_is_a_digest_mismatch, ::test_a_truncated_file_is_a_typed_
                                                        error
 fast caffemodel reader vs protobuf                     io/test_weights_differential.py (the differential test)
 inspect on nets Caffe refuses: kernel > padded input,  here: test_nets_caffe_refuses_exit_2_naming_the_file (one case
-dilation 0 / huge, negative dims, slice points / crop  each: kernel_too_big, dilation_0, dilation_huge, negative_dim,
+huge dilation, negative dims, slice points / crop      each: kernel_too_big, dilation_huge, negative_dim,
 offsets out of range, Concat / Eltwise mismatch,       slice_out_of_range, slice_not_increasing, crop_offset, concat,
 ArgMax top_k over the axis, duplicate layer names      eltwise, argmax_top_k, duplicate_top)
 weights blob count vs shape                            here: test_weights_blob_count_disagreeing_with_its_shape
@@ -93,8 +93,6 @@ REFUSED = {
                        'convolution_param { num_output: 2 kernel_size: 7 } }', "layer 'c'"),
     "no_kernel": (_input(1, 3, 5, 5) + 'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
                   'convolution_param { num_output: 2 } }', "layer 'c'"),
-    "dilation_0": (_input(1, 3, 5, 5) + 'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
-                   'convolution_param { num_output: 2 kernel_size: 3 dilation: 0 } }', "dilation"),
     "dilation_huge": (_input(1, 3, 5, 5) + 'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
                       'convolution_param { num_output: 2 kernel_size: 3 dilation: 1000000 } }', "layer 'c'"),
     "negative_dim": (_input(1, -3, 5, 5), "data"),

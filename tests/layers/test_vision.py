@@ -285,3 +285,47 @@ def test_pooling_fast_and_explicit_paths_equal_caffe_loops(method, size, kernel,
         assert torch.equal(empty, torch.from_numpy(reference == np.finfo(np.float32).min))
         picked = torch.gather(flat, 2, mask.long().clamp(min=0).reshape(2, 3, -1)).reshape(top.shape)
         assert torch.equal(picked[~empty], top[~empty])
+
+
+def _caffe_conv_loops(x, w, stride, pad, dilation, transposed=False):
+    """Caffe's (de)convolution as its im2col/col2im loops do it: input element ``o·s − p + k·d`` meets kernel
+    offset ``k`` (one image, group 1; no bias)."""
+    c_in, h, wd = x.shape
+    k_h, k_w = w.shape[2:]
+    if transposed:  # col2im: input position i writes output element i·s − p + k·d
+        oh = stride[0] * (h - 1) + dilation[0] * (k_h - 1) + 1 - 2 * pad[0]
+        ow = stride[1] * (wd - 1) + dilation[1] * (k_w - 1) + 1 - 2 * pad[1]
+        y = np.zeros((w.shape[1], oh, ow))
+        for c, i, j, kh, kw in np.ndindex(c_in, h, wd, k_h, k_w):
+            r, q = i * stride[0] - pad[0] + kh * dilation[0], j * stride[1] - pad[1] + kw * dilation[1]
+            if 0 <= r < oh and 0 <= q < ow:
+                y[:, r, q] += x[c, i, j] * w[c, :, kh, kw]
+        return y
+    oh = (h + 2 * pad[0] - (dilation[0] * (k_h - 1) + 1)) // stride[0] + 1
+    ow = (wd + 2 * pad[1] - (dilation[1] * (k_w - 1) + 1)) // stride[1] + 1
+    y = np.zeros((w.shape[0], oh, ow))
+    for i, j, c, kh, kw in np.ndindex(oh, ow, c_in, k_h, k_w):
+        r, q = i * stride[0] - pad[0] + kh * dilation[0], j * stride[1] - pad[1] + kw * dilation[1]
+        if 0 <= r < h and 0 <= q < wd:
+            y[:, i, j] += w[:, c, kh, kw] * x[c, r, q]
+    return y
+
+
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("dilation", [(0, 0), (0, 2), (2, 0)])
+def test_dilation_zero_is_caffes_kernel_extent_one(kind, dilation):
+    """base_conv_layer.cpp checks kernel and stride > 0 but never dilation (a uint32): with dilation 0 every
+    kernel offset on that axis reads (col2im: writes) one element, the extent ``0·(k − 1) + 1`` is 1."""
+    spec = " ".join(f"dilation: {d}" for d in dilation)
+    layer = _layer(f'name: "c" type: "{kind}" convolution_param {{ num_output: 2 kernel_size: 3 stride: 2 pad: 1 '
+                   f'{spec} bias_term: false }}', [(1, 3, 5, 6)]).double()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=g, dtype=torch.float64))
+    x = torch.randn(1, 3, 5, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    (y,) = layer(x)
+    expected = _caffe_conv_loops(x.detach()[0].numpy(), layer.weight.detach().numpy(), (2, 2), (1, 1), dilation,
+                                 transposed=kind == "Deconvolution")
+    assert layer.output_shapes() == [(1, 2) + expected.shape[1:]] == [tuple(y.shape)]
+    np.testing.assert_allclose(y.detach()[0].numpy(), expected, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: layer(t)[0], (x,))
