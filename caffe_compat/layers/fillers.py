@@ -22,7 +22,8 @@ positive_unitball   U[0, 1), then each of the ``num`` rows (``count/num`` values
 xavier              U[-a, a), a = sqrt(3 / n)
 msra                N(0, 2 / n)
 bilinear            4-D square kernels (K×K), per position: (1 - |x/f - c|)(1 - |y/f - c|) with
-                    f = ceil(K/2), c = (K - 1) / (2f) (BVLC master's centre, also used by Caffe 1.0)
+                    f = ceil(K/2), c = (K - 1) / (2f) (BVLC master's centre, also used by Caffe 1.0),
+                    each operation rounded in the blob's type (see :func:`bilinear_kernel`)
 ==================  =====================================================================================
 
 For xavier/msra: ``fan_in = count / num``, ``fan_out = count / channels``; ``variance_norm`` FAN_IN
@@ -89,12 +90,15 @@ def _variance_n(param: caffe_pb2.FillerParameter, shape: tuple[int, ...]) -> flo
 
 
 def bilinear_kernel(size: int, dtype=torch.float32) -> torch.Tensor:
-    """The K×K bilinear-interpolation kernel of Caffe's ``BilinearFiller``."""
+    """The K×K bilinear-interpolation kernel of Caffe's ``BilinearFiller``, bit for bit: Caffe computes in
+    the blob's type (Dtype): ``c`` is the double ``(K − 1) / (2f)`` rounded to Dtype, then ``x / f − c``,
+    ``fabs`` (its float overload: math.h is included), ``1 − ·`` and the product are Dtype operations, each
+    rounded (in float32 that differs from a double computation rounded once, e.g. for K = 5, 6, 9, 12)."""
     f = math.ceil(size / 2.0)
-    c = (size - 1) / (2.0 * f)
-    pos = torch.arange(size, dtype=torch.float64)
-    weights = 1.0 - torch.abs(pos / f - c)
-    return (weights[:, None] * weights[None, :]).to(dtype)
+    c = torch.tensor((size - 1) / (2.0 * f), dtype=dtype)
+    pos = torch.arange(size, dtype=dtype)
+    weights = 1 - torch.abs(pos / f - c)
+    return weights[:, None] * weights[None, :]
 
 
 def _random(shape, generator, dtype, kind: str) -> torch.Tensor:
@@ -159,7 +163,7 @@ def fill_blob(tensor: torch.Tensor, filler_param: caffe_pb2.FillerParameter | No
             raise FormatError(f"bilinear filler: the blob must have 4 axes, got shape {shape}")
         if shape[2] != shape[3]:
             raise FormatError(f"bilinear filler: the kernel must be square, got {shape[2]}x{shape[3]}")
-        values = bilinear_kernel(shape[3], torch.float64).expand(shape)
+        values = bilinear_kernel(shape[3], draw_dtype).expand(shape)
     with torch.no_grad():
         tensor.copy_(values.to(device=tensor.device, dtype=tensor.dtype))
     return tensor

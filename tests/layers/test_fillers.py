@@ -94,6 +94,38 @@ def test_bilinear_kernels_by_hand():
         _fill("bilinear", shape=(3, 3))
 
 
+def _caffe_bilinear(size, dtype):
+    """BilinearFiller::Fill step by step in Dtype (numpy scalars round each operation): ``c`` is a double
+    rounded to Dtype; ``x / f``, ``− c``, ``fabs`` (math.h's float overload), ``1 − ·`` and ``·`` are Dtype's."""
+    f = int(np.ceil(size / 2.0))
+    c = dtype((size - 1) / (2.0 * f))
+    out = np.empty(size * size, dtype)
+    for i in range(size * size):
+        x, y = dtype(i % size), dtype((i // size) % size)
+        out[i] = (dtype(1) - abs(x / dtype(f) - c)) * (dtype(1) - abs(y / dtype(f) - c))
+    return out.reshape(size, size)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 6, 9, 12, 16, 21, 32])
+def test_bilinear_rounds_each_step_in_the_blobs_type(size):
+    for dtype, torch_dtype in ((np.float32, torch.float32), (np.float64, torch.float64)):
+        expected = _caffe_bilinear(size, dtype)
+        assert expected.dtype == dtype
+        np.testing.assert_array_equal(bilinear_kernel(size, torch_dtype).numpy(), expected)
+        values = _fill("bilinear", shape=(2, 1, size, size)) if dtype is np.float32 else None
+        if values is not None:
+            np.testing.assert_array_equal(values, np.broadcast_to(expected, (2, 1, size, size)))
+
+
+def test_bilinear_corner_of_a_5x5_kernel_is_float_arithmetic():
+    # f = 3, c = float32(2/3) = 0.666666686..., so 1 − c = 0.333333313... (exact) and the corner is its
+    # square rounded to float32, 0.1111110970...: below float32(1/9) = 0.1111111119..., which is what a double
+    # computation rounded once gives
+    one_minus_c = np.float32(1) - np.float32(2 / 3)
+    assert bilinear_kernel(5)[0, 0].item() == one_minus_c * one_minus_c == np.float32(0.111111097)
+    assert np.float32((1 - 2 / 3) ** 2) == np.float32(1 / 9) > one_minus_c * one_minus_c
+
+
 def test_bilinear_upsampling_kernel_interpolates():
     # factor 2: kernel 4, stride 2, pad 1 (Caffe's recipe) upsamples a ramp to a ramp inside the border.
     kernel = bilinear_kernel(4).reshape(1, 1, 4, 4)
