@@ -263,7 +263,9 @@ class Reshape(CaffeLayer):
 class Crop(CaffeLayer):
     """Crop bottom 0 to the shape of bottom 1 on axes ``>= crop_param.axis`` (default 2), starting at
     ``offset`` (none: 0; one value: for every cropped axis; else one per cropped axis).  Bottom 1 only
-    gives the shape and gets no gradient (as Caffe)."""
+    gives the shape and gets no gradient (as Caffe).  crop_layer.cpp reads ``bottom[1]->shape(i)`` only for
+    bottom 0's axes ``i``: a bottom 1 with more axes is accepted (its extra axes are ignored), one with
+    fewer aborts (Blob::shape's axis CHECK)."""
 
     bottoms = BlobCount.exact(2)
     tops = ONE
@@ -271,12 +273,12 @@ class Crop(CaffeLayer):
 
     @staticmethod
     def geometry(layer, big, ref) -> tuple[int, list[int]]:
-        """(axis, one offset per cropped axis), with Caffe's CHECKs: equal axis counts, 0, 1 or one offset
-        per cropped axis, and every crop inside bottom 0."""
+        """(axis, one offset per cropped axis), with Caffe's CHECKs: bottom 1 has at least bottom 0's axes,
+        0, 1 or one offset per cropped axis, and every crop inside bottom 0."""
         p = layer.crop_param
-        if len(big) != len(ref):
-            raise FormatError(f"layer '{layer.name}': Crop bottoms must have the same number of axes, "
-                              f"got {tuple(big)} and {tuple(ref)}")
+        if len(ref) < len(big):
+            raise FormatError(f"layer '{layer.name}': Crop's bottom 1 {tuple(ref)} has fewer axes than bottom 0 "
+                              f"{tuple(big)} (Caffe reads bottom 1's shape along each of bottom 0's axes)")
         axis = canonical_axis(p.axis, len(big), layer.name, "crop_param.axis")
         offsets = [int(o) for o in p.offset]
         n_cropped = len(big) - axis
@@ -300,7 +302,7 @@ class Crop(CaffeLayer):
     def infer(cls, layer, bottoms):
         big, ref = tuple(bottoms[0]), tuple(bottoms[1])
         axis, _ = cls.geometry(layer, big, ref)
-        return Shapes([big[:axis] + ref[axis:]])
+        return Shapes([big[:axis] + ref[axis:len(big)]])
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)

@@ -158,6 +158,19 @@ def test_crop_single_offset_applies_to_every_cropped_axis():
         make_layer('type: "Crop" bottom: "a" bottom: "b" crop_param { offset: 4 }', [x.shape, (1, 1, 3, 4)])
 
 
+def test_crop_reference_with_more_axes_is_read_along_bottom_0s_axes():
+    # crop_layer.cpp reads bottom[1]->shape(i) for i < bottom[0]->num_axes() only: extra axes are ignored;
+    # a reference with fewer axes makes Blob::shape(i) abort
+    x = torch.arange(2 * 3 * 6 * 7.0).reshape(2, 3, 6, 7)
+    port = make_layer('type: "Crop" bottom: "a" bottom: "b" crop_param { axis: 1 offset: 1 offset: 2 offset: 3 }',
+                      [x.shape, (5, 2, 3, 4, 9)])
+    assert port.output_shapes() == [(2, 2, 3, 4)]
+    (y,) = port(x, torch.zeros(5, 2, 3, 4, 9))
+    assert torch.equal(y, x[:, 1:3, 2:5, 3:7])
+    with pytest.raises(FormatError, match="fewer axes"):
+        make_layer('type: "Crop" bottom: "a" bottom: "b"', [x.shape, (2, 3, 4)])
+
+
 def test_flatten_end_axis_and_tile_block_order():
     flat = make_layer('type: "Flatten" flatten_param { axis: 1 end_axis: -2 }', [(2, 3, 4, 5)])
     assert flat.output_shapes() == [(2, 12, 5)]
