@@ -6,6 +6,7 @@ gradient (Caffe has no backward for ArgMax/Accuracy, nor into Embed's index bott
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -128,7 +129,9 @@ class Reduction(CaffeLayer):
     has shape ``bottom.shape[:axis]`` (a scalar for axis 0).
 
     SUM ``coeff·Σx``, ASUM ``coeff·Σ|x|`` (gradient ``sign(x)``, 0 at 0), SUMSQ ``coeff·Σx²``,
-    MEAN ``coeff·Σx / n``."""
+    MEAN ``Σx · (coeff / n)``: Caffe divides its Dtype ``coeff_`` by n once at Reshape and scales the sum
+    by it (the gradient is ``dy · (coeff / n)``), which rounds differently from ``Σx / n · coeff``.  A
+    0-axis bottom fails CanonicalAxisIndex's CHECK (a FormatError)."""
 
     bottoms = tops = ONE
     in_caffe_1_0 = True
@@ -136,7 +139,7 @@ class Reduction(CaffeLayer):
     @staticmethod
     def reduced_axis(layer, shape) -> int:
         ndim = len(shape)
-        return canonical_axis(layer.reduction_param.axis, ndim, layer.name, "reduction_param.axis") if ndim else 0
+        return canonical_axis(layer.reduction_param.axis, ndim, layer.name, "reduction_param.axis")
 
     @classmethod
     def infer(cls, layer, bottoms):
@@ -156,11 +159,13 @@ class Reduction(CaffeLayer):
             y = caffe_abs(flat).sum(-1)
         elif self.operation == _Reduction.SUMSQ:
             y = (flat * flat).sum(-1)
-        elif self.operation == _Reduction.MEAN:
-            y = flat.mean(-1)
         else:
             y = flat.sum(-1)
-        return (y if self.coeff == 1.0 else y * self.coeff,)
+        coeff = self.coeff
+        if self.operation == _Reduction.MEAN:  # coeff_ /= dim_ in Dtype
+            dtype = np.float64 if x.dtype == torch.float64 else np.float32
+            coeff = float(dtype(coeff) / dtype(flat.shape[-1]))
+        return (y if coeff == 1.0 else y * coeff,)
 
 
 def _caffe_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -217,3 +217,26 @@ def test_parameter_layer_exposes_its_blob():
     port = make_layer('type: "Parameter" top: "p" parameter_param { shape { dim: 2 dim: 3 } }', [])
     (p,) = port()
     assert p is port.caffe_blobs()[0] and p.requires_grad and port.output_shapes() == [(2, 3)]
+
+
+@pytest.mark.parametrize("coeff", [1.0, 0.7, -2.0])
+def test_reduction_mean_scales_the_sum_by_coeff_over_n_in_float(coeff):
+    """reduction_layer.cpp: Reshape sets ``coeff_ = coeff; coeff_ /= dim_`` (Dtype), Forward scales the sum by
+    coeff_ and Backward sets ``bottom_diff = top_diff · coeff_``.  Σ[1, 2, 4] = 7 exactly, so the top is
+    ``float(7 · float(coeff / 3))``; ``7 / 3 · coeff`` (a mean, then the coefficient) is another float."""
+    x = torch.tensor([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0]], requires_grad=True)
+    param = f"reduction_param {{ operation: MEAN axis: 1 coeff: {coeff} }}"
+    port = make_layer(f'type: "Reduction" {param}', [tuple(x.shape)])
+    (y,) = port(x)
+    coeff_ = np.float32(coeff) / np.float32(3)
+    assert y.tolist() == [float(np.float32(7) * coeff_), float(np.float32(9) * coeff_)]
+    (gx,) = torch.autograd.grad(y, x, torch.tensor([1.5, -0.25]))
+    assert gx.tolist() == [[float(np.float32(1.5) * coeff_)] * 3, [float(np.float32(-0.25) * coeff_)] * 3]
+    if coeff == 1.0:  # 7 · float(1/3) rounds up, 7/3 rounds down: one ulp apart
+        assert y[0].item() != np.float32(7) / np.float32(3)
+
+
+def test_reduction_of_a_0_axis_blob_is_refused():
+    # CanonicalAxisIndex(0) on a 0-axis blob fails CHECK_LT(axis_index, num_axes())
+    with pytest.raises(FormatError, match="out of range for a 0-axis blob"):
+        make_layer('type: "Reduction" reduction_param { operation: SUM }', [()])
