@@ -130,8 +130,10 @@ class BatchNorm(CaffeLayer):
 
 
 def _param_shape(layer: str, bottom_shape, axis: int, num_axes: int, kind: str) -> tuple[int, tuple[int, ...]]:
+    """A learned blob's (axis, shape): LayerSetUp's CanonicalAxisIndex CHECKs ``axis`` even for ``num_axes: 0``
+    (a 0-axis bottom always fails it)."""
     ndim = len(bottom_shape)
-    axis = canonical_axis(axis, ndim, layer, f"{kind}_param.axis") if ndim else 0
+    axis = canonical_axis(axis, ndim, layer, f"{kind}_param.axis")
     if num_axes < -1:
         raise FormatError(f"layer '{layer}': {kind}_param.num_axes must be >= -1, got {num_axes}")
     end = ndim if num_axes == -1 else axis + num_axes
@@ -142,9 +144,13 @@ def _param_shape(layer: str, bottom_shape, axis: int, num_axes: int, kind: str) 
 
 
 def _second_bottom_axis(layer: str, shapes, axis: int, kind: str) -> int:
+    """Reshape's axis for a blob given as bottom 1: 0 when that blob is a scalar (0 axes), whatever ``axis``
+    says (Caffe skips CanonicalAxisIndex then), else ``axis`` canonicalised on bottom 0."""
     first, second = shapes[0], shapes[1]
+    if not len(second):
+        return 0
     ndim = len(first)
-    axis = canonical_axis(axis, ndim, layer, f"{kind}_param.axis") if ndim else 0
+    axis = canonical_axis(axis, ndim, layer, f"{kind}_param.axis")
     if tuple(first[axis:axis + len(second)]) != tuple(second):
         raise FormatError(f"layer '{layer}': second bottom shape {tuple(second)} must equal the first bottom's "
                           f"axes {axis}..{axis + len(second) - 1} (first bottom shape {tuple(first)})")
@@ -158,6 +164,8 @@ def _affine_shapes(layer, bottoms, p, kind: str, extra_bias: bool) -> tuple[int,
     if len(bottoms) == 2:
         axis = _second_bottom_axis(layer.name, bottoms, p.axis, kind)
         shape, blobs = tuple(bottoms[1]), []
+        if extra_bias:  # Scale's inner BiasLayer is set up on bottom 0 alone: its LayerSetUp CHECKs the axis
+            canonical_axis(p.axis, len(bottoms[0]), layer.name, f"{kind}_param.axis")
     else:
         axis, shape = _param_shape(layer.name, bottoms[0], p.axis, p.num_axes, kind)
         blobs = [shape]

@@ -241,6 +241,23 @@ def test_scale_blob_shapes_fillers_and_order():
         make_layer('type: "Bias" bias_param { axis: 2 num_axes: 2 }', [(2, 3, 4)])
 
 
+def test_scalar_second_bottom_ignores_the_axis_and_a_0_axis_bottom_needs_one():
+    """scale_layer.cpp / bias_layer.cpp Reshape: ``axis_ = scale->num_axes() == 0 ? 0 :
+    CanonicalAxisIndex(axis)``, and LayerSetUp canonicalises the axis only for a learned blob (one bottom), or
+    in Scale's inner BiasLayer (bias_term), which is set up on bottom 0 alone."""
+    x, s = torch.tensor([1.0, -2.0, 3.5]), torch.tensor(4.0)
+    for kind, expected in (("Scale", x * 4.0), ("Bias", x + 4.0)):
+        for axis in ("", f"{kind.lower()}_param {{ axis: 5 }}"):  # default axis 1 is out of range for (3,) too
+            port = make_layer(f'type: "{kind}" bottom: "x" bottom: "s" {axis}', [(3,), ()])
+            assert port.output_shapes() == [(3,)] and torch.equal(port(x, s)[0], expected)
+        scalar_bottoms = make_layer(f'type: "{kind}" bottom: "x" bottom: "s"', [(), ()])
+        assert torch.equal(scalar_bottoms(s, s)[0], s * s if kind == "Scale" else s + s)
+        with pytest.raises(FormatError, match="out of range for a 0-axis blob"):  # learned blob: CHECKed axis
+            make_layer(f'type: "{kind}" {kind.lower()}_param {{ num_axes: 0 }}', [()])
+    with pytest.raises(FormatError, match="scale_param.axis 1 is out of range for a 1-axis blob"):
+        make_layer('type: "Scale" bottom: "x" bottom: "s" scale_param { bias_term: true }', [(3,), ()])
+
+
 def test_mvn_backward_is_caffes_formula_not_the_exact_derivative():
     x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
     dy = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
