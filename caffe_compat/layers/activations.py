@@ -23,7 +23,7 @@ from torch import nn
 
 from caffe_compat.errors import FormatError
 from caffe_compat.layers.caffe_backward import caffe_abs, caffe_relu, with_caffe_backward
-from caffe_compat.layers.facts import ONE, Shapes, broadcast_view, same_as_bottom
+from caffe_compat.layers.facts import ONE, Shapes, broadcast_view, legacy_shape, same_as_bottom
 from caffe_compat.layers.geometry import need_axes
 from caffe_compat.layers.fillers import constant_filler, fill_blob, layer_filler
 from caffe_compat.layers.registry import CaffeLayer, register_layer
@@ -72,13 +72,15 @@ class PReLU(NeuronLayer):
     shared.  Filler: ``prelu_param.filler`` if set, else constant 0.25.  Gradients, as Caffe's:
     ``dy · ((x > 0) + a_c · (x <= 0))`` (``a_c`` at exactly 0) and, for the slope, ``Σ dy · x`` over the
     positions with ``x <= 0``; ``torch.where(x > 0, ...)`` routes them by that very test.  Bottoms need at
-    least 2 axes (Caffe's check)."""
+    least 2 axes (Caffe's check) and at most 4: Caffe reads C with the legacy ``channels()``, whose CHECK
+    refuses a blob of more than 4 axes (in LayerSetUp and again in each Forward)."""
 
     @classmethod
     def infer(cls, layer, bottoms):
         """The bottom's shape; blob 0 the slope, ``(C,)`` or ``()`` when shared."""
         b0 = tuple(bottoms[0])
         need_axes(layer, bottoms, 2, exact=False, what=": PReLU needs a bottom with >= 2 axes (Caffe's CHECK)")
+        legacy_shape(b0, f"layer '{layer.name}' (PReLU)")
         return Shapes([b0], [() if layer.prelu_param.channel_shared else (b0[1],)])
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
@@ -94,6 +96,8 @@ class PReLU(NeuronLayer):
         fill_blob(self.slope.data, self.filler, generator)
 
     def activation(self, x):
+        if x.dim() > 4:
+            legacy_shape(x.shape, f"layer '{self.layer_name}' (PReLU)")
         slope = self.slope if self.channel_shared else self.slope.reshape(broadcast_view(self.slope.shape, x.dim(), 1))
         return torch.where(x > 0, x, x * slope)
 

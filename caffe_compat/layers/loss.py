@@ -184,13 +184,16 @@ class ContrastiveLossLayer(_LossLayer):
 @register_layer("EuclideanLoss")
 class EuclideanLoss(_LossLayer):
     """``L = 1/(2N) Σ (a - b)²`` (N = first dimension).  Both bottoms are differentiable (Caffe allows
-    force_backward to the target too); the bottoms need equal counts per sample, not equal shapes."""
+    force_backward to the target too); the bottoms need equal counts per sample, not equal shapes.  Caffe
+    takes N from the legacy ``num()`` (of each bottom, in Backward), so neither may have more than 4 axes."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         a, b = self.bottom_shapes
         if _count(a, 1) != _count(b, 1):
             raise self._bad(f"inputs must have the same dimension, got {a} and {b}")
+        for shape in (a, b):
+            legacy_shape(shape, f"layer '{self.layer_name}' (EuclideanLoss)")
 
     def forward(self, a, b):
         n = a.shape[0]
@@ -358,19 +361,22 @@ class SigmoidCrossEntropyLoss(_LossLayer):
 class HingeLoss(_LossLayer):
     """One-vs-all hinge loss: ``z_ik = max(0, 1 - x_ik)`` for k = y_i, ``max(0, 1 + x_ik)`` otherwise;
     L1 (default) ``Σ z / N``, L2 ``Σ z² / N``.  Gradient at a kink is 0 (Caffe's ``sign(0) = 0``),
-    computed explicitly (:func:`~caffe_compat.layers.caffe_backward.caffe_relu`)."""
+    computed explicitly (:func:`~caffe_compat.layers.caffe_backward.caffe_relu`).  N is the legacy
+    ``num()`` (at most 4 axes); ``y_i`` is the label blob's i-th value in memory, for i < N: Caffe checks
+    only the labels' first dimension (LossLayer), so a ``(N, k)`` label blob gives its first N values."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         x, label = self.bottom_shapes
-        if _count(label) != x[0]:
+        legacy_shape(x, f"layer '{self.layer_name}' (HingeLoss)")
+        if _count(label) < x[0]:
             raise self._bad(f"needs one label per sample, got scores {x} and labels {label}")
         self.squared = param.hinge_loss_param.norm == caffe_pb2.HingeLossParameter.L2
 
     def forward(self, x, label):
         n = x.shape[0]
         scores = x.reshape(n, -1)
-        labels = int_labels(label).reshape(n)
+        labels = int_labels(label).reshape(-1)[:n]
         _check_class_labels(self.layer_name, labels, scores.shape[1], None)
         sign = 1 - 2 * torch.nn.functional.one_hot(labels, scores.shape[1]).to(scores.dtype)
         z = caffe_relu(1 + sign * scores)  # Caffe: sign(0) = 0, no gradient at the kink
@@ -381,12 +387,15 @@ class HingeLoss(_LossLayer):
 class MultinomialLogisticLoss(_LossLayer):
     """``L = -Σ_i log max(p_{i, y_i}, 1e-20) / N`` on probabilities (N×C×1×1).  A zero probability costs
     -log(1e-20) = 46.05, and Caffe's gradient ``-1 / max(p, 1e-20) / N`` stays (huge, -1e20/N) where the
-    clip is active, instead of the clipped function's zero derivative."""
+    clip is active, instead of the clipped function's zero derivative.  Both bottoms go through Caffe's
+    legacy accessors (``num()``; the labels' ``channels() == height() == width() == 1``): at most 4 axes."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         p, label = self.bottom_shapes
-        if _count(label) != p[0]:
+        legacy_shape(p, f"layer '{self.layer_name}' (MultinomialLogisticLoss)")  # num() in Forward
+        # Reshape CHECKs the labels' legacy channels(), height(), width() == 1
+        if legacy_shape(label, f"layer '{self.layer_name}' (MultinomialLogisticLoss)")[1:] != (1, 1, 1):
             raise self._bad(f"needs one label per sample, got probabilities {p} and labels {label}")
 
     def forward(self, prob, label):

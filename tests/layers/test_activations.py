@@ -138,6 +138,15 @@ def test_prelu_default_filler_is_0_25_and_custom_filler_applies():
     assert custom(x)[0].tolist() == [[1.0, 1.0, 0.0]]
 
 
+def test_prelu_refuses_more_than_4_axes():
+    # prelu_layer.cpp reads C with the legacy channels(): CHECK_LE(num_axes(), 4), in LayerSetUp and Forward
+    with pytest.raises(FormatError, match="legacy accessors"):
+        make_layer('type: "PReLU"', [(2, 3, 1, 1, 1)])
+    port = make_layer('type: "PReLU"', [(2, 3, 1, 1)])
+    with pytest.raises(FormatError, match="legacy accessors"):
+        port(torch.zeros(2, 3, 1, 1, 1))
+
+
 def test_prelu_rejects_one_axis_bottom():
     with pytest.raises(FormatError, match="PReLU needs a bottom with >= 2 axes"):
         make_layer('type: "PReLU"', [(5,)])

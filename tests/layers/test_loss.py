@@ -151,6 +151,30 @@ def test_contrastive_shapes_are_caffes_legacy_checks(shapes):
         layer_from("ContrastiveLoss", shapes)
 
 
+@pytest.mark.parametrize("type_name, shapes", [
+    ("EuclideanLoss", [(2, 3, 1, 1, 1), (2, 3)]),          # num() of bottom 0 (Forward) ...
+    ("EuclideanLoss", [(2, 3), (2, 3, 1, 1, 1)]),          # ... and of bottom 1 (Backward)
+    ("HingeLoss", [(2, 3, 1, 1, 1), (2,)]),                # num() in Forward
+    ("MultinomialLogisticLoss", [(2, 3, 1, 1, 1), (2,)]),  # num() in Forward
+    ("MultinomialLogisticLoss", [(2, 3), (2, 1, 1, 1, 1)]),  # the labels' channels() in Reshape
+    ("MultinomialLogisticLoss", [(2, 3), (2, 2)]),         # channels() == 1
+])
+def test_losses_reading_legacy_accessors_refuse_more_than_4_axes(type_name, shapes):
+    with pytest.raises(FormatError, match="legacy accessors|one label per sample"):
+        layer_from(type_name, shapes)
+
+
+def test_hinge_reads_the_first_n_label_values_in_memory():
+    # hinge_loss_layer.cpp: label[i] for i < num(); LossLayer only checks the labels' first dimension, so
+    # a (N, 2) label blob [[2, 0], [1, 2]] gives the labels 2 and 0 (not its first column 2, 1)
+    x = torch.tensor([[0.5, -0.5, 2.0], [0.0, 0.25, -1.0]])
+    layer = layer_from("HingeLoss", [(2, 3), (2, 2)])
+    (loss,) = layer(x, torch.tensor([[2.0, 0.0], [1.0, 2.0]]))
+    # sample 0, label 2: max(0, 1 + 0.5) + max(0, 1 - 0.5) + max(0, 1 - 2) = 2; sample 1, label 0:
+    # max(0, 1 - 0) + max(0, 1 + 0.25) + max(0, 1 - 1) = 2.25; L1 / N = 4.25 / 2
+    assert loss.item() == 2.125
+
+
 def test_contrastive_takes_legacy_four_axis_features():
     a = torch.tensor([[1.0, 2.0], [0.0, 0.0]]).reshape(2, 2, 1, 1)
     b = torch.tensor([[1.0, 0.0], [3.0, 4.0]]).reshape(2, 2, 1, 1)
