@@ -134,6 +134,12 @@ SETUP_CHECKS = [
      "layer 'b': top blob 'r' is produced by multiple sources (already produced by layer 'a')"),
     ('layer { name: "p" type: "Pooling" bottom: "data" top: "p" pooling_param { kernel_size: 9 pool: MAX round_mode: FLOOR } }',
      "layer 'p' (Pooling): kernel (9, 9) with pad (0, 0) does not fit the 5x5 input"),
+    # PoolingLayer::LayerSetUp: CHECK(pad_h_ == 0 && pad_w_ == 0 && stride_h_ == 1 && stride_w_ == 1) under
+    # global pooling (the shape rule, not only the port, now says so)
+    ('layer { name: "p" type: "Pooling" bottom: "data" top: "p" pooling_param { global_pooling: true stride: 2 } }',
+     "layer 'p' (Pooling): with global_pooling only pad 0 and stride 1 are allowed, got pad (0, 0) and stride (2, 2)"),
+    ('layer { name: "p" type: "Pooling" bottom: "data" top: "p" pooling_param { global_pooling: true pad_h: 0 '
+     'pad_w: 1 } }', "with global_pooling only pad 0 and stride 1 are allowed, got pad (0, 1) and stride (1, 1)"),
 ]
 
 

@@ -165,7 +165,8 @@ def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
     """Caffe's PoolingLayer::LayerSetUp rules.  Its CHECKs on the fields given: ``pad`` alone or ``pad_h``
     *and* ``pad_w`` (neither ``pad_h`` nor ``pad_w`` alone, nor with ``pad``), the same for stride; without
     global pooling ``kernel_size`` or ``kernel_h`` and ``kernel_w`` but not all three (``kernel_size`` with
-    one stray ``kernel_h``/``kernel_w`` passes, and ``kernel_size`` is used); with it no kernel field."""
+    one stray ``kernel_h``/``kernel_w`` passes, and ``kernel_size`` is used); with it no kernel field, and
+    pad 0 and stride 1 (the defaults, or given so)."""
     p = layer.pooling_param
     for name in ("pad", "stride"):
         has_h, has_w = p.HasField(f"{name}_h"), p.HasField(f"{name}_w")
@@ -173,11 +174,16 @@ def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
             given = ", ".join(f for f in (name, f"{name}_h", f"{name}_w") if p.HasField(f))
             raise FormatError(f"layer '{layer.name}' (Pooling): {name} is {name} OR {name}_h and {name}_w are "
                               f"required (got {given})")
+    pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad),) * 2
+    stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride),) * 2
     if p.global_pooling:
         if in_hw is None:
             raise FormatError(f"layer '{layer.name}': global pooling needs the input size")
         if p.HasField("kernel_size") or p.HasField("kernel_h") or p.HasField("kernel_w"):
             raise FormatError(f"layer '{layer.name}': global_pooling and kernel_size cannot both be set")
+        if pad != (0, 0) or stride != (1, 1):  # Caffe's CHECK: "only pad = 0 and stride = 1"
+            raise FormatError(f"layer '{layer.name}' (Pooling): with global_pooling only pad 0 and stride 1 are "
+                              f"allowed, got pad {pad} and stride {stride}")
         return PoolGeometry(tuple(in_hw), (1, 1), (0, 0), True, True)
     # kernel_size, or kernel_h and kernel_w (not all three); pad_h / stride_h come with their _w partner
     # (checked above), else the single pad / stride serves both axes.
@@ -192,8 +198,6 @@ def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
         raise FormatError(f"layer '{layer.name}': for non-square filters both kernel_h and kernel_w are required")
     else:
         raise FormatError(f"layer '{layer.name}': kernel_size (or kernel_h and kernel_w) is required")
-    pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad),) * 2
-    stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride),) * 2
     if max(kernel + stride + pad) > INT32_MAX:  # Caffe's PoolingLayer keeps them in ints: 2^32 - 1 reads as -1
         raise FormatError(f"layer '{layer.name}' (Pooling): kernel {kernel}, stride {stride} and pad {pad} must "
                           f"be at most {INT32_MAX} (Caffe holds them as int)")

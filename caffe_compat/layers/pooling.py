@@ -207,13 +207,6 @@ class Pooling(CaffeLayer):
             raise FormatError(f"layer '{self.layer_name}': unknown pooling method {p.pool}")
         self.method = int(p.pool)
         self.global_pooling = bool(p.global_pooling)
-        if self.global_pooling:
-            pad_set = p.pad or p.pad_h or p.pad_w
-            stride_set = p.stride != 1 or (p.HasField("stride_h") and p.stride_h != 1) or (
-                p.HasField("stride_w") and p.stride_w != 1)
-            if pad_set or stride_set:
-                raise FormatError(f"layer '{self.layer_name}': with global_pooling only pad = 0 and stride = 1 "
-                                  f"are allowed")
         geometry = pool_geometry(param, shape[2:])
         if min(geometry.kernel) < 1 or min(geometry.stride) < 1:
             raise FormatError(f"layer '{self.layer_name}': kernel and stride must be positive")
