@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -203,29 +204,56 @@ class Power(NeuronLayer):
         return top_diff * local
 
 
+def _blob_type(x: torch.Tensor):
+    """Caffe's Dtype for ``x``: double for float64 blobs, else float."""
+    return np.float64 if x.dtype == torch.float64 else np.float32
+
+
+def _log_base(layer: str, field: str, base: float, dtype) -> float:
+    """Exp/LogLayer::LayerSetUp's ``log_base`` in Dtype: 1 for base -1, else ``log(base)`` (the float
+    overload for float), after Caffe's CHECKs: base > 0 (NaN fails it) and a finite log."""
+    if base != -1.0 and not base > 0.0:
+        raise FormatError(f"layer '{layer}': {field} must be strictly positive or -1, got {base}")
+    if base == -1.0:
+        return dtype(1)
+    log_base = dtype(math.log(dtype(base)))
+    if math.isinf(log_base):
+        raise FormatError(f"layer '{layer}': {field} {base} has an infinite log (Caffe's CHECK)")
+    return log_base
+
+
+def _outer_scale(base, shift, dtype):
+    """ExpLayer's ``outer_scale_``: 1 for shift 0, else ``exp(shift)`` for base -1, ``pow(base, shift)``
+    otherwise, in Dtype (an overflow is inf, as Caffe's)."""
+    if shift == 0:
+        return dtype(1)
+    try:
+        return dtype(math.exp(shift) if base == -1 else math.pow(base, shift))
+    except OverflowError:
+        return dtype(math.inf)
+
+
 @register_layer("Exp")
 class Exp(NeuronLayer):
     """``y = base ^ (shift + scale · x)`` (``exp_param``: base -1 meaning e, scale 1, shift 0).
 
     Evaluated as Caffe does: ``outer · exp(inner · x)`` with ``inner = ln(base) · scale`` and
-    ``outer = base ^ shift``.  ``base`` must be positive or -1."""
+    ``outer = base ^ shift`` (``e ^ shift`` for base -1), both computed once in the blob's type (Dtype),
+    as LayerSetUp does.  ``base`` must be positive or -1, with a finite log."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         p = param.exp_param
-        base, scale, shift = float(p.base), float(p.scale), float(p.shift)
-        if base != -1.0 and base <= 0.0:
-            raise FormatError(f"layer '{self.layer_name}': exp_param.base must be strictly positive or -1, got {base}")
-        log_base = 1.0 if base == -1.0 else math.log(base)
-        self.inner_scale = log_base * scale
-        try:
-            self.outer_scale = 1.0 if shift == 0.0 else math.exp(log_base * shift)
-        except OverflowError:  # Caffe's float pow(base, shift): inf (a shift of 1e30 raised OverflowError)
-            self.outer_scale = math.inf
+        self.constants = {}  # Dtype -> (inner_scale, outer_scale)
+        for dtype in (np.float32, np.float64):
+            base, scale, shift = dtype(p.base), dtype(p.scale), dtype(p.shift)
+            log_base = _log_base(self.layer_name, "exp_param.base", float(base), dtype)
+            self.constants[dtype] = (float(log_base * scale), float(_outer_scale(base, shift, dtype)))
 
     def activation(self, x):
-        y = torch.exp(x * self.inner_scale if self.inner_scale != 1.0 else x)
-        return y if self.outer_scale == 1.0 else y * self.outer_scale
+        inner_scale, outer_scale = self.constants[_blob_type(x)]
+        y = torch.exp(x * inner_scale if inner_scale != 1.0 else x)
+        return y if outer_scale == 1.0 else y * outer_scale
 
 
 @register_layer("Log")
@@ -233,7 +261,9 @@ class Log(NeuronLayer):
     """``y = log_base(shift + scale · x)`` (``log_param``: base -1 meaning e, scale 1, shift 0).
 
     Backward, as Caffe's: ``dy · (scale / ln(base)) · (shift + scale · x)^-1`` (inf where the inner value
-    is 0, NaN for ``dy = 0`` there).
+    is 0, NaN for ``dy = 0`` there).  ``1 / ln(base)`` and ``scale / ln(base)`` are LayerSetUp's, computed
+    once in the blob's type (Dtype) from ``ln(base)`` in Dtype (for float, base 10 gives 0.43429446, not
+    the double 1/ln 10 rounded, 0.4342945); base must be positive or -1, and not 1 (``1/ln 1`` is inf).
 
     BVLC master's ``LogLayer``.  The FAPPY authors' fork has **no** Log layer (its proto keeps
     ``LogParameter``), so a net using it cannot run on their Caffe; it is ported for other models."""
@@ -241,10 +271,13 @@ class Log(NeuronLayer):
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         p = param.log_param
-        base = float(p.base)
-        if base != -1.0 and base <= 0.0:
-            raise FormatError(f"layer '{self.layer_name}': log_param.base must be strictly positive or -1, got {base}")
-        self.base_scale = 1.0 if base == -1.0 else 1.0 / math.log(base)
+        self.constants = {}  # Dtype -> (base_scale, backward_num_scale), LayerSetUp's Dtype arithmetic
+        for dtype in (np.float32, np.float64):
+            log_base = _log_base(self.layer_name, "log_param.base", float(dtype(p.base)), dtype)
+            if log_base == 0:  # base 1: Caffe's CHECK(!isinf(base_scale_)) on 1 / log(1)
+                raise FormatError(f"layer '{self.layer_name}': log_param.base 1 gives 1/log(base) = inf (Caffe's "
+                                  f"CHECK)")
+            self.constants[dtype] = (float(dtype(1) / log_base), float(dtype(p.scale) / log_base))
         self.scale, self.shift = float(p.scale), float(p.shift)
 
     def activation(self, x):
@@ -255,12 +288,13 @@ class Log(NeuronLayer):
         return inner + self.shift if self.shift != 0.0 else inner
 
     def _log(self, x):
+        base_scale = self.constants[_blob_type(x)][0]
         y = torch.log(self._inner(x))
-        return y if self.base_scale == 1.0 else y * self.base_scale
+        return y if base_scale == 1.0 else y * base_scale
 
     def _bottom_diff(self, top_diff, x):
         local = self._inner(x).reciprocal()
-        num_scale = self.scale * self.base_scale
+        num_scale = self.constants[_blob_type(x)][1]
         return top_diff * (local if num_scale == 1.0 else local * num_scale)
 
 

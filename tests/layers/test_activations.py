@@ -138,6 +138,38 @@ def test_prelu_default_filler_is_0_25_and_custom_filler_applies():
     assert custom(x)[0].tolist() == [[1.0, 1.0, 0.0]]
 
 
+def test_log_constants_are_caffes_dtype_arithmetic():
+    """log_layer.cpp (and exp_layer.cpp, next test) LayerSetUp: ``log_base = log(base)``, ``base_scale_ =
+    1 / log_base``, ``backward_num_scale_ = scale / log_base``, ``inner_scale_ = log_base · scale``,
+    ``outer_scale_ = pow(base, shift)``, each a Dtype operation.  In float, base 10 gives base_scale_
+    0.43429446 (1 / float(ln 10)), one ulp below float(1 / ln 10) = 0.4342945."""
+    f = np.float32
+    log_base = f(math.log(10.0))
+    base_scale, num_scale = f(1) / log_base, f(0.5) / log_base
+    assert base_scale != f(1 / math.log(10.0))
+    x = torch.tensor([0.5, 2.0, 10.0, 1234.5], requires_grad=True)
+    (y,) = make_layer('type: "Log" log_param { base: 10 }', [(4,)])(x)
+    assert torch.equal(y, torch.log(x.detach()) * torch.tensor(base_scale))
+    (z,) = make_layer('type: "Log" log_param { base: 10 scale: 0.5 }', [(4,)])(x)
+    (gx,) = torch.autograd.grad(z.sum(), x)
+    assert torch.equal(gx, (x.detach() * f(0.5)).reciprocal() * torch.tensor(num_scale))
+    for text in ("log_param { base: 1 }", "log_param { base: inf }", "log_param { base: nan }"):
+        with pytest.raises(FormatError, match="base"):  # 1/log(1) = inf, log(inf) = inf, nan > 0 is false
+            make_layer(f'type: "Log" {text}', [(4,)])
+
+
+def test_exp_constants_are_caffes_dtype_arithmetic():
+    f = np.float32
+    x = torch.tensor([0.5, 2.0, 10.0, 1234.5])
+    inner = f(math.log(f(10))) * f(0.3)  # float(ln 10) · 0.3 in float: 0.6907756, float(0.3 ln 10) 0.6907755
+    assert inner != f(0.3 * math.log(10.0))
+    (e,) = make_layer('type: "Exp" exp_param { base: 10 scale: 0.3 shift: 3 }', [(4,)])(x)
+    assert torch.equal(e, torch.exp(x * torch.tensor(inner)) * torch.tensor(f(1000)))
+    for text in ("exp_param { base: inf }", "exp_param { base: nan }"):
+        with pytest.raises(FormatError, match="base"):
+            make_layer(f'type: "Exp" {text}', [(4,)])
+
+
 def test_prelu_refuses_more_than_4_axes():
     # prelu_layer.cpp reads C with the legacy channels(): CHECK_LE(num_axes(), 4), in LayerSetUp and Forward
     with pytest.raises(FormatError, match="legacy accessors"):
