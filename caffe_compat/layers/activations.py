@@ -341,22 +341,29 @@ class Dropout(NeuronLayer):
     starts as ``phase == "train"``: ``.eval()`` on a TRAIN-phase net makes Dropout the identity,
     ``.train()`` on a TEST-phase net makes it drop (registry docstring).  ``self.generator`` (a
     ``torch.Generator`` on the input's device, default None = torch's global RNG) drives the mask,
-    and the last TRAIN mask is kept in ``self.last_mask`` (boolean)."""
+    and the last TRAIN mask is kept in ``self.last_mask`` (boolean).
+
+    The ratio is not checked at setup: Caffe's ``DCHECK`` s (0 < ratio < 1) are compiled out of a release
+    build, so any ratio builds and TEST is the identity.  TRAIN draws the mask with
+    ``caffe_rng_bernoulli(1 - ratio)``, which CHECKs ``0 <= 1 - ratio <= 1`` (a FormatError at the forward
+    here), and ratio 1 keeps nothing and scales by ``1/0 = inf``: ``x · 0 · inf`` is NaN, as Caffe's."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         self.ratio = float(param.dropout_param.dropout_ratio)
-        if not 0.0 <= self.ratio < 1.0:
-            raise FormatError(f"layer '{self.layer_name}': dropout_ratio must be in [0, 1), got {self.ratio}")
         self.generator: torch.Generator | None = None
         self.last_mask: torch.Tensor | None = None
 
     def activation(self, x):
         if not self.training or self.ratio == 0.0:
             return x
+        if not 0.0 <= 1.0 - self.ratio <= 1.0:  # caffe_rng_bernoulli's CHECK_GE(p, 0), CHECK_LE(p, 1)
+            raise FormatError(f"layer '{self.layer_name}': dropout_ratio {self.ratio} gives a keep probability "
+                              f"1 - ratio outside [0, 1] (Caffe's caffe_rng_bernoulli CHECK at a TRAIN forward)")
         keep = torch.rand(x.shape, generator=self.generator, device=x.device, dtype=torch.float32) >= self.ratio
         self.last_mask = keep
-        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.ratio))
+        scale = math.inf if self.ratio == 1.0 else 1.0 / (1.0 - self.ratio)  # Caffe's scale_ = 1. / (1. - ratio)
+        return x * keep.to(x.dtype) * scale
 
 
 @register_layer("Swish")

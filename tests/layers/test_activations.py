@@ -138,6 +138,22 @@ def test_prelu_default_filler_is_0_25_and_custom_filler_applies():
     assert custom(x)[0].tolist() == [[1.0, 1.0, 0.0]]
 
 
+@pytest.mark.parametrize("ratio", [1.0, 1.5, -0.5])
+def test_dropout_ratio_is_checked_only_by_a_train_forward(ratio):
+    """dropout_layer.cpp checks the ratio with DCHECKs only (gone in a release build): the layer builds, TEST
+    is the identity; TRAIN's caffe_rng_bernoulli(1 - ratio) CHECKs 0 <= p <= 1, and ratio 1 gives
+    x · 0 · (1 / 0) = NaN."""
+    x = torch.tensor([[1.0, -2.0, 0.0, 3.5]])
+    text = f'type: "Dropout" dropout_param {{ dropout_ratio: {ratio} }}'
+    assert torch.equal(make_layer(text, [x.shape], phase="test")(x)[0], x)
+    train = make_layer(text, [x.shape], phase="train")
+    if ratio == 1.0:
+        assert torch.isnan(train(x)[0]).all()
+    else:
+        with pytest.raises(FormatError, match="caffe_rng_bernoulli"):
+            train(x)
+
+
 def test_log_constants_are_caffes_dtype_arithmetic():
     """log_layer.cpp (and exp_layer.cpp, next test) LayerSetUp: ``log_base = log(base)``, ``base_scale_ =
     1 / log_base``, ``backward_num_scale_ = scale / log_base``, ``inner_scale_ = log_base · scale``,
