@@ -199,6 +199,9 @@ class ArgMax(CaffeLayer):
         compared (Caffe's CHECKs)."""
         p = layer.argmax_param
         axis = canonical_axis(p.axis, len(shape), layer.name, "argmax_param.axis") if p.HasField("axis") else None
+        if axis is None and not shape:  # Blob::count(1) CHECKs start_axis <= num_axes()
+            raise FormatError(f"layer '{layer.name}' (ArgMax): without argmax_param.axis the input needs at least "
+                              f"one axis (Caffe reads count(1)), got a 0-axis blob")
         available = shape[axis] if axis is not None else count(shape, 1)
         if p.top_k < 1 or p.top_k > available:
             raise FormatError(f"layer '{layer.name}': top_k {p.top_k} must be in [1, {available}]")

@@ -240,3 +240,11 @@ def test_reduction_of_a_0_axis_blob_is_refused():
     # CanonicalAxisIndex(0) on a 0-axis blob fails CHECK_LT(axis_index, num_axes())
     with pytest.raises(FormatError, match="out of range for a 0-axis blob"):
         make_layer('type: "Reduction" reduction_param { operation: SUM }', [()])
+
+
+def test_argmax_without_axis_on_a_0_axis_blob_is_a_format_error():
+    # ArgMaxLayer::LayerSetUp reads bottom[0]->count(1): Blob::count(1, 0) CHECKs 1 <= num_axes() (was an
+    # IndexError here); a 1-axis (3,) input is fine: count(1) = 1, top (3, 1, 1)
+    with pytest.raises(FormatError, match="at least one axis"):
+        make_layer('type: "ArgMax"', [()])
+    assert make_layer('type: "ArgMax"', [(3,)]).output_shapes() == [(3, 1, 1)]
