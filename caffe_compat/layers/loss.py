@@ -102,9 +102,13 @@ class _LossLayer(CaffeLayer):
 
     @classmethod
     def infer(cls, layer, bottoms):
-        """A scalar loss; Caffe's LossLayer CHECK: data and label have the same first dimension."""
+        """A scalar loss; Caffe's LossLayer CHECK: data and label have the same first dimension (read with
+        ``shape(0)``, whose axis CHECK refuses a 0-axis bottom)."""
         s0, s1 = tuple(bottoms[0]), tuple(bottoms[1])
-        if (s0[:1] or (1,)) != (s1[:1] or (1,)):
+        if not s0 or not s1:
+            raise FormatError(f"layer '{layer.name}' ({layer.type}): LossLayer reads each bottom's first dimension, "
+                              f"got a 0-axis bottom ({s0} and {s1})")
+        if s0[:1] != s1[:1]:
             raise FormatError(f"layer '{layer.name}': the data and label should have the same first "
                               f"dimension, got {s0} and {s1}")
         return Shapes([()])
@@ -197,8 +201,8 @@ class EuclideanLoss(_LossLayer):
 
     def forward(self, a, b):
         n = a.shape[0]
-        diff = a.reshape(n, -1) - b.reshape(n, -1)
-        return ((diff * diff).sum() / n / 2,)
+        diff = a.reshape(n, _count(a.shape, 1)) - b.reshape(n, _count(b.shape, 1))
+        return ((diff * diff).sum() / n / 2,)  # an empty batch: Caffe's 0 / 0 = NaN
 
 
 # --------------------------------------------------------------------------- classification losses
@@ -369,6 +373,8 @@ class HingeLoss(_LossLayer):
         super().__init__(param, bottom_shapes, phase)
         x, label = self.bottom_shapes
         legacy_shape(x, f"layer '{self.layer_name}' (HingeLoss)")
+        if not x[0]:  # dim = count / num: Caffe's integer division by zero
+            raise self._bad(f"an empty batch {x} divides by num() = 0")
         if _count(label) < x[0]:
             raise self._bad(f"needs one label per sample, got scores {x} and labels {label}")
         self.squared = param.hinge_loss_param.norm == caffe_pb2.HingeLossParameter.L2

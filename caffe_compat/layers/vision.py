@@ -216,7 +216,8 @@ class InnerProduct(CaffeLayer):
 
     def forward(self, x):
         lead = tuple(x.shape[:self.axis])
-        flat = x.reshape(*lead, -1) if x.dim() > self.axis else None
+        # the count from axis, not -1: an empty batch (M = 0) is Caffe's empty top, not an ambiguous reshape
+        flat = x.reshape(*lead, math.prod(x.shape[self.axis:])) if x.dim() > self.axis else None
         if flat is None or flat.shape[-1] != self.num_input:
             raise ShapeMismatchError(f"layer '{self.layer_name}': input shape {tuple(x.shape)} gives "
                                      f"{math.prod(x.shape[self.axis:])} inputs from axis {self.axis}, the weights "

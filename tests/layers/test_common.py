@@ -248,3 +248,9 @@ def test_argmax_without_axis_on_a_0_axis_blob_is_a_format_error():
     with pytest.raises(FormatError, match="at least one axis"):
         make_layer('type: "ArgMax"', [()])
     assert make_layer('type: "ArgMax"', [(3,)]).output_shapes() == [(3, 1, 1)]
+
+
+def test_argmax_of_an_empty_batch_is_an_empty_top():
+    # ArgMaxLayer loops over num = 0 samples: an empty (0, 1, 1) top (we raised a reshape RuntimeError)
+    port = make_layer('type: "ArgMax"', [(0, 3)])
+    assert port.output_shapes() == [(0, 1, 1)] and tuple(port(torch.zeros(0, 3))[0].shape) == (0, 1, 1)

@@ -164,6 +164,24 @@ def test_losses_reading_legacy_accessors_refuse_more_than_4_axes(type_name, shap
         layer_from(type_name, shapes)
 
 
+@pytest.mark.parametrize("type_name", ["EuclideanLoss", "HingeLoss", "MultinomialLogisticLoss", "SoftmaxWithLoss",
+                                       "SigmoidCrossEntropyLoss", "InfogainLoss"])
+def test_a_0_axis_loss_bottom_is_a_format_error(type_name):
+    # LossLayer::Reshape compares bottom[0]->shape(0) with bottom[1]->shape(0): a 0-axis blob fails shape(0)'s
+    # axis CHECK (we raised IndexError)
+    with pytest.raises(FormatError, match="0-axis bottom"):
+        layer_from(type_name, [(), ()])
+
+
+def test_empty_batch_euclidean_is_caffes_nan_and_hinge_is_refused():
+    # euclidean_loss_layer.cpp: dot (0 over no values) / num() (0) / 2 = NaN; hinge_loss_layer.cpp divides
+    # count by num() in int: a division by zero (we raised a reshape RuntimeError for both)
+    (loss,) = layer_from("EuclideanLoss", [(0, 3), (0, 3)])(torch.zeros(0, 3), torch.zeros(0, 3))
+    assert math.isnan(loss.item())
+    with pytest.raises(FormatError, match="empty batch"):
+        layer_from("HingeLoss", [(0, 3), (0,)])
+
+
 def test_hinge_reads_the_first_n_label_values_in_memory():
     # hinge_loss_layer.cpp: label[i] for i < num(); LossLayer only checks the labels' first dimension, so
     # a (N, 2) label blob [[2, 0], [1, 2]] gives the labels 2 and 0 (not its first column 2, 1)

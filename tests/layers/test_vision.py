@@ -329,3 +329,14 @@ def test_dilation_zero_is_caffes_kernel_extent_one(kind, dilation):
     assert layer.output_shapes() == [(1, 2) + expected.shape[1:]] == [tuple(y.shape)]
     np.testing.assert_allclose(y.detach()[0].numpy(), expected, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda t: layer(t)[0], (x,))
+
+
+def test_inner_product_of_an_empty_batch_is_an_empty_top():
+    # InnerProductLayer: M_ = count(0, axis) = 0, a gemm with M = 0: an empty (0, N) top and no weight gradient
+    # (we raised a reshape RuntimeError: x.reshape(0, -1) is ambiguous)
+    layer = _layer('name: "ip" type: "InnerProduct" inner_product_param { num_output: 2 }', [(0, 3)])
+    x = torch.zeros(0, 3, requires_grad=True)
+    (y,) = layer(x)
+    assert tuple(y.shape) == (0, 2) == layer.output_shapes()[0]
+    (gw,) = torch.autograd.grad(y.sum(), layer.weight)
+    assert torch.equal(gw, torch.zeros(2, 3))
