@@ -203,6 +203,8 @@ def pool_geometry(layer, in_hw: tuple[int, int] | None = None) -> PoolGeometry:
                           f"be at most {INT32_MAX} (Caffe holds them as int)")
     if min(kernel) <= 0 or min(stride) <= 0:
         raise FormatError(f"layer '{layer.name}': kernel and stride must be > 0, got kernel {kernel} stride {stride}")
+    if (pad[0] or pad[1]) and p.pool not in (p.MAX, p.AVE):
+        raise FormatError(f"layer '{layer.name}' (Pooling): padding implemented only for average and max pooling")
     if (pad[0] or pad[1]) and (pad[0] >= kernel[0] or pad[1] >= kernel[1]):
         raise FormatError(f"layer '{layer.name}': pad must be smaller than the kernel")
     return PoolGeometry(kernel, stride, pad, False, p.round_mode == 0)

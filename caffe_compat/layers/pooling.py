@@ -18,7 +18,8 @@
     padding and no ceil_mode, AVE times ``k_h·k_w / divisor`` from a constant divisor map (exports as
     Pad + MaxPool/AveragePool + Mul, which ONNX Runtime computes exactly);
   - ``global_pooling`` pools the whole plane (pad 0, stride 1 required, as in Caffe);
-  - STOCHASTIC is refused (NOT_IMPLEMENTED on Caffe's CPU build);
+  - STOCHASTIC builds (LayerSetUp accepts it, without padding) and its forward raises a FormatError: Caffe's CPU
+    ``Forward_cpu`` is ``NOT_IMPLEMENTED`` there, so a net with it loads (for net surgery, say) but cannot run;
   - a second top on MAX pooling is Caffe's mask: the flat index ``h·W + w`` of the maximum, as float;
   - MAX ties: Caffe scans each window row by row and takes an element only when it is strictly greater
     than the maximum so far (from −FLT_MAX), so among equal maxima the **first** in scan order wins, in
@@ -200,10 +201,7 @@ class Pooling(CaffeLayer):
         shape = self.bottom_shapes[0]
         if len(shape) != 4:
             raise FormatError(f"layer '{self.layer_name}' (Pooling): the input must have 4 axes, got shape {shape}")
-        if p.pool == self.STOCHASTIC:
-            raise FormatError(f"layer '{self.layer_name}': STOCHASTIC pooling is not supported (Caffe's CPU build "
-                              f"aborts with NOT_IMPLEMENTED)")
-        if p.pool not in (self.MAX, self.AVE):
+        if p.pool not in (self.MAX, self.AVE, self.STOCHASTIC):
             raise FormatError(f"layer '{self.layer_name}': unknown pooling method {p.pool}")
         self.method = int(p.pool)
         self.global_pooling = bool(p.global_pooling)
@@ -215,7 +213,7 @@ class Pooling(CaffeLayer):
         if not self.global_pooling:
             self._check_overhang(shape)
         if len(param.top) > (2 if self.method == self.MAX else 1):
-            raise FormatError(f"layer '{self.layer_name}': {'MAX' if self.method == self.MAX else 'AVE'} pooling "
+            raise FormatError(f"layer '{self.layer_name}': {('MAX', 'AVE', 'STOCHASTIC')[self.method]} pooling "
                               f"has at most {2 if self.method == self.MAX else 1} tops, got {len(param.top)}")
         self.num_tops = max(1, len(param.top))
 
@@ -240,6 +238,9 @@ class Pooling(CaffeLayer):
         return self.kernel, self.stride, self.pad, out
 
     def forward(self, x):
+        if self.method == self.STOCHASTIC:
+            raise FormatError(f"layer '{self.layer_name}': STOCHASTIC pooling cannot run: Caffe's CPU forward is "
+                              f"NOT_IMPLEMENTED (the layer builds, as in Caffe)")
         if x.dim() != 4:
             raise ShapeMismatchError(f"layer '{self.layer_name}': pooling needs a 4-D input, got {tuple(x.shape)}")
         height, width = int(x.shape[2]), int(x.shape[3])
@@ -368,7 +369,7 @@ class SPP(CaffeLayer):
       directly), so the top is the 4-D ``(N, C, 1, 1)``;
     * a level whose pad reaches its kernel (e.g. H = 5 at b = 4: kernel 2, pad 2) is refused, as Caffe's
       Pooling CHECK (``pad < kernel``) aborts the net;
-    * STOCHASTIC is refused, like Pooling's;
+    * STOCHASTIC builds and its forward raises, like Pooling's (Caffe's CPU NOT_IMPLEMENTED);
     * the geometry follows the bottom's size at each forward (Caffe re-sets the levels up on reshape).
 
     The levels of the setup size are built with the port (a forward at that size builds nothing, so

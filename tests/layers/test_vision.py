@@ -99,8 +99,15 @@ def test_global_pooling_and_bad_parameters():
     ave = _layer('name: "g" type: "Pooling" pooling_param { pool: AVE global_pooling: true }', [(2, 3, 5, 7)])
     x = torch.randn(2, 3, 5, 7, dtype=torch.float64)
     torch.testing.assert_close(ave(x)[0], x.mean(dim=(2, 3), keepdim=True))
-    with pytest.raises(FormatError, match="STOCHASTIC"):
-        _layer('name: "s" type: "Pooling" pooling_param { pool: STOCHASTIC kernel_size: 2 }', [(1, 1, 4, 4)])
+    # STOCHASTIC: PoolingLayer::LayerSetUp accepts it (without padding: "Padding implemented only for average and
+    # max pooling"), its CPU Forward is NOT_IMPLEMENTED: the layer builds (a net loads), a forward raises
+    stochastic = _layer('name: "s" type: "Pooling" pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }',
+                        [(1, 1, 4, 4)])
+    assert stochastic.output_shapes() == [(1, 1, 2, 2)]
+    with pytest.raises(FormatError, match="STOCHASTIC pooling cannot run"):
+        stochastic(torch.zeros(1, 1, 4, 4))
+    with pytest.raises(FormatError, match="padding implemented only for average and max"):
+        _layer('name: "s" type: "Pooling" pooling_param { pool: STOCHASTIC kernel_size: 2 pad: 1 }', [(1, 1, 4, 4)])
     with pytest.raises(FormatError, match="global_pooling"):
         _layer('name: "g" type: "Pooling" pooling_param { pool: MAX global_pooling: true stride: 2 }', [(1, 1, 4, 4)])
     with pytest.raises(FormatError, match="axis 1"):
@@ -340,3 +347,14 @@ def test_inner_product_of_an_empty_batch_is_an_empty_top():
     assert tuple(y.shape) == (0, 2) == layer.output_shapes()[0]
     (gw,) = torch.autograd.grad(y.sum(), layer.weight)
     assert torch.equal(gw, torch.zeros(2, 3))
+
+
+def test_a_net_with_stochastic_pooling_loads_and_its_forward_raises():
+    # Caffe builds the net (Net::Init runs LayerSetUp and Reshape only); Forward_cpu aborts with NOT_IMPLEMENTED
+    net = CaffeNet('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 dim: 4 '
+                   'dim: 4 } } }\nlayer { name: "conv" type: "Convolution" bottom: "data" top: "conv" '
+                   'convolution_param { num_output: 3 kernel_size: 1 } }\nlayer { name: "pool" type: "Pooling" '
+                   'bottom: "conv" top: "pool" pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 } }')
+    assert net.blob_shapes["pool"] == (1, 3, 2, 2)
+    with pytest.raises(FormatError, match="STOCHASTIC pooling cannot run"):
+        net(data=torch.zeros(1, 2, 4, 4))
