@@ -238,7 +238,8 @@ class ArgMax(CaffeLayer):
             values, index = _caffe_topk(x.movedim(self.axis, -1), self.top_k)
             out = values if self.out_max_val else index.to(x.dtype)
             return (out.movedim(-1, self.axis).contiguous(),)
-        values, index = _caffe_topk(x.reshape(x.shape[0], count(x.shape, 1)), self.top_k)  # not -1: an empty batch
+        rows = x.flatten(1) if x.dim() > 1 else x.unsqueeze(1)  # not reshape(N, -1): ambiguous for an empty batch
+        values, index = _caffe_topk(rows, self.top_k)
         parts = [index.to(x.dtype), values] if self.out_max_val else [index.to(x.dtype)]
         return (torch.stack(parts, dim=1).reshape(self._top_shape(x.shape)),)
 

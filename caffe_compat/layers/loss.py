@@ -201,7 +201,8 @@ class EuclideanLoss(_LossLayer):
 
     def forward(self, a, b):
         n = a.shape[0]
-        diff = a.reshape(n, _count(a.shape, 1)) - b.reshape(n, _count(b.shape, 1))
+        rows = [t.flatten(1) if t.dim() > 1 else t.unsqueeze(1) for t in (a, b)]  # reshape(0, -1) is ambiguous
+        diff = rows[0] - rows[1]
         return ((diff * diff).sum() / n / 2,)  # an empty batch: Caffe's 0 / 0 = NaN
 
 

@@ -215,9 +215,9 @@ class InnerProduct(CaffeLayer):
             _fill_blob(self.bias, p, "bias_filler", generator)
 
     def forward(self, x):
-        lead = tuple(x.shape[:self.axis])
-        # the count from axis, not -1: an empty batch (M = 0) is Caffe's empty top, not an ambiguous reshape
-        flat = x.reshape(*lead, math.prod(x.shape[self.axis:])) if x.dim() > self.axis else None
+        # flatten, not reshape(..., -1): an empty batch (M = 0) is Caffe's empty top, not an ambiguous reshape
+        # (and no shape arithmetic in a trace: an ONNX export keeps one Flatten)
+        flat = x.flatten(self.axis) if x.dim() > self.axis else None
         if flat is None or flat.shape[-1] != self.num_input:
             raise ShapeMismatchError(f"layer '{self.layer_name}': input shape {tuple(x.shape)} gives "
                                      f"{math.prod(x.shape[self.axis:])} inputs from axis {self.axis}, the weights "
