@@ -51,9 +51,13 @@ class BatchNorm(CaffeLayer):
     @classmethod
     def infer(cls, layer, bottoms):
         """The bottom's shape; blobs mean ``(C,)``, variance ``(C,)``, factor ``(1,)``.  Caffe reads ``shape(1)``,
-        so the bottom needs at least 2 axes (its 1-axis branch then fails a CHECK in Reshape)."""
+        so the bottom needs at least 2 axes (its 1-axis branch then fails a CHECK in Reshape); Reshape divides
+        the count by ``N·C`` in int, so an empty batch or no channel is a division by zero (a FormatError)."""
         need_axes(layer, bottoms, 2, exact=False)
         channels = bottoms[0][1]
+        if not bottoms[0][0] * channels:
+            raise FormatError(f"layer '{layer.name}' (BatchNorm): input {tuple(bottoms[0])} has N·C = 0, and Caffe's "
+                              f"Reshape divides its count by N·C (an integer division by zero)")
         return Shapes([tuple(bottoms[0])], [(channels,), (channels,), (1,)])
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):

@@ -258,6 +258,14 @@ def test_scalar_second_bottom_ignores_the_axis_and_a_0_axis_bottom_needs_one():
         make_layer('type: "Scale" bottom: "x" bottom: "s" scale_param { bias_term: true }', [(3,), ()])
 
 
+@pytest.mark.parametrize("shape", [(2, 0, 4, 4), (0, 3, 4, 4)])
+def test_batch_norm_with_no_sample_or_no_channel_is_a_format_error(shape):
+    # BatchNormLayer::Reshape: spatial_dim = count / (channels_ * shape(0)), an int division by zero (we raised
+    # ZeroDivisionError in a TRAIN forward)
+    with pytest.raises(FormatError, match="N·C = 0"):
+        make_layer('type: "BatchNorm"', [shape], phase="train")
+
+
 def test_mvn_backward_is_caffes_formula_not_the_exact_derivative():
     x = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
     dy = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
