@@ -25,8 +25,9 @@ The adapter (:class:`UserPythonLayer`) gives the user's class pycaffe's semantic
   with zero bottoms of the build shapes, as Caffe's ``SetUp``: the tops' shapes then are the net's
   ``blob_shapes``; the type's torch-free shape rule says "unknown": the shapes are the user's code's);
 * ``bottom[i].data``, ``top[i].data``, ``top[i].diff``, ``bottom[i].diff`` are numpy arrays (float32, or
-  float64 in a double net) of :class:`HostBlob` s; ``top[i].reshape(*shape)`` reallocates (zeros);
-  ``shape``, ``count``, ``num``/``channels``/``height``/``width`` as pycaffe's;
+  float64 in a double net) of :class:`HostBlob` s; ``reshape(*shape)`` is Caffe's ``Blob::Reshape`` (memory
+  and values kept within the capacity, else zeros); ``shape``, ``count``, ``num``/``channels``/``height``/
+  ``width`` as pycaffe's;
 * ``self.blobs.add_blob(*shape)`` in ``setup`` adds a learnable blob: after setup each becomes an
   ``nn.Parameter`` of the port (Caffe order), updated by the solver with the layer's ``param { lr_mult
   decay_mult }``, saved in caffemodels; before each forward ``self.blobs[i].data`` holds the parameter's
@@ -72,6 +73,7 @@ import torch
 from torch import nn
 
 from caffe_compat.errors import CaffeCompatError, DataError, PythonLayerError
+from caffe_compat.layers.blob_memory import shape_argument, within_capacity
 from caffe_compat.layers.facts import ANY, Shapes
 from caffe_compat.layers.registry import CaffeLayer
 
@@ -99,16 +101,18 @@ class HostBlob:
         self.data = np.zeros(tuple(int(d) for d in shape), dtype=self._dtype)
         self.diff = np.zeros_like(self.data)
 
-    def reshape(self, *shape) -> None:
-        """New shape, zero-filled (``blob.reshape(n, c, h, w)`` or ``blob.reshape((n, c, h, w))``)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise CaffeCompatError(f"blob reshape: negative dimension in {shape}")
-        if shape != self.data.shape:
-            self.data = np.zeros(shape, dtype=self._dtype)
-            self.diff = np.zeros(shape, dtype=self._dtype)
+    def reshape(self, *shape, **kwargs) -> None:
+        """Caffe's ``Blob::Reshape`` (``blob.reshape(n, c, h, w)`` or ``blob.reshape((n, c, h, w))``): ``data``
+        and ``diff`` keep their memory and values, seen in the new shape, while the new count fits in the
+        blob's capacity (the largest count it had); a larger count gives new zeros.  A keyword argument is
+        pycaffe's RuntimeError."""
+        shape = shape_argument(repr(self), shape, kwargs)
+        if shape == self.data.shape:
+            return
+        bases = self.__dict__.setdefault("_bases", {})  # "data"/"diff" -> the largest memory it had
+        for kind in ("data", "diff"):
+            view, bases[kind] = within_capacity(torch.from_numpy(getattr(self, kind)), shape, bases.get(kind))
+            setattr(self, kind, view.numpy())
 
     def _set(self, array: np.ndarray) -> None:
         if array.shape != self.data.shape or array.dtype != self.data.dtype:
@@ -143,10 +147,9 @@ class HostBlob:
 class BlobVec(list):
     """pycaffe's ``layer.blobs``: a list of blobs with ``add_blob(*shape)``."""
 
-    def add_blob(self, *shape) -> HostBlob:
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        blob = HostBlob(shape)
+    def add_blob(self, *shape, **kwargs) -> HostBlob:
+        """A new zero blob of that shape (a keyword argument is pycaffe's RuntimeError)."""
+        blob = HostBlob(shape_argument("add_blob", shape, kwargs, "BlobVec.add_blob"))
         self.append(blob)
         return blob
 

@@ -30,29 +30,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from caffe_compat.errors import ShapeMismatchError
+from caffe_compat.layers.blob_memory import shape_argument, within_capacity
 from caffe_compat.layers.facts import legacy_shape as caffe_legacy_shape
 
 if TYPE_CHECKING:
     from caffe_compat.pycaffe.net import Net
 
-__all__ = ["Blob", "ParamBlob", "legacy_shape", "reshape_argument", "grad_of"]
+__all__ = ["Blob", "ParamBlob", "legacy_shape", "grad_of"]
 
 
 def legacy_shape(name: str, shape: tuple, axis: int) -> int:
     """Caffe's ``Blob::LegacyShape(axis)`` (``num``/``channels``/``height``/``width``): the axis's size, 1 for
     an axis the blob lacks (a (N, C) blob has num N, channels C, height and width 1); > 4 axes refused."""
     return caffe_legacy_shape(shape, f"blob '{name}'")[axis]
-
-
-def reshape_argument(name: str, shape: tuple) -> tuple[int, ...]:
-    """pycaffe's ``blob.reshape(n, c, h, w)`` or ``blob.reshape((n, c, h, w))`` as a tuple of ints."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
-        raise ShapeMismatchError(f"blob '{name}': negative dimension in {shape}")
-    return shape
 
 
 class _Synced:
@@ -152,10 +142,10 @@ class Blob:
     height = property(lambda self: legacy_shape(self.name, self.shape, 2))
     width = property(lambda self: legacy_shape(self.name, self.shape, 3))
 
-    def reshape(self, *shape) -> None:
+    def reshape(self, *shape, **kwargs) -> None:
         """New shape, Caffe's ``Blob::Reshape`` (values kept within the capacity, see the module docstring).
-        On a net input, the net's shapes are re-inferred."""
-        shape = reshape_argument(self.name, shape)
+        On a net input, the net's shapes are re-inferred.  A keyword argument is pycaffe's RuntimeError."""
+        shape = shape_argument(self.name, shape, kwargs)
         if shape == self.shape:
             return  # Caffe: nothing changes, the data stays
         self._reshape_memory(shape)
@@ -223,14 +213,14 @@ class ParamBlob:
     height = property(lambda self: legacy_shape(repr(self), self.shape, 2))
     width = property(lambda self: legacy_shape(repr(self), self.shape, 3))
 
-    def reshape(self, *shape) -> None:
+    def reshape(self, *shape, **kwargs) -> None:
         """pycaffe's ``net.params[layer][i].reshape(*shape)``, Caffe's ``Blob::Reshape`` of the parameter
         blob (net surgery: reshape, write ``data``, ``net.save``): ``data`` and ``diff`` keep their memory,
         seen in the new shape, while the new count fits in what the tensor's storage holds, else become
         zeros; ``shape`` and a saved caffemodel then have the new shape.  The layer keeps its own
         sizes: Caffe's layer goes on reading them over the blob's memory, which this does not reproduce, so
         a forward after a reshape that changes the count is not Caffe's (and may fail)."""
-        shape = reshape_argument(repr(self), shape)
+        shape = shape_argument(repr(self), shape, kwargs)
         owner = self._owner()
         owner._upload_params()  # host copies the script wrote (CUDA) first
         tensor = self.tensor
@@ -240,7 +230,7 @@ class ParamBlob:
             grad = grad_of(tensor)
             bases = owner.__dict__.setdefault("_param_bases", {})  # (key, index, kind) -> its full memory
             for kind, current in (("data", tensor.data), ("diff", grad)):
-                view, bases[(self._key, self._index, kind)] = _within_capacity(
+                view, bases[(self._key, self._index, kind)] = within_capacity(
                     current, shape, bases.get((self._key, self._index, kind)))
                 if kind == "data":
                     tensor.data = view
@@ -251,20 +241,6 @@ class ParamBlob:
 
     def __repr__(self) -> str:
         return f"ParamBlob({self._key!r}[{self._index}], shape={self.shape})"
-
-
-def _within_capacity(current: torch.Tensor, shape: tuple[int, ...], base: torch.Tensor | None):
-    """Caffe's ``Blob::Reshape`` of one memory: ``(view, base)``, the memory seen in ``shape`` (values kept,
-    those past the current count too, as Caffe's capacity keeps them) when the new count fits in ``base``
-    (the largest memory an earlier reshape gave this blob, if ``current`` still lies in it, else ``current``),
-    else new zeros, which become the base."""
-    if base is None or base.untyped_storage().data_ptr() != current.untyped_storage().data_ptr():
-        base = current
-    count = int(np.prod(shape, dtype=np.int64))
-    if base.is_contiguous() and count <= base.numel():
-        return base.reshape(-1)[:count].view(shape), base
-    fresh = torch.zeros(shape, dtype=current.dtype, device=current.device)
-    return fresh, fresh
 
 
 def grad_of(tensor: torch.Tensor) -> torch.Tensor:

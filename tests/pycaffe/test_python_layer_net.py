@@ -296,3 +296,109 @@ def test_a_python_layers_type_is_python(counting_net):
     by the layer itself (``self.type``) as on ``net.layers[i]``."""
     user = counting_net.torch_net.layers["count"].user
     assert (user.type, counting_net.layers[1].type, caffe.Layer.type) == ("Python", "Python", "Python")
+
+
+class _BlobMemory(caffe.Layer):
+    """Reshapes its own blobs in ``setup`` as Caffe's ``Blob::Reshape`` would see them; records what it saw."""
+
+    seen: dict = {}
+
+    def setup(self, bottom, top):
+        self.blobs.add_blob(2, 3)
+        self.blobs[0].data[...] = np.arange(6).reshape(2, 3)
+        self.blobs[0].diff[...] = 7
+        self.blobs[0].reshape(3, 2)  # same count: the same memory, seen in the new shape
+        self.seen["same_count"] = (self.blobs[0].data.copy(), self.blobs[0].diff.copy())
+        self.blobs[0].reshape(1, 2)  # smaller: the first values
+        self.seen["smaller"] = self.blobs[0].data.copy()
+        self.blobs[0].reshape(6)  # back within the capacity: all of them, those past the small count too
+        self.seen["back"] = self.blobs[0].data.copy()
+        self.blobs[0].reshape(7)  # past the capacity: new memory, zeros
+        self.seen["grown"] = (self.blobs[0].data.copy(), self.blobs[0].diff.copy())
+        self.blobs[0].data[...] = np.arange(7)
+        self.blobs[0].reshape(1, 7)
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+def test_a_python_layers_own_blob_reshapes_as_caffes_blob(tmp_path):
+    """A Python layer's ``self.blobs[i]`` is a Caffe Blob: ``reshape`` keeps its memory and values (data and
+    diff) while the new count fits in its capacity (the largest count it had), and only a larger count gives
+    new memory, which Caffe's SyncedMemory zeroes on first CPU use; the net's parameter is what setup left."""
+    path = tmp_path / "mem.prototxt"
+    path.write_text("""name: 'mem'
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'mem' type: 'Python' bottom: 'data' top: 'y' python_param { module: 'pl_net' layer: 'Mem' } }""")
+    caffe.register_python_layer("pl_net", "Mem", _BlobMemory)
+    _BlobMemory.seen = {}
+    try:
+        net = caffe.Net(str(path), caffe.TEST)
+        seen = _BlobMemory.seen
+        np.testing.assert_array_equal(seen["same_count"][0], np.arange(6).reshape(3, 2))
+        np.testing.assert_array_equal(seen["same_count"][1], np.full((3, 2), 7.0))
+        np.testing.assert_array_equal(seen["smaller"], [[0.0, 1.0]])
+        np.testing.assert_array_equal(seen["back"], np.arange(6))
+        np.testing.assert_array_equal(seen["grown"][0], np.zeros(7))
+        np.testing.assert_array_equal(seen["grown"][1], np.zeros(7))
+        np.testing.assert_array_equal(net.params["mem"][0].data, np.arange(7).reshape(1, 7))
+    finally:
+        python_user.unregister_python_layer("pl_net", "Mem")
+
+
+class _Kwargs(caffe.Layer):
+    """Calls ``add_blob`` and ``reshape`` with a keyword argument in ``setup``; records what each raised."""
+
+    raised: dict = {}
+
+    def setup(self, bottom, top):
+        for what, call in (("add_blob", lambda: self.blobs.add_blob(2, shape=3)),
+                           ("reshape", lambda: top[0].reshape(2, n=3))):
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - what pycaffe raises is the point
+                self.raised[what] = exc
+        self.blobs.add_blob(2)
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+def test_keyword_arguments_to_reshape_and_add_blob_are_pycaffes_runtime_error(tmp_path):
+    """pycaffe's ``Blob.reshape`` and ``BlobVec.add_blob`` are boost raw_functions that throw
+    ``std::runtime_error("Blob.reshape takes no kwargs")`` / ``("BlobVec.add_blob takes no kwargs")``: a
+    RuntimeError (not the TypeError of a Python signature), on net, parameter and Python layer blobs alike."""
+    path = tmp_path / "kw.prototxt"
+    path.write_text("""name: 'kw'
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'kw' type: 'Python' bottom: 'data' top: 'y' python_param { module: 'pl_net' layer: 'Kw' } }""")
+    caffe.register_python_layer("pl_net", "Kw", _Kwargs)
+    _Kwargs.raised = {}
+    try:
+        net = caffe.Net(str(path), caffe.TEST)
+        raised = dict(_Kwargs.raised)
+        for blob in (net.blobs["data"], net.params["kw"][0]):
+            try:
+                blob.reshape(4, 3, shape=1)
+            except Exception as exc:  # noqa: BLE001
+                raised[repr(blob)] = exc
+        assert len(raised) == 4
+        for exc in raised.values():
+            assert type(exc) is RuntimeError
+        assert str(raised["add_blob"]) == "BlobVec.add_blob takes no kwargs"
+        assert str(raised["reshape"]) == "Blob.reshape takes no kwargs"
+        assert net.blobs["data"].shape == (2, 3) and net.params["kw"][0].shape == (2,)  # nothing changed
+    finally:
+        python_user.unregister_python_layer("pl_net", "Kw")
