@@ -66,6 +66,12 @@ class NetFileMissingError(ParseError, RuntimeError):
     the net is built), so scripts that catch RuntimeError keep working."""
 
 
+class LayerSetupError(CaffeCompatError, TypeError):
+    """pycaffe's ``net.layers[i].setup(bottom, top)`` of a built-in layer: the port set the layer up when the
+    net was built and cannot run Caffe's ``LayerSetUp`` again.  Also a :class:`TypeError`, what pycaffe
+    raises when a script passes Python lists there (Boost.Python's ArgumentError: no ``vector<Blob*>``)."""
+
+
 class DataError(CaffeCompatError):
     """A data set file is missing or malformed: names the file and the line."""
 

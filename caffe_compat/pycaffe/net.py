@@ -63,7 +63,7 @@ What is reproduced from pycaffe / Caffe:
   labels)`` (labels already n × 1 × 1 × 1).
 * ``net.params[layer][i].data`` / ``.diff`` (:class:`~caffe_compat.pycaffe.blob.ParamBlob`, valid as long
   as someone holds them, even after the net is gone), ``layers`` (``type``, ``name``, ``blobs``,
-  ``reshape(bottom, top)``; a user Python layer's also the user object's methods and attributes, as
+  ``reshape(bottom, top)``, ``setup`` (a built-in's: a TypeError); a user Python layer's also the user object's methods and attributes, as
   pycaffe hands back that object), ``layer_dict``, ``_layer_names``, ``top_names``, ``bottom_names``, ``inputs``,
   ``outputs``, ``blob_loss_weights``, ``_blob_names``, ``name``, ``phase``.
 * Weights (:mod:`caffe_compat.pycaffe.net_params`): ``copy_from``, ``save``, ``save_hdf5``, ``load_hdf5``,
@@ -80,7 +80,8 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, LayerNameError, NetFileMissingError, ShapeMismatchError
+from caffe_compat.errors import (CaffeCompatError, LayerNameError, LayerSetupError, NetFileMissingError,
+                                 ShapeMismatchError)
 from caffe_compat.io import read_net
 from caffe_compat.io.path_or_text import is_path
 from caffe_compat.layers.python_user import Layer, UserPythonLayer, keeping_user_objects
@@ -134,13 +135,13 @@ def _parse_net_args(args, phase, weights):
 
 
 class NetLayer:
-    """pycaffe's ``net.layers[i]``: ``type``, ``name``, ``blobs`` (its parameter blobs) and
-    ``reshape(bottom, top)``, which sets the top blobs' shapes from the bottoms' by the layer's shape rule
-    (Caffe's ``Layer::Reshape``).
+    """pycaffe's ``net.layers[i]``: ``type``, ``name``, ``blobs`` (its parameter blobs), ``setup(bottom, top)``
+    (see :meth:`setup`) and ``reshape(bottom, top)``, which sets the top blobs' shapes from the bottoms' by the
+    layer's shape rule (Caffe's ``Layer::Reshape``).
 
     For a user Python layer pycaffe hands back the user's own ``caffe.Layer`` object, so scripts call its
     methods and read or set its attributes (``solver.net.layers[0].set_roidb(roidb)``, ``.param_str``):
-    every other attribute is the user object's, read and written there, and ``reshape`` is its own; its
+    every other attribute is the user object's, read and written there, and ``setup``/``reshape`` are its own; its
     ``__class__`` is the user's class, so ``isinstance(net.layers[0], MyDataLayer)`` holds as in pycaffe.
     A built-in layer's ``__class__`` is ``caffe.Layer``: pycaffe wraps every ``net.layers`` entry in the one
     ``Layer`` class _caffe.cpp registers, so ``isinstance(net.layers[i], caffe.Layer)`` holds for all."""
@@ -172,6 +173,19 @@ class NetLayer:
             object.__setattr__(self, name, value)
         else:
             setattr(user, name, value)
+
+    def setup(self, bottom, top) -> None:
+        """pycaffe's ``Layer.setup`` (Caffe's ``LayerSetUp``): a user Python layer's own ``setup``; a built-in
+        layer's raises :class:`~caffe_compat.errors.LayerSetupError` (a TypeError, as pycaffe's for Python
+        lists), its port being set up once, when the net is built.  pycaffe's layers have no ``forward`` /
+        ``backward`` (_caffe.cpp binds ``blobs``, ``setup``, ``reshape`` and ``type``): a built-in's are
+        AttributeErrors here too."""
+        if self._user is not None:
+            self._user.setup(bottom, top)
+            return
+        raise LayerSetupError(f"layer '{self.name}' ({self.type}): a built-in layer is set up when the net is built; "
+                              f"caffe-compat cannot run its LayerSetUp again (use net.reshape() or "
+                              f"net.layers[i].reshape(bottom, top) for new shapes)")
 
     def reshape(self, bottom, top) -> None:
         if self._user is not None:

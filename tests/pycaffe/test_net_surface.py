@@ -496,3 +496,40 @@ def test_a_caffemodel_named_h5_is_read_as_a_caffemodel(proto, tmp_path):
     for net in (caffe.Net(proto, str(path), caffe.TEST), _fed(proto, seed=2)):
         net.copy_from(str(path))
         np.testing.assert_array_equal(net.params["ip"][0].data, a.params["ip"][0].data)
+
+
+def test_net_layers_have_pycaffes_layer_methods(proto, tmp_path):
+    """_caffe.cpp binds ``blobs``, ``setup`` (``LayerSetUp``), ``reshape`` and ``type`` on ``caffe.Layer``, the
+    class of every ``net.layers`` entry, and no ``forward``/``backward``.  A built-in's ``setup`` is a
+    LayerSetupError, a TypeError as pycaffe's (it takes no Python lists); a Python layer's is the user's."""
+    net = caffe.Net(proto, caffe.TEST)
+    conv = net.layers[1]
+    assert callable(conv.setup) and callable(conv.reshape)
+    with pytest.raises(TypeError, match="conv"):
+        conv.setup([net.blobs["data"]], [net.blobs["conv"]])
+    for name in ("forward", "backward"):
+        assert not hasattr(conv, name)
+    path = tmp_path / "user.prototxt"
+    path.write_text("""name: 'user'
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'py' type: 'Python' bottom: 'data' top: 'y' python_param { module: 'surface_setup' layer: 'S' } }""")
+
+    class _Setups(caffe.Layer):
+        calls = 0
+
+        def setup(self, bottom, top):
+            type(self).calls += 1
+
+        def reshape(self, bottom, top):
+            top[0].reshape(*bottom[0].data.shape)
+
+        def forward(self, bottom, top):
+            top[0].data[...] = bottom[0].data
+
+    caffe.register_python_layer("surface_setup", "S", _Setups)
+    try:
+        user = caffe.Net(str(path), caffe.TEST)
+        user.layers[1].setup([], [])
+        assert _Setups.calls == 2
+    finally:
+        python_user.unregister_python_layer("surface_setup", "S")
