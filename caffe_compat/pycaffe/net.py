@@ -63,9 +63,10 @@ What is reproduced from pycaffe / Caffe:
   labels)`` (labels already n × 1 × 1 × 1).
 * ``net.params[layer][i].data`` / ``.diff`` (:class:`~caffe_compat.pycaffe.blob.ParamBlob`, valid as long
   as someone holds them, even after the net is gone), ``layers`` (``type``, ``name``, ``blobs``,
-  ``reshape(bottom, top)``, ``setup`` (a built-in's: a TypeError); a user Python layer's also the user object's methods and attributes, as
-  pycaffe hands back that object), ``layer_dict``, ``_layer_names``, ``top_names``, ``bottom_names``, ``inputs``,
-  ``outputs``, ``blob_loss_weights``, ``_blob_names``, ``name``, ``phase``.
+  ``reshape(bottom, top)``, ``setup`` (a built-in's: a TypeError); a user Python layer's also the user
+  object's methods and attributes, as pycaffe hands back that object), ``layer_dict``, ``_layer_names``,
+  ``top_names``, ``bottom_names``, ``inputs``, ``outputs``, ``blob_loss_weights``, ``_blob_names``, ``name``,
+  ``phase``.
 * Weights (:mod:`caffe_compat.pycaffe.net_params`): ``copy_from``, ``save``, ``save_hdf5``, ``load_hdf5``,
   ``share_with``, ``clear_param_diffs``, ``set_input_arrays``; batches
   (:mod:`caffe_compat.pycaffe.net_batch`): ``forward_all``, ``forward_backward_all``.
