@@ -56,7 +56,7 @@ from typing import Callable
 
 import numpy as np
 
-from caffe_compat.errors import DataError
+from caffe_compat.errors import DataError, NotRegularFileError
 from caffe_compat.io.planes import chw_planes
 from caffe_compat.io.safe_open import memory_budget, read_list_text, read_regular_bytes
 
@@ -191,6 +191,12 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
         raise _Skip("file not found") from None
     except OSError as exc:
         raise _Skip(exc.strerror or str(exc)) from None
+    except NotRegularFileError:
+        # a directory (the root itself for a blank list line: Caffe reads it as the empty path), a FIFO or a
+        # device: cv::imread fails on it and convert_imageset skips the line; here it is never opened
+        if image_path.exists() and not image_path.is_file():
+            raise _Skip("not a regular file (never opened)") from None
+        raise  # larger than the format allows: refused, not skipped
     flag = cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR
     from caffe_compat.io.image_header import check_decode_budget
 
