@@ -304,8 +304,16 @@ class MVN(CaffeLayer):
 
     @classmethod
     def infer(cls, layer, bottoms):
-        """``(num, channels, height, width)`` of the bottom (see the class docstring)."""
-        return Shapes([legacy_shape(bottoms[0], f"layer '{layer.name}' (MVN)")])
+        """``(num, channels, height, width)`` of the bottom (see the class docstring).  Forward_cpu divides the
+        count by its row count in int (``N``, or ``N·C`` unless across_channels): no row is a division by zero
+        (a crash in Caffe, a FormatError here)."""
+        shape = legacy_shape(bottoms[0], f"layer '{layer.name}' (MVN)")
+        rows = shape[0] if layer.mvn_param.across_channels else shape[0] * shape[1]
+        if not rows:
+            raise FormatError(f"layer '{layer.name}' (MVN): input {tuple(bottoms[0])} has no row to normalise "
+                              f"({'N' if layer.mvn_param.across_channels else 'N·C'} = 0), and Caffe's Forward "
+                              f"divides its count by it (an integer division by zero)")
+        return Shapes([shape])
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)

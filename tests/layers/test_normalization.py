@@ -377,3 +377,18 @@ def test_lrn_window_wider_than_the_channels_sums_them_all(size):
     ref = x * (2 + 0.5 / size * (x * x).sum(1, keepdim=True)) ** -0.75
     torch.testing.assert_close(y, ref)
     torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0])
+
+
+@pytest.mark.parametrize("shape, across", [((0, 3, 4, 4), False), ((2, 0, 4, 4), False), ((0, 3, 4, 4), True)])
+def test_mvn_with_no_row_is_a_format_error(shape, across):
+    # MVNLayer::Forward_cpu: dim = count / num in int, num = N (across_channels) or N·C: 0 rows is a division by
+    # zero in Caffe (we raised torch's RuntimeError on reshape(0, -1))
+    with pytest.raises(FormatError, match="no row to normalise"):
+        make_layer(f'type: "MVN" mvn_param {{ across_channels: {str(across).lower()} }}', [shape])
+
+
+def test_mvn_across_channels_with_no_channel_gives_caffes_empty_top():
+    # num = N = 2, dim = 0: Caffe's BLAS calls see an empty row and the top is (2, 0, 4, 4), count 0
+    port = make_layer('type: "MVN" mvn_param { across_channels: true }', [(2, 0, 4, 4)])
+    (y,) = port(torch.zeros(2, 0, 4, 4))
+    assert y.shape == (2, 0, 4, 4)
