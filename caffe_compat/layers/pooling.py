@@ -245,6 +245,9 @@ class Pooling(CaffeLayer):
             raise ShapeMismatchError(f"layer '{self.layer_name}': pooling needs a 4-D input, got {tuple(x.shape)}")
         height, width = int(x.shape[2]), int(x.shape[3])
         kernel, stride, pad, out = self.geometry_for(height, width)
+        if not x.shape[1]:  # no channel: Caffe's loops run zero times, an empty top (torch's pooling refuses C = 0)
+            top = x.reshape(x.shape[0], 0, *out)
+            return (top,) if self.num_tops == 1 else (top, top.detach())
         exporting = torch.onnx.is_in_onnx_export()
         torch_form = not exporting and self._torch_matches(height, width, kernel, stride, pad, out)
         if exporting and self.method == self.MAX and self._onnx_max_pool_matches(height, width, kernel, stride, pad, out):

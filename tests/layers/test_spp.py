@@ -120,3 +120,12 @@ def test_a_pyramid_too_high_for_the_input_is_a_format_error(height):
     with pytest.raises(FormatError, match=r"layer 'spp' \(SPP\): spp_param.pyramid_height .* too high for the "
                                           r"8x8 input: level 4 \(16 bins\)"):
         make_layer(f'type: "SPP" spp_param {{ pyramid_height: {height} }}', [(1, 1, 8, 8)])
+
+
+@pytest.mark.parametrize("height", [1, 2])
+def test_spp_with_no_channel_gives_caffes_empty_top(height):
+    # SPPLayer: each level's Pooling, Flatten and the Concat of (N, 0) pieces: an (N, 0) top (one level: the
+    # Pooling's (N, 0, 1, 1)).  We raised torch's RuntimeError (pooling refuses C = 0).
+    port = make_layer(f'type: "SPP" spp_param {{ pyramid_height: {height} }}', [(2, 0, 4, 4)])
+    (y,) = port(torch.zeros(2, 0, 4, 4))
+    assert tuple(y.shape) == tuple(port.output_shapes()[0]) == ((2, 0, 1, 1) if height == 1 else (2, 0))

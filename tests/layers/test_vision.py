@@ -358,3 +358,17 @@ def test_a_net_with_stochastic_pooling_loads_and_its_forward_raises():
     assert net.blob_shapes["pool"] == (1, 3, 2, 2)
     with pytest.raises(FormatError, match="STOCHASTIC pooling cannot run"):
         net(data=torch.zeros(1, 2, 4, 4))
+
+
+@pytest.mark.parametrize("pool, tops", [("MAX", 1), ("MAX", 2), ("AVE", 1)])
+def test_pooling_with_no_channel_gives_caffes_empty_top(pool, tops):
+    # PoolingLayer::Reshape: top (N, 0, H', W'); Forward_cpu's channel loops run zero times (no CHECK on C).
+    # We raised torch's RuntimeError (max_pool2d/avg_pool2d refuse C = 0).
+    top = ' top: "mask"' if tops == 2 else ""
+    port = _layer(f'type: "Pooling" top: "y"{top} pooling_param {{ pool: {pool} kernel_size: 3 stride: 2 }}',
+                  [(2, 0, 5, 5)])
+    x = torch.zeros(2, 0, 5, 5, requires_grad=True)
+    outs = port(x)
+    assert [tuple(o.shape) for o in outs] == [(2, 0, 2, 2)] * tops == [tuple(s) for s in port.output_shapes()]
+    (gx,) = torch.autograd.grad(outs[0].sum(), x, allow_unused=True)
+    assert gx is None or gx.shape == x.shape
