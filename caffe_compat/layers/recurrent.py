@@ -65,6 +65,11 @@ class _LSTMUnitFunction(torch.autograd.Function):
         return c_term * f, gates_diff, None
 
 
+def _flat_from(x: Tensor, axis: int) -> Tensor:
+    """``x`` as ``shape[:axis] + (count(axis),)`` (a trailing 1 when it has no axis past ``axis``)."""
+    return x.flatten(axis) if x.dim() > axis else x.unsqueeze(axis)
+
+
 def lstm_unit(c_prev: Tensor, gates: Tensor, cont: Tensor) -> tuple[Tensor, Tensor]:
     """``(c, h)`` of Caffe's LSTMUnit for ``c_prev (N, H)``, ``gates (N, 4H)``, ``cont (N,)`` (no gradient to
     ``cont``); the gradient is Caffe's CPU formula, the plain forward runs without autograd and in export."""
@@ -180,6 +185,9 @@ class Recurrent(CaffeLayer):
             raise FormatError(f"{where}: bottom 1 (cont) must have exactly 2 axes (#timesteps, #streams) = {x[:2]}, "
                               f"got {cont}")
         steps, streams = x[:2]
+        if not steps:
+            raise FormatError(f"{where}: bottom 0 has no timestep (T = 0, shape {x}): Caffe's unrolled net would slice "
+                              f"it into no top and concatenate no output (Slice's and Concat's blob-count CHECKs)")
         exposed = cls._num_states(layer)
         static = tuple(bottoms[2]) if len(bottoms) > 2 + exposed else None
         if static is not None and (len(static) < 1 or static[0] != streams):
@@ -261,8 +269,9 @@ class Recurrent(CaffeLayer):
         given = rest[1:] if self.static_input else rest
         cont = cont.detach().to(x.dtype)
         states = self._initial_states(streams, x, given)
-        static_term = None if static is None else F.linear(static.reshape(streams, -1), self.static_weight())
-        outputs, finals = self.unroll(x.reshape(steps, streams, -1), cont, static_term, states)
+        # flatten, not reshape(..., -1): that is ambiguous for no stream (N = 0, Caffe's empty top)
+        static_term = None if static is None else F.linear(_flat_from(static, 1), self.static_weight())
+        outputs, finals = self.unroll(_flat_from(x, 2), cont, static_term, states)
         if not self.expose_hidden and not torch.jit.is_tracing():
             for name, final in zip(self.state_names, finals):
                 setattr(self, f"_{name}_state", final.detach().clone().unsqueeze(0))

@@ -117,3 +117,26 @@ def test_onnx_export_at_fixed_t(tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(got, port(torch.from_numpy(x), torch.from_numpy(cont))[0].numpy(), rtol=1e-5,
                                    atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+@pytest.mark.parametrize("static", [False, True])
+def test_no_stream_gives_caffes_empty_top(kind, static):
+    # RecurrentLayer with N = 0: the unrolled net's InnerProducts (M = 0), Slices, units and Concat all accept
+    # an empty batch, so the top is (T, 0, H).  We raised torch's RuntimeError (reshape(T, 0, -1) is ambiguous).
+    shapes = [(3, 0, 4, 2), (3, 0)] + ([(0, 5)] if static else [])
+    port = make_layer(f'type: "{kind}" recurrent_param {{ num_output: 6 }}', shapes)
+    x = torch.zeros(3, 0, 4, 2, requires_grad=True)
+    extra = [torch.zeros(0, 5)] if static else []
+    (h,) = port(x, torch.zeros(3, 0), *extra)
+    assert tuple(h.shape) == (3, 0, 6) == tuple(port.output_shapes()[0])
+    h.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_no_timestep_is_a_format_error(kind):
+    # T = 0: Caffe's FillUnrolledNet adds one Slice top and one Concat bottom per timestep, so the Slice has no
+    # top and the Concat no bottom: their blob-count CHECKs abort.  We raised torch's RuntimeError in forward.
+    with pytest.raises(FormatError, match="no timestep"):
+        make_layer(f'type: "{kind}" recurrent_param {{ num_output: 6 }}', [(0, 2, 4), (0, 2)])
