@@ -275,8 +275,16 @@ class BatchLossLayer(CaffeLayer):
     tops = BlobCount(0, 1)
     couples_batch = True
     param_message = "metric_loss_param"
-    infer = classmethod(scalar_loss)
     spec: BatchLossSpec
+
+    @classmethod
+    def infer(cls, layer, bottoms):
+        """A scalar loss over the embedding's rows: its first axis is the batch, so a 0-axis embedding (no batch
+        axis) is a FormatError."""
+        if not len(bottoms[0]):
+            raise FormatError(f"layer '{layer.name}' ({layer.type}): the embedding bottom needs a batch axis "
+                              f"(B, ...), got a 0-axis bottom")
+        return Shapes([()])
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -384,3 +384,15 @@ def test_num_bins_and_num_classes_are_budgeted(monkeypatch, layer):
     monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "1M")
     with pytest.raises(MemoryBudgetError, match=r"layer 'm' \(\w+\): metric_loss_param.num_(bins|classes) \d+ needs"):
         CaffeNet(_metric_net(layer + ' top: "loss"'))
+
+
+@pytest.mark.parametrize("layer_type", sorted(BATCH_LOSSES))
+def test_a_0_axis_embedding_is_a_format_error(layer_type):
+    # the embedding's first axis is the batch; a 0-axis one has none (its forward raised IndexError on shape[0])
+    text = f"""
+    layer {{ name: "x" type: "Input" top: "x" input_param {{ shape {{ }} }} }}
+    layer {{ name: "y" type: "Input" top: "y" input_param {{ shape {{ }} }} }}
+    layer {{ name: "loss" type: "{layer_type}" bottom: "x" bottom: "y" top: "loss" }}
+    """
+    with pytest.raises(FormatError, match="needs a batch axis"):
+        CaffeNet(read_net(text), phase="train")
