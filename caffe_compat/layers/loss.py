@@ -395,12 +395,15 @@ class MultinomialLogisticLoss(_LossLayer):
     """``L = -Σ_i log max(p_{i, y_i}, 1e-20) / N`` on probabilities (N×C×1×1).  A zero probability costs
     -log(1e-20) = 46.05, and Caffe's gradient ``-1 / max(p, 1e-20) / N`` stays (huge, -1e20/N) where the
     clip is active, instead of the clipped function's zero derivative.  Both bottoms go through Caffe's
-    legacy accessors (``num()``; the labels' ``channels() == height() == width() == 1``): at most 4 axes."""
+    legacy accessors (``num()``; the labels' ``channels() == height() == width() == 1``): at most 4 axes.
+    Forward computes ``count / num()`` in int, so an empty batch is a division by zero (a FormatError)."""
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         p, label = self.bottom_shapes
-        legacy_shape(p, f"layer '{self.layer_name}' (MultinomialLogisticLoss)")  # num() in Forward
+        if not legacy_shape(p, f"layer '{self.layer_name}' (MultinomialLogisticLoss)")[0]:  # num() in Forward
+            raise self._bad(f"has an empty batch ({p}): Caffe's Forward divides the count by num() = 0 (an integer "
+                            f"division by zero)")
         # Reshape CHECKs the labels' legacy channels(), height(), width() == 1
         if legacy_shape(label, f"layer '{self.layer_name}' (MultinomialLogisticLoss)")[1:] != (1, 1, 1):
             raise self._bad(f"needs one label per sample, got probabilities {p} and labels {label}")

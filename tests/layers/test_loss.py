@@ -14,6 +14,7 @@ from caffe_compat.errors import DataError, FormatError, ParseError
 from caffe_compat.layers import layer_class
 from caffe_compat.proto import caffe_pb2
 from tests.conftest import fixture_path
+from tests.layers.zoo_single_layer import make_layer
 
 LOSS_DIR = fixture_path("losses")
 CASES = json.loads((LOSS_DIR / "cases.json").read_text())
@@ -365,3 +366,10 @@ def test_bad_shapes_and_labels_raise():
     layer = layer_from("SoftmaxWithLoss", [(2, 3), (2,)])
     with pytest.raises(DataError, match="label 3 is outside"):
         layer(torch.zeros(2, 3), torch.tensor([0.0, 3.0]))
+
+
+def test_multinomial_logistic_loss_with_an_empty_batch_is_a_format_error():
+    # multinomial_logistic_loss_layer.cpp Forward_cpu: dim = count / num() in int, num() = 0 a division by zero
+    # (we raised torch's RuntimeError on reshape(0, -1))
+    with pytest.raises(FormatError, match="empty batch"):
+        make_layer('type: "MultinomialLogisticLoss" bottom: "p" bottom: "y"', [(0, 3, 1, 1), (0,)])
