@@ -414,7 +414,9 @@ class Filter(CaffeLayer):
     Reshape keeps all ``N`` rows); at run time a top has as many rows as the selector has nonzeros (none:
     an empty top).  Backward: a kept row's gradient is copied back to the row it came from, every other
     row of the bottom gets 0; the selector gets none (Caffe refuses to backpropagate to it).  Caffe divides
-    by the top's row count there, so it crashes when nothing is kept; we give the zero gradient.
+    by the top's row count there, so it crashes when nothing is kept; we give the zero gradient.  An empty
+    batch (N = 0) is refused (a FormatError at setup, a ShapeMismatchError fed at run time): Caffe's
+    Forward divides each bottom's count by N.
     """
 
     bottoms = BlobCount.at_least(2)
@@ -442,6 +444,9 @@ class Filter(CaffeLayer):
             if not shape or shape[0] != selector[0]:
                 raise FormatError(f"{where}: bottom {i} {tuple(shape)} must have the selector's 0th dimension "
                                   f"{selector[0]}")
+        if not selector[0]:
+            raise FormatError(f"{where}: empty batch (selector {selector}): Caffe's Forward divides each bottom's "
+                              f"count by its 0th dimension (an integer division by zero)")
         return Shapes([tuple(shape) for shape in bottoms[:-1]])
 
     def __init__(self, param, bottom_shapes, phase: str = "test"):
@@ -451,7 +456,7 @@ class Filter(CaffeLayer):
     def forward(self, *bottoms):
         selector = bottoms[-1]
         rows = selector.shape[0] if selector.dim() else -1
-        if any(b.dim() == 0 or b.shape[0] != rows for b in bottoms):
+        if not rows or any(b.dim() == 0 or b.shape[0] != rows for b in bottoms):  # rows 0: Caffe divides by it
             raise ShapeMismatchError(f"layer '{self.layer_name}' (Filter): every bottom must lead with the selector's "
                                      f"{rows} rows, got {[tuple(b.shape) for b in bottoms]}")
         kept = torch.nonzero(selector.detach().reshape(rows, -1)[:, 0] != 0).flatten()

@@ -74,3 +74,15 @@ def test_onnx_runtime_agrees():
     np.testing.assert_array_equal(got, a[[0, 2, 3]])
     (other,) = session.run(None, {"a": a, "s": np.array([0, 0, 0, 0, 7], dtype=np.float32)})
     np.testing.assert_array_equal(other, a[[4]])
+
+
+def test_an_empty_batch_is_refused():
+    # filter_layer.cpp Forward_cpu: dim = count / shape(0) in int for every filtered bottom: N = 0 is a division
+    # by zero (a crash).  We raised torch's RuntimeError (reshape(0, -1) of the selector).
+    from caffe_compat.errors import ShapeMismatchError
+
+    with pytest.raises(FormatError, match="empty batch"):
+        make_layer('type: "Filter" bottom: "a" bottom: "s" top: "f"', [(0, 3), (0,)])
+    port = make_layer('type: "Filter" bottom: "a" bottom: "s" top: "f"', [(2, 3), (2,)])
+    with pytest.raises(ShapeMismatchError):
+        port(torch.zeros(0, 3), torch.zeros(0))
