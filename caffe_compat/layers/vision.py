@@ -335,7 +335,7 @@ class Im2col(CaffeLayer):
                 index.append(slice(k * d, k * d + (o - 1) * s + 1, s) if o > 0 else slice(0, 0))
             columns.append(padded[tuple(index)])
         stacked = torch.stack(columns, dim=axis + 1)  # (..., C, prod(K), O...)
-        return (stacked.reshape(*x.shape[:axis], -1, *out),)
+        return (stacked.flatten(axis, axis + 1),)  # not reshape(..., -1, ...): ambiguous for an empty top
 
 
 def _im2col_out(sizes, kernel, stride, pad, dilation) -> list[int]:

@@ -127,3 +127,16 @@ def test_onnx_runtime_agrees(tmp_path):
     (got,) = session.run(None, {session.get_inputs()[0].name: x})
     expected = np.stack([caffe_im2col(img, (3, 3), (2, 2), (1, 1), (2, 2)) for img in x]).reshape(2, -1)
     np.testing.assert_array_equal(got, expected.astype(np.float32))
+
+
+@pytest.mark.parametrize("shape, kernel, top", [((0, 3, 4, 4), 2, (0, 12, 3, 3)), ((2, 3, 0, 4), 1, (2, 3, 0, 4)),
+                                                ((2, 3, 4, 0), 1, (2, 3, 4, 0))])
+def test_an_empty_input_gives_caffes_empty_top(shape, kernel, top):
+    # Im2colLayer::Reshape: (N, C·kh·kw, H', W'), H' = (H + 2p - k) / s + 1 = 0 for H = 0, k = 1; Forward_cpu's
+    # loops run zero times.  We raised torch's RuntimeError (reshape(..., -1, ...) of 0 elements is ambiguous).
+    port = make_layer(f'type: "Im2col" convolution_param {{ kernel_size: {kernel} }}', [shape])
+    x = torch.zeros(shape, requires_grad=True)
+    (cols,) = port(x)
+    assert tuple(cols.shape) == top == tuple(port.output_shapes()[0])
+    cols.sum().backward()
+    assert x.grad.shape == x.shape
