@@ -185,12 +185,14 @@ class Pooling(CaffeLayer):
     @classmethod
     def infer(cls, layer, bottoms):
         """``(N, C, H', W')`` with Caffe's pooled size (:func:`~caffe_compat.layers.geometry.pooled_hw`), for
-        every top (MAX's mask has the top's shape); global pooling gives ``(N, C, 1, 1)``."""
+        every top (MAX's mask has the top's shape); global pooling gives ``(N, C, 1, 1)``.  A pooled size of
+        0 (e.g. input 1, kernel 3, stride 2) is Caffe's empty top; a negative one fails its Blob::Reshape
+        CHECK (a FormatError)."""
         need_axes(layer, bottoms, 4, what=" (N, C, H, W), as Caffe's PoolingLayer requires")
         n, c, h, w = bottoms[0]
         g = pool_geometry(layer, (h, w))
         out = (1, 1) if g.global_pooling else pooled_hw((h, w), g.kernel, g.stride, g.pad, g.ceil_mode)
-        if min(out) < 1:  # Caffe's Blob::Reshape CHECK on the top's dims
+        if min(out) < 0:  # Caffe's Blob::Reshape CHECK_GE(dim, 0) on the top's dims
             raise FormatError(f"layer '{layer.name}' (Pooling): kernel {g.kernel} with pad {g.pad} does not fit the "
                               f"{h}x{w} input (pooled size {out[0]}x{out[1]})")
         return Shapes([(n, c, *out)] * max(1, len(layer.top)))
@@ -245,8 +247,8 @@ class Pooling(CaffeLayer):
             raise ShapeMismatchError(f"layer '{self.layer_name}': pooling needs a 4-D input, got {tuple(x.shape)}")
         height, width = int(x.shape[2]), int(x.shape[3])
         kernel, stride, pad, out = self.geometry_for(height, width)
-        if not x.shape[1]:  # no channel: Caffe's loops run zero times, an empty top (torch's pooling refuses C = 0)
-            top = x.reshape(x.shape[0], 0, *out)
+        if not (x.shape[1] and out[0] and out[1]):  # no channel or a pooled size 0: Caffe's loops run zero times,
+            top = x.flatten()[:0].reshape(x.shape[0], x.shape[1], *out)  # an empty top (torch's pooling refuses)
             return (top,) if self.num_tops == 1 else (top, top.detach())
         exporting = torch.onnx.is_in_onnx_export()
         torch_form = not exporting and self._torch_matches(height, width, kernel, stride, pad, out)

@@ -372,3 +372,25 @@ def test_pooling_with_no_channel_gives_caffes_empty_top(pool, tops):
     assert [tuple(o.shape) for o in outs] == [(2, 0, 2, 2)] * tops == [tuple(s) for s in port.output_shapes()]
     (gx,) = torch.autograd.grad(outs[0].sum(), x, allow_unused=True)
     assert gx is None or gx.shape == x.shape
+
+
+@pytest.mark.parametrize("spec, shape, top", [
+    ("kernel_size: 3 stride: 2", (2, 3, 1, 1), (2, 3, 0, 0)),  # CEIL: ceil((1 - 3) / 2) + 1 = 0
+    ("kernel_size: 3 stride: 2 pool: AVE", (2, 3, 1, 5), (2, 3, 0, 2)),
+    ("kernel_size: 1", (2, 3, 0, 4), (2, 3, 0, 4)),  # an empty input plane
+])
+def test_pooling_with_a_pooled_size_of_0_gives_caffes_empty_top(spec, shape, top):
+    # PoolingLayer::Reshape: top (N, C, 0, W') (Blob::Reshape CHECKs only dims >= 0); Forward_cpu's window loops run
+    # zero times and Backward_cpu zeroes the bottom diff.  We refused it (FormatError in a net, torch's RuntimeError
+    # standalone); a negative pooled size stays refused (Caffe's CHECK).
+    text = f'type: "Pooling" top: "y" pooling_param {{ {spec} }}'
+    net = CaffeNet(text_format.Parse(f'layer {{ name: "in" type: "Input" top: "x" input_param {{ shape {{ '
+                                     f'{" ".join(f"dim: {d}" for d in shape)} }} }} }} '
+                                     f'layer {{ name: "p" bottom: "x" {text} }}', caffe_pb2.NetParameter()))
+    assert tuple(net.blob_shapes["y"]) == top
+    port = _layer(text, [shape])
+    x = torch.randn(shape, requires_grad=True)
+    (y,) = port(x)
+    assert tuple(y.shape) == top
+    y.sum().backward()
+    assert x.grad.shape == x.shape and not x.grad.any()
