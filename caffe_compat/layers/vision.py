@@ -61,6 +61,9 @@ class _ConvolutionBase(CaffeLayer):
                               f"{len(bottoms)} bottoms and {len(layer.top)} tops")
         g = conv_geometry(layer)
         n, c, h, w = bottoms[0]
+        if not c:  # the weight blob would be empty: LayerSetUp fills it, and Caffe's fillers CHECK(count)
+            raise FormatError(f"layer '{layer.name}' ({layer.type}): input {tuple(bottoms[0])} has no channel, so the "
+                              f"weight blob would be empty (Caffe's weight filler CHECKs its count)")
         if c % g.group:
             raise FormatError(f"layer '{layer.name}' ({layer.type}): the input's {c} channels are not divisible by "
                               f"convolution_param.group {g.group}")

@@ -394,3 +394,12 @@ def test_pooling_with_a_pooled_size_of_0_gives_caffes_empty_top(spec, shape, top
     assert tuple(y.shape) == top
     y.sum().backward()
     assert x.grad.shape == x.shape and not x.grad.any()
+
+
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+def test_convolution_with_no_channel_is_a_format_error(kind):
+    # BaseConvolutionLayer::LayerSetUp fills the weight (num_output x 0 x k x k, Deconvolution 0 x num_output x k x k)
+    # and filler.hpp's fillers CHECK(count).  Standalone we built it: Convolution gave a (2, 0, 4, 4) top against its
+    # (2, 2, 4, 4) shape rule, Deconvolution raised torch's RuntimeError.
+    with pytest.raises(FormatError, match="no channel"):
+        _layer(f'type: "{kind}" convolution_param {{ num_output: 2 kernel_size: 1 }}', [(2, 0, 4, 4)])
