@@ -412,7 +412,8 @@ class HDF5Data(DataSetLayer):
     own name, converted to float32; all tops of a file have the same number of rows.  A batch is the
     next ``batch_size`` rows; after a file's last row the next file is loaded (the file list wraps
     around).  ``shuffle`` permutes the file order at setup and on each wrap, and the rows of each
-    loaded file, from the layer's seeded RandomState.  Top shapes: ``(batch_size, *dataset.shape[1:])``.
+    loaded file, from the layer's seeded RandomState.  Top shapes: ``(batch_size, *dataset.shape[1:])``;
+    ``batch_size: 0`` (the proto default, which Caffe does not CHECK) gives empty tops and reads no row.
     A ``transform_param`` (even an empty one) is a FormatError, as Caffe's ``HDF5DataLayer::LayerSetUp``
     CHECK-fails on it ("HDF5Data does not transform data."): HDF5 rows are used as stored.
     """
@@ -426,9 +427,7 @@ class HDF5Data(DataSetLayer):
             raise DataError(f"layer '{self.layer_name}' (HDF5Data): reading HDF5 needs the h5py package, which is not "
                             f"installed (pip install h5py)")
         p = param.hdf5_data_param
-        self.batch_size, self.shuffle = int(p.batch_size), bool(p.shuffle)
-        if self.batch_size < 1:
-            raise FormatError(f"layer '{self.layer_name}' (HDF5Data): hdf5_data_param.batch_size must be positive")
+        self.batch_size, self.shuffle = int(p.batch_size), bool(p.shuffle)  # 0 (the proto default): empty tops
         try:
             self.files = read_list_text(p.source, f"layer '{self.layer_name}' (HDF5Data) hdf5_data_param.source"
                                         ).split()
@@ -532,4 +531,4 @@ class HDF5Data(DataSetLayer):
                     if self.shuffle:
                         cur.rows = cur.rows.copy()
                         cur._generator.shuffle(cur.rows)
-        return [np.stack(p) for p in picked]
+        return [np.stack(p) if p else array[:0] for p, array in zip(picked, cur.arrays)]

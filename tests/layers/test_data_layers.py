@@ -503,3 +503,22 @@ def test_hdf5_data_file_with_other_row_shape_is_a_data_error(tmp_path, monkeypat
     with pytest.raises(DataError, match=r"b.h5: rows of shape \[\(3,\), \(\)\] .* the first file's are "
                                         r"\[\(2,\), \(\)\]"):
         layer()  # the second batch ends a.h5, which loads b.h5
+
+
+def test_hdf5_data_batch_size_0_gives_empty_tops_like_caffe(tmp_path, monkeypatch):
+    """hdf5_data_layer.cpp: LayerSetUp reshapes the tops to (batch_size, ...) with no CHECK on batch_size, and
+    Forward_cpu's row loop runs batch_size times: 0 (the proto default) gives empty tops and reads no row.
+    We refused it (FormatError)."""
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = np.arange(8, dtype=np.float64).reshape(4, 2)
+        f["label"] = np.arange(4)
+    (tmp_path / "files.txt").write_text("a.h5\n")
+    layer = _layer(HDF5_TEXT.replace("batch_size: 3", "batch_size: 0"))
+    assert layer.output_shapes() == [(0, 2), (0,)]
+    for _ in range(2):
+        data, label = layer()
+        assert tuple(data.shape) == (0, 2) and tuple(label.shape) == (0,) and data.dtype == torch.float32
+    assert layer.position == 0
