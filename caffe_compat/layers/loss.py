@@ -248,7 +248,7 @@ class _ClassAxisLoss(_LossLayer):
         c = scores.shape[self.axis]
         outer, inner = _count(scores.shape, 0, self.axis), _count(scores.shape, self.axis + 1)
         # (outer, C, inner) -> (M, C) rows in Caffe's (i, j) order
-        x = scores.reshape(outer, c, inner).transpose(1, 2).reshape(-1, c)
+        x = scores.reshape(outer, c, inner).transpose(1, 2).flatten(0, 1)  # not reshape(-1, c): ambiguous for C = 0
         labels = int_labels(label).reshape(-1)
         valid = None if self.ignore_label is None else labels != self.ignore_label
         _check_class_labels(self.layer_name, labels, c, valid)
@@ -277,8 +277,8 @@ class SoftmaxWithLoss(_ClassAxisLoss):
     def _axis(self) -> int:
         return int(self.param.softmax_param.axis)
 
-    def _class_weights(self, labels, valid, extra):
-        return torch.nn.functional.one_hot(labels, self.num_classes)
+    def _class_weights(self, labels, valid, extra):  # one-hot; torch's one_hot refuses num_classes 0
+        return labels.unsqueeze(1) == torch.arange(self.num_classes, device=labels.device)
 
 
 @register_layer("InfogainLoss")

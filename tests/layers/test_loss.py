@@ -373,3 +373,20 @@ def test_multinomial_logistic_loss_with_an_empty_batch_is_a_format_error():
     # (we raised torch's RuntimeError on reshape(0, -1))
     with pytest.raises(FormatError, match="empty batch"):
         make_layer('type: "MultinomialLogisticLoss" bottom: "p" bottom: "y"', [(0, 3, 1, 1), (0,)])
+
+
+@pytest.mark.parametrize("scores, labels", [((0, 0, 0, 0), (0,)), ((2, 0), (2,)), ((2, 0, 3), (2, 3))])
+def test_softmax_with_loss_with_no_class(scores, labels):
+    # softmax_loss_layer.cpp Forward_cpu: no position (N = 0) sums nothing, loss 0 / max(1, count) = 0; a label
+    # with no class (C = 0) is out of range (Caffe's DCHECK_LT, an out-of-bounds read in a release build): a
+    # DataError.  We raised torch's RuntimeError (reshape(-1, 0), one_hot with 0 classes).
+    port = make_layer('type: "SoftmaxWithLoss" bottom: "x" bottom: "y"', [scores, labels])
+    x = torch.zeros(scores, requires_grad=True)
+    if scores[0]:
+        with pytest.raises(DataError, match=r"outside \[0, 0\)"):
+            port(x, torch.zeros(labels))
+        return
+    (loss,) = port(x, torch.zeros(labels))
+    assert loss.item() == 0.0
+    loss.backward()
+    assert x.grad.shape == x.shape
