@@ -154,7 +154,7 @@ class Reduction(CaffeLayer):
         self.coeff = float(p.coeff)
 
     def forward(self, x):
-        flat = x.reshape(tuple(x.shape[:self.axis]) + (-1,))
+        flat = x.flatten(self.axis)  # not reshape(..., -1): ambiguous for an empty outer part
         if self.operation == _Reduction.ASUM:
             y = caffe_abs(flat).sum(-1)
         elif self.operation == _Reduction.SUMSQ:

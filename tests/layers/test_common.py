@@ -254,3 +254,12 @@ def test_argmax_of_an_empty_batch_is_an_empty_top():
     # ArgMaxLayer loops over num = 0 samples: an empty (0, 1, 1) top (we raised a reshape RuntimeError)
     port = make_layer('type: "ArgMax"', [(0, 3)])
     assert port.output_shapes() == [(0, 1, 1)] and tuple(port(torch.zeros(0, 3))[0].shape) == (0, 1, 1)
+
+
+@pytest.mark.parametrize("axis, top", [(1, (0,)), (0, ())])
+def test_reduction_of_an_empty_batch_gives_caffes_top(axis, top):
+    # ReductionLayer: num_ = count(0, axis) outputs of dim_ = count(axis) values; (0, 3) at axis 1 is an empty
+    # (0,) top, at axis 0 one sum over no value (0).  We raised torch's RuntimeError (reshape(0, -1)).
+    port = make_layer(f'type: "Reduction" reduction_param {{ axis: {axis} operation: SUMSQ }}', [(0, 3)])
+    (y,) = port(torch.zeros(0, 3))
+    assert tuple(y.shape) == top == tuple(port.output_shapes()[0]) and not y.any()
