@@ -171,7 +171,8 @@ class ContrastiveLossLayer(_LossLayer):
 
     def forward(self, a, b, sim):
         n = a.shape[0]
-        diff = (a - b).reshape(n, -1)
+        diff = a - b
+        diff = diff.flatten(1) if diff.dim() > 1 else diff.unsqueeze(1)  # reshape(0, -1) is ambiguous
         similar = int_labels(sim).reshape(n) != 0
         dist_sq = (diff * diff).sum(dim=1)
         if self.legacy:

@@ -390,3 +390,12 @@ def test_softmax_with_loss_with_no_class(scores, labels):
     assert loss.item() == 0.0
     loss.backward()
     assert x.grad.shape == x.shape
+
+
+def test_contrastive_loss_of_an_empty_batch_is_caffes_nan():
+    # contrastive_loss_layer.cpp Forward_cpu: loss = 0 / num() / 2 in Dtype, 0 / 0 = NaN (we raised torch's
+    # RuntimeError on reshape(0, -1))
+    shapes = [(0, 3, 1, 1), (0, 3, 1, 1), (0, 1, 1, 1)]
+    port = make_layer('type: "ContrastiveLoss" bottom: "a" bottom: "b" bottom: "s"', shapes)
+    (loss,) = port(torch.zeros(0, 3, 1, 1), torch.zeros(0, 3, 1, 1), torch.zeros(0, 1, 1, 1))
+    assert math.isnan(loss.item())
