@@ -401,6 +401,8 @@ class LRN(CaffeLayer):
 
     def _normalise(self, x):
         if self.within_channel:
+            if not x.shape[2] or not x.shape[3]:  # an empty plane: Caffe's inner pooling gives an empty top too
+                return x * 1.0  # (torch's avg_pool2d refuses H = 0 or W = 0 unless N = 0)
             pad = (self.size - 1) // 2
             window_mean = F.avg_pool2d(x * x, self.size, stride=1, padding=pad, count_include_pad=True)
             scale = 1.0 + self.alpha * window_mean

@@ -392,3 +392,15 @@ def test_mvn_across_channels_with_no_channel_gives_caffes_empty_top():
     port = make_layer('type: "MVN" mvn_param { across_channels: true }', [(2, 0, 4, 4)])
     (y,) = port(torch.zeros(2, 0, 4, 4))
     assert y.shape == (2, 0, 4, 4)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 0, 4), (2, 3, 4, 0)])
+def test_lrn_within_channel_on_an_empty_plane_gives_caffes_empty_top(shape):
+    # LRNLayer WITHIN_CHANNEL runs an inner AVE Pooling (kernel n, pad (n-1)/2): an empty plane pools to an
+    # empty plane and the top is empty.  We raised torch's RuntimeError (avg_pool2d refuses H or W = 0).
+    port = make_layer('type: "LRN" lrn_param { norm_region: WITHIN_CHANNEL }', [shape])
+    x = torch.zeros(shape, requires_grad=True)
+    (y,) = port(x)
+    assert tuple(y.shape) == shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape
