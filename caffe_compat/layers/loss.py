@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from caffe_compat.errors import CaffeCompatError, DataError, FormatError
+from caffe_compat.errors import CaffeCompatError, DataError, FormatError, ShapeMismatchError
 from caffe_compat.layers.caffe_backward import caffe_relu
 from caffe_compat.layers.facts import BlobCount, Shapes, canonical_axis, legacy_shape
 from caffe_compat.layers.facts import count as _count
@@ -383,6 +383,9 @@ class HingeLoss(_LossLayer):
 
     def forward(self, x, label):
         n = x.shape[0]
+        if not n:  # fed an empty batch: Caffe's dim = count / num() divides by zero
+            raise ShapeMismatchError(f"layer '{self.layer_name}' (HingeLoss): an empty batch {tuple(x.shape)} "
+                                     f"divides by num() = 0")
         scores = x.reshape(n, -1)
         labels = int_labels(label).reshape(-1)[:n]
         _check_class_labels(self.layer_name, labels, scores.shape[1], None)
@@ -411,6 +414,9 @@ class MultinomialLogisticLoss(_LossLayer):
 
     def forward(self, prob, label):
         n = prob.shape[0]
+        if not n:  # fed an empty batch: Caffe's dim = count / num() divides by zero
+            raise ShapeMismatchError(f"layer '{self.layer_name}' (MultinomialLogisticLoss): an empty batch "
+                                     f"{tuple(prob.shape)} divides by num() = 0")
         p = prob.reshape(n, -1)
         labels = int_labels(label).reshape(n, 1)
         _check_class_labels(self.layer_name, labels, p.shape[1], None)

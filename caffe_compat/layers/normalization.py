@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers.cache_blocking import blocking_applies, in_blocks, samples_per_block, writes_into_views
 from caffe_compat.layers.caffe_backward import caffe_backward_applies
 from caffe_compat.layers.layout import is_channels_last, to_channels_last, to_contiguous
@@ -326,6 +326,9 @@ class MVN(CaffeLayer):
     def forward(self, x):
         shape = legacy_shape(x.shape, f"layer '{self.layer_name}' (MVN)")
         rows = shape[0] if self.across_channels else shape[0] * shape[1]
+        if not rows:  # fed an empty batch (or no channel): Caffe's dim = count / num divides by zero
+            raise ShapeMismatchError(f"layer '{self.layer_name}' (MVN): input {tuple(x.shape)} has no row to "
+                                     f"normalise, and Caffe's Forward divides its count by it")
         flat = x.reshape(rows, -1)
         centred = flat - flat.mean(dim=1, keepdim=True)
         if self.normalize_variance:

@@ -399,3 +399,14 @@ def test_contrastive_loss_of_an_empty_batch_is_caffes_nan():
     port = make_layer('type: "ContrastiveLoss" bottom: "a" bottom: "b" bottom: "s"', shapes)
     (loss,) = port(torch.zeros(0, 3, 1, 1), torch.zeros(0, 3, 1, 1), torch.zeros(0, 1, 1, 1))
     assert math.isnan(loss.item())
+
+
+@pytest.mark.parametrize("kind", ["HingeLoss", "MultinomialLogisticLoss"])
+def test_fed_an_empty_batch_at_run_time_is_a_shape_mismatch_error(kind):
+    # set up for (2, 3) and fed (0, 3): Caffe's Forward_cpu computes dim = count / num() in int, a division by zero
+    # (we raised torch's RuntimeError on reshape(0, -1))
+    from caffe_compat.errors import ShapeMismatchError
+
+    port = make_layer(f'type: "{kind}" bottom: "x" bottom: "y"', [(2, 3), (2,)])
+    with pytest.raises(ShapeMismatchError, match="empty batch"):
+        port(torch.zeros(0, 3), torch.zeros(0))

@@ -404,3 +404,13 @@ def test_lrn_within_channel_on_an_empty_plane_gives_caffes_empty_top(shape):
     assert tuple(y.shape) == shape
     y.sum().backward()
     assert x.grad.shape == x.shape
+
+
+def test_mvn_fed_an_empty_batch_at_run_time_is_a_shape_mismatch_error():
+    # a net set up for (2, 3, 4, 4) and fed (0, 3, 4, 4): Caffe's Forward divides by num = 0 (we raised torch's
+    # RuntimeError on reshape(0, -1))
+    from caffe_compat.errors import ShapeMismatchError
+
+    port = make_layer('type: "MVN"', [(2, 3, 4, 4)])
+    with pytest.raises(ShapeMismatchError, match="no row to normalise"):
+        port(torch.zeros(0, 3, 4, 4))
