@@ -108,10 +108,21 @@ class _ConvolutionBase(CaffeLayer):
             raise FormatError(f"layer '{self.layer_name}': kernel and stride must be positive")
         # plain values (no parameter, buffer or module): straight into __dict__, as CaffeLayer.__init__ does
         self.__dict__.update(kernel=g.kernel, stride=g.stride, pad=g.pad, dilation=g.dilation, group=g.group,
-                             num_output=g.num_output, bias_term=g.bias_term, channels=channels)
+                             num_output=g.num_output, bias_term=g.bias_term, channels=channels,
+                             empty_below=self._empty_below(g))
         blobs = self.rule().params
         self.weight = nn.Parameter(self.new_blob(blobs[0]))
         self.bias = nn.Parameter(self.new_blob(blobs[1])) if g.bias_term else None
+
+    def _empty_below(self, g) -> tuple[int, int]:
+        """Per spatial axis, the largest input size whose output size is <= 0 (the shape rule's refusal, which
+        a net fed another shape at run time does not re-run): two comparisons in forward instead of torch's
+        RuntimeError.  Convolution: trunc((H + 2p - e) / s) + 1 <= 0 iff H <= e - 2p - s; Deconvolution:
+        s(H - 1) + e - 2p <= 0 iff H <= 1 + floor((2p - e) / s)."""
+        extents = [d * (k - 1) + 1 for k, d in zip(g.kernel, g.dilation)]
+        if self.transposed:
+            return tuple(1 + (2 * p - e) // s for e, s, p in zip(extents, g.stride, g.pad))
+        return tuple(e - 2 * p - s for e, s, p in zip(extents, g.stride, g.pad))
 
     def caffe_blobs(self):
         return [self.weight] + ([self.bias] if self.bias is not None else [])
@@ -131,6 +142,8 @@ class _ConvolutionBase(CaffeLayer):
             if x.dim() != 4 or x.shape[1] != self.channels:
                 raise ShapeMismatchError(f"layer '{self.layer_name}': expected (N, {self.channels}, H, W) input, "
                                          f"got {tuple(x.shape)}")
+            if x.shape[2] <= self.empty_below[0] or x.shape[3] <= self.empty_below[1]:
+                raise ShapeMismatchError(f"layer '{self.layer_name}': input {tuple(x.shape)} gives an empty output")
             outs.append(self._convolve(x))
         return tuple(outs)
 

@@ -403,3 +403,17 @@ def test_convolution_with_no_channel_is_a_format_error(kind):
     # (2, 2, 4, 4) shape rule, Deconvolution raised torch's RuntimeError.
     with pytest.raises(FormatError, match="no channel"):
         _layer(f'type: "{kind}" convolution_param {{ num_output: 2 kernel_size: 1 }}', [(2, 0, 4, 4)])
+
+
+@pytest.mark.parametrize("kind, spec, fed", [
+    ("Convolution", "kernel_size: 1", (2, 3, 0, 4)),
+    ("Convolution", "kernel_size: 3 stride: 2", (2, 3, 1, 1)),  # trunc((1 - 3) / 2) + 1 = 0
+    ("Deconvolution", "kernel_size: 1", (2, 3, 4, 0)),  # 1·(0 - 1) + 1 = 0
+])
+def test_convolution_fed_an_input_with_an_empty_output_is_a_shape_mismatch_error(kind, spec, fed):
+    # a net set up for (2, 3, 8, 8) accepts another plane at run time without re-running the shape rule, which
+    # refuses an empty output; the forward now does too (we raised torch's RuntimeError)
+    port = _layer(f'type: "{kind}" convolution_param {{ num_output: 2 {spec} }}', [(2, 3, 8, 8)])
+    with pytest.raises(ShapeMismatchError, match="gives an empty output"):
+        port(torch.zeros(fed))
+    assert port(torch.zeros(2, 3, 5, 5))[0].shape[:2] == (2, 2)
