@@ -223,7 +223,7 @@ class Recurrent(CaffeLayer):
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
-        self.steps, streams, self.hidden, _, static = self.geometry(param, self.bottom_shapes)
+        self.steps, streams, self.hidden, self.inputs, static = self.geometry(param, self.bottom_shapes)
         self.static_input = static is not None
         self.expose_hidden = bool(param.recurrent_param.expose_hidden)
         shapes = self.rule().params
@@ -271,7 +271,11 @@ class Recurrent(CaffeLayer):
         states = self._initial_states(streams, x, given)
         # flatten, not reshape(..., -1): that is ambiguous for no stream (N = 0, Caffe's empty top)
         static_term = None if static is None else F.linear(_flat_from(static, 1), self.static_weight())
-        outputs, finals = self.unroll(_flat_from(x, 2), cont, static_term, states)
+        x = _flat_from(x, 2)
+        if x.shape[2] != self.inputs:  # the unrolled InnerProduct's Reshape CHECK_EQ(K_, new_K)
+            raise ShapeMismatchError(f"{where}: set up for {self.inputs} input values per step and stream, got "
+                                     f"{x.shape[2]}")
+        outputs, finals = self.unroll(x, cont, static_term, states)
         if not self.expose_hidden and not torch.jit.is_tracing():
             for name, final in zip(self.state_names, finals):
                 setattr(self, f"_{name}_state", final.detach().clone().unsqueeze(0))

@@ -140,3 +140,14 @@ def test_no_timestep_is_a_format_error(kind):
     # top and the Concat no bottom: their blob-count CHECKs abort.  We raised torch's RuntimeError in forward.
     with pytest.raises(FormatError, match="no timestep"):
         make_layer(f'type: "{kind}" recurrent_param {{ num_output: 6 }}', [(0, 2, 4), (0, 2)])
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_fed_another_input_size_is_a_shape_mismatch_error(kind):
+    # the unrolled net's InnerProduct Reshape CHECK_EQs its input size K (an empty one included); we raised torch's
+    # RuntimeError from the matrix product
+    from caffe_compat.errors import ShapeMismatchError
+
+    port = make_layer(f'type: "{kind}" recurrent_param {{ num_output: 6 }}', [(3, 2, 4, 4), (3, 2)])
+    with pytest.raises(ShapeMismatchError, match="set up for 16 input values"):
+        port(torch.zeros(3, 2, 0, 4), torch.zeros(3, 2))
