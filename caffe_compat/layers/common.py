@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from caffe_compat.errors import DataError, FormatError
+from caffe_compat.errors import DataError, FormatError, ShapeMismatchError
 from caffe_compat.layers.caffe_backward import caffe_abs, caffe_backward_applies
 from caffe_compat.layers.facts import NONE, ONE, BlobCount, Shapes, canonical_axis, count, same_as_bottom
 from caffe_compat.layers.fillers import fill_blob, layer_filler
@@ -346,11 +346,15 @@ class Accuracy(CaffeLayer):
     def forward(self, scores, labels):
         scores = scores.detach()
         shape = scores.shape
-        s = scores.reshape(count(shape, 0, self.axis), shape[self.axis], count(shape, self.axis + 1))
+        num_labels = shape[self.axis]  # Caffe's Forward reads it from the bottom; Reshape CHECKs top_k <= it
+        if num_labels < self.top_k:
+            raise ShapeMismatchError(f"layer '{self.layer_name}': top_k {self.top_k} must be less than or equal to "
+                                     f"the number of classes, got scores {tuple(shape)}")
+        s = scores.reshape(count(shape, 0, self.axis), num_labels, count(shape, self.axis + 1))
         lab = labels.detach().reshape(s.shape[0], s.shape[2]).to(torch.int64)
         valid = torch.ones_like(lab, dtype=torch.bool) if self.ignore_label is None else lab != self.ignore_label
-        outside = (((lab < 0) | (lab >= self.num_labels)) & valid).any()
-        message = f"layer '{self.layer_name}': a label is outside [0, {self.num_labels})"
+        outside = (((lab < 0) | (lab >= num_labels)) & valid).any()
+        message = f"layer '{self.layer_name}': a label is outside [0, {num_labels})"
         if not asserted_in_graph(~outside, message) and bool(outside):
             raise DataError(message)
         safe = torch.where(valid, lab, torch.zeros_like(lab))
@@ -362,7 +366,7 @@ class Accuracy(CaffeLayer):
                                torch.zeros((), dtype=scores.dtype, device=scores.device))
         if self.num_tops == 1:
             return (accuracy,)
-        classes = torch.zeros(self.num_labels, dtype=scores.dtype, device=scores.device)
+        classes = torch.zeros(num_labels, dtype=scores.dtype, device=scores.device)
         # every position adds its 0/1 (counts of whole numbers: exact in any order), no data-dependent shape
         totals = classes.index_add(0, safe.flatten(), valid.flatten().to(scores.dtype))
         hits = classes.index_add(0, safe.flatten(), correct.flatten().to(scores.dtype))

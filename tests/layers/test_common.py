@@ -263,3 +263,14 @@ def test_reduction_of_an_empty_batch_gives_caffes_top(axis, top):
     port = make_layer(f'type: "Reduction" reduction_param {{ axis: {axis} operation: SUMSQ }}', [(0, 3)])
     (y,) = port(torch.zeros(0, 3))
     assert tuple(y.shape) == top == tuple(port.output_shapes()[0]) and not y.any()
+
+
+def test_accuracy_fed_fewer_classes_than_top_k_is_a_shape_mismatch_error():
+    # accuracy_layer.cpp Reshape CHECK_LE(top_k, count / label count) on every reshape; a net set up for 3 classes
+    # and fed (2, 0) scores raised torch's RuntimeError (gather on an empty class axis)
+    from caffe_compat.errors import ShapeMismatchError
+
+    port = make_layer('type: "Accuracy" bottom: "x" bottom: "y"', [(2, 3), (2,)])
+    with pytest.raises(ShapeMismatchError, match="top_k 1 must be less than or equal"):
+        port(torch.zeros(2, 0), torch.zeros(2))
+    assert port(torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]]), torch.tensor([1.0, 2.0]))[0].item() == 0.5
