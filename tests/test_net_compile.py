@@ -135,7 +135,7 @@ def test_no_recompilation_across_steps_of_the_same_shape(name):
     assert counter.frame_count == 1
     with torch.no_grad():  # another grad mode is another graph (once), then reused too
         for step in range(3):
-            blobs = compiled(**_inputs(net, seed=step))
+            compiled(**_inputs(net, seed=step))
     assert counter.frame_count == 2
     torch._dynamo.utils.counters.clear()
 

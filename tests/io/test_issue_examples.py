@@ -66,7 +66,6 @@ stale ``.tmp`` after SIGKILL                           io/test_atomic.py::test_a
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from caffe_compat.errors import CaffeCompatError, DataError, FormatError, MemoryBudgetError
