@@ -298,7 +298,20 @@ def test_a_python_layers_type_is_python(counting_net):
     assert (user.type, counting_net.layers[1].type, caffe.Layer.type) == ("Python", "Python", "Python")
 
 
-class _BlobMemory(caffe.Layer):
+class _PassThrough(caffe.Layer):
+    """Top 0 is bottom 0 (no gradient): the layers below test what their ``setup`` does."""
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+class _BlobMemory(_PassThrough):
     """Reshapes its own blobs in ``setup`` as Caffe's ``Blob::Reshape`` would see them; records what it saw."""
 
     seen: dict = {}
@@ -317,15 +330,6 @@ class _BlobMemory(caffe.Layer):
         self.seen["grown"] = (self.blobs[0].data.copy(), self.blobs[0].diff.copy())
         self.blobs[0].data[...] = np.arange(7)
         self.blobs[0].reshape(1, 7)
-
-    def reshape(self, bottom, top):
-        top[0].reshape(*bottom[0].data.shape)
-
-    def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data
-
-    def backward(self, top, propagate_down, bottom):
-        pass
 
 
 def test_a_python_layers_own_blob_reshapes_as_caffes_blob(tmp_path):
@@ -352,7 +356,7 @@ layer { name: 'mem' type: 'Python' bottom: 'data' top: 'y' python_param { module
         python_user.unregister_python_layer("pl_net", "Mem")
 
 
-class _Kwargs(caffe.Layer):
+class _Kwargs(_PassThrough):
     """Calls ``add_blob`` and ``reshape`` with a keyword argument in ``setup``; records what each raised."""
 
     raised: dict = {}
@@ -365,15 +369,6 @@ class _Kwargs(caffe.Layer):
             except Exception as exc:  # noqa: BLE001 - what pycaffe raises is the point
                 self.raised[what] = exc
         self.blobs.add_blob(2)
-
-    def reshape(self, bottom, top):
-        top[0].reshape(*bottom[0].data.shape)
-
-    def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data
-
-    def backward(self, top, propagate_down, bottom):
-        pass
 
 
 def test_keyword_arguments_to_reshape_and_add_blob_are_pycaffes_runtime_error(tmp_path):
