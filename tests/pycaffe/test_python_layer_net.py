@@ -311,6 +311,18 @@ class _PassThrough(caffe.Layer):
         pass
 
 
+def _pass_through_net(tmp_path, layer: str, cls) -> "caffe.Net":
+    """``caffe.Net`` of an Input (2, 3) and one Python layer ``layer`` of class ``cls`` (registered as
+    ``pl_net.<layer>``; the caller unregisters it)."""
+    path = tmp_path / f"{layer.lower()}.prototxt"
+    path.write_text(f"""name: '{layer.lower()}'
+layer {{ name: 'data' type: 'Input' top: 'data' input_param {{ shape {{ dim: 2 dim: 3 }} }} }}
+layer {{ name: '{layer.lower()}' type: 'Python' bottom: 'data' top: 'y'
+        python_param {{ module: 'pl_net' layer: '{layer}' }} }}""")
+    caffe.register_python_layer("pl_net", layer, cls)
+    return caffe.Net(str(path), caffe.TEST)
+
+
 class _BlobMemory(_PassThrough):
     """Reshapes its own blobs in ``setup`` as Caffe's ``Blob::Reshape`` would see them; records what it saw."""
 
@@ -336,14 +348,9 @@ def test_a_python_layers_own_blob_reshapes_as_caffes_blob(tmp_path):
     """A Python layer's ``self.blobs[i]`` is a Caffe Blob: ``reshape`` keeps its memory and values (data and
     diff) while the new count fits in its capacity (the largest count it had), and only a larger count gives
     new memory, which Caffe's SyncedMemory zeroes on first CPU use; the net's parameter is what setup left."""
-    path = tmp_path / "mem.prototxt"
-    path.write_text("""name: 'mem'
-layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
-layer { name: 'mem' type: 'Python' bottom: 'data' top: 'y' python_param { module: 'pl_net' layer: 'Mem' } }""")
-    caffe.register_python_layer("pl_net", "Mem", _BlobMemory)
     _BlobMemory.seen = {}
     try:
-        net = caffe.Net(str(path), caffe.TEST)
+        net = _pass_through_net(tmp_path, "Mem", _BlobMemory)
         seen = _BlobMemory.seen
         np.testing.assert_array_equal(seen["same_count"][0], np.arange(6).reshape(3, 2))
         np.testing.assert_array_equal(seen["same_count"][1], np.full((3, 2), 7.0))
@@ -375,14 +382,9 @@ def test_keyword_arguments_to_reshape_and_add_blob_are_pycaffes_runtime_error(tm
     """pycaffe's ``Blob.reshape`` and ``BlobVec.add_blob`` are boost raw_functions that throw
     ``std::runtime_error("Blob.reshape takes no kwargs")`` / ``("BlobVec.add_blob takes no kwargs")``: a
     RuntimeError (not the TypeError of a Python signature), on net, parameter and Python layer blobs alike."""
-    path = tmp_path / "kw.prototxt"
-    path.write_text("""name: 'kw'
-layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
-layer { name: 'kw' type: 'Python' bottom: 'data' top: 'y' python_param { module: 'pl_net' layer: 'Kw' } }""")
-    caffe.register_python_layer("pl_net", "Kw", _Kwargs)
     _Kwargs.raised = {}
     try:
-        net = caffe.Net(str(path), caffe.TEST)
+        net = _pass_through_net(tmp_path, "Kw", _Kwargs)
         raised = dict(_Kwargs.raised)
         for blob in (net.blobs["data"], net.params["kw"][0]):
             try:
