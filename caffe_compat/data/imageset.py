@@ -192,11 +192,12 @@ def _datum_for(image_path: Path, name: str, label: int, resize, gray: bool, enco
     except OSError as exc:
         raise _Skip(exc.strerror or str(exc)) from None
     except NotRegularFileError:
-        # a directory (the root itself for a blank list line: Caffe reads it as the empty path), a FIFO or a
-        # device: cv::imread fails on it and convert_imageset skips the line; here it is never opened
-        if image_path.exists() and not image_path.is_file():
-            raise _Skip("not a regular file (never opened)") from None
-        raise  # larger than the format allows: refused, not skipped
+        # a directory (the root itself for a blank list line: Caffe reads it as the empty path): cv::imread fails
+        # on it and convert_imageset skips the line.  A FIFO or a device (which cv::imread would block on or read
+        # without end) and a file larger than the format allows stay refused, never opened
+        if image_path.is_dir():
+            raise _Skip("a directory, not an image file") from None
+        raise
     flag = cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR
     from caffe_compat.io.image_header import check_decode_budget
 

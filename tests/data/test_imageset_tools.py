@@ -359,15 +359,15 @@ def test_raw_records_are_caffes_bytes(images):
         assert value == expected, i
 
 
-def test_make_lmdb_skips_blank_lines_and_paths_that_are_not_regular_files_like_caffe(tmp_path, capfd):
-    """convert_imageset reads a blank line as the empty path and a directory line as that directory; cv::imread
-    fails on both and the line is skipped.  Ours opens neither (a FIFO listed there would block a reader)."""
+def test_make_lmdb_skips_blank_lines_and_directories_like_caffe(tmp_path, capfd):
+    """convert_imageset reads a blank line as the empty path (the root) and a directory line as that directory;
+    cv::imread fails on both and the line is skipped (a FIFO stays refused: io/test_regular_files.py)."""
     tmp, _ = _mixed_list(tmp_path)
     (tmp / "img" / "sub").mkdir()
     (tmp / "list.txt").write_text("a0.png 0\n\nsub 5\na1.png 2\n")
     assert main(["make-lmdb", str(tmp / "list.txt"), str(tmp / "img"), str(tmp / "db"), "--quiet"]) == 0
     out, err = capfd.readouterr()
-    assert f"{tmp / 'list.txt'}:2: skipped {tmp / 'img'}: not a regular file" in err
-    assert f"{tmp / 'list.txt'}:3: skipped {tmp / 'img' / 'sub'}: not a regular file" in err
+    assert f"{tmp / 'list.txt'}:2: skipped {tmp / 'img'}: a directory, not an image file" in err
+    assert f"{tmp / 'list.txt'}:3: skipped {tmp / 'img' / 'sub'}: a directory, not an image file" in err
     assert "Traceback" not in err and "wrote 2 records" in out
     assert [k for k, _, _ in iter_lmdb(tmp / "db", decode=False)] == ["00000000_a0.png", "00000003_a1.png"]
