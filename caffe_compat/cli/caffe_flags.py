@@ -59,8 +59,8 @@ def add_device_flags(p) -> None:
 
 def atoi(text: str) -> int:
     """C's ``atoi``, as Caffe's tools read their positional numbers: leading white space, an optional sign,
-    then the digits up to the first other character; no digits is 0 (``atoi("abc")``, ``atoi("2x")`` = 2)."""
-    import re
+    then the digits up to the first other character; no digits is 0 (``atoi("abc")``, ``atoi("2x")`` = 2):
+    the list files' :func:`~caffe_compat.data.imageset.caffe_atoi`, imported when a tool needs it."""
+    from caffe_compat.data.imageset import caffe_atoi
 
-    match = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
-    return int(match.group(1)) if match else 0
+    return caffe_atoi(text)
