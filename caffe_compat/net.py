@@ -128,6 +128,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
             self.state = state
             self.name = source.name
             self.force_backward = bool(source.force_backward)
+            self.debug_info = bool(source.debug_info)  # Caffe's debug_info_: log per-layer lines (net_debug)
             filtered = filter_net(source, state)
             self.net_param = insert_splits(filtered)
             self.layers = nn.ModuleDict()

@@ -71,6 +71,7 @@ class Blobs(OrderedDict):
         self.diff_targets: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.loss_terms: list[tuple[str, float, torch.Tensor]] = []
         self.step_outputs: dict[int, tuple] = {}  # step index -> the tensors it produced
+        self.debug = None  # the run's DebugPass while the net logs Caffe's debug_info lines (net_debug)
 
     def __setitem__(self, name, value):
         if torch.compiler.is_compiling():  # no eager in-place writes under compile: nothing to count
@@ -94,6 +95,10 @@ class NetExecution:
     """Forward, objective and backward of a :class:`~caffe_compat.net.CaffeNet` (a mixin of it; it reads the
     net's ``steps``, ``layers``, ``force_backward``, ``feedable_names`` and ``blob_shapes``)."""
 
+    #: Caffe's ``debug_info_``: while set (and someone listens) every run logs Caffe's per-layer debug lines
+    #: (:mod:`caffe_compat.net_debug`); a NetParameter's ``debug_info`` sets it, a solver sets its TRAIN net's.
+    debug_info: bool = False
+
     def forward(self, **inputs) -> Blobs:
         """Run the whole net; ``inputs`` feed tops of bottomless layers by blob name.  Returns every blob."""
         return self.run(inputs)
@@ -113,8 +118,28 @@ class NetExecution:
         want_grad = ((self.force_backward if input_grad is None else input_grad) and torch.is_grad_enabled()
                      and not torch.compiler.is_compiling())
         inputs = self._checked_inputs(inputs, start is None, want_grad)
-        return self._run_steps(inputs, inputs if start is not None else {}, first, last, want_grad,
-                               step_hooks=step_hooks)
+        debug = self.debug_pass()
+        if debug is None:
+            return self._run_steps(inputs, inputs if start is not None else {}, first, last, want_grad,
+                                   step_hooks=step_hooks)
+        blobs = Blobs()
+        blobs.debug = debug
+        try:
+            return self._run_steps(inputs, inputs if start is not None else {}, first, last, want_grad, blobs,
+                                   step_hooks=_with_debug(debug, step_hooks))
+        finally:
+            debug.flush_forward()
+
+    def debug_pass(self, forward_lines: bool = True):
+        """A :class:`~caffe_compat.net_debug.DebugPass` for a run of this net while its ``debug_info`` flag is
+        set (Caffe's ``debug_info_``) and someone listens, else None."""
+        if not self.debug_info or torch.compiler.is_compiling():
+            return None
+        from caffe_compat.net_debug import DebugPass, listening
+
+        if not listening():
+            return None
+        return DebugPass(self, backward=torch.is_grad_enabled(), forward_lines=forward_lines)
 
     def _checked_inputs(self, inputs: dict | None, from_start: bool, want_grad: bool) -> dict:
         """``inputs`` as tensors on the net's device (requiring grad when ``want_grad``), after checking their
@@ -284,6 +309,24 @@ class NetExecution:
             diffs[name] = g if g is not None else torch.zeros_like(tensor)
         return diffs
 
+
+
+def _with_debug(debug, step_hooks):
+    """The step hooks of a run with debug lines: Caffe's ``ForwardDebugInfo`` runs after the layer's Forward,
+    before the ``after_forward`` callbacks."""
+    before, after = step_hooks if step_hooks is not None else (None, None)
+
+    def debug_before(index, blobs):
+        if before is not None:
+            before(index, blobs)
+        debug.before(index, blobs)
+
+    def debug_after(index, blobs):
+        debug.after(index, blobs)
+        if after is not None:
+            after(index, blobs)
+
+    return debug_before, debug_after
 
 
 def _autocasting(tensor: torch.Tensor) -> bool:

@@ -99,6 +99,7 @@ class _LossLayer(CaffeLayer):
     bottoms = BlobCount.exact(2)
     tops = BlobCount(0, 1)
     in_caffe_1_0 = True
+    refuses_forced_backward = (1,)  # LossLayer::AllowForceBackward: no diff for the labels
 
     @classmethod
     def infer(cls, layer, bottoms):

@@ -127,6 +127,7 @@ class FAPPYLossLayer(CaffeLayer):
     tops = BlobCount(0, 1)
     couples_batch = True
     infer = classmethod(scalar_loss)
+    refuses_forced_backward = (1,)  # LossLayer::AllowForceBackward: no diff for the labels
 
     def __init__(self, param, bottom_shapes, phase="test"):
         super().__init__(param, bottom_shapes, phase)
@@ -275,6 +276,7 @@ class BatchLossLayer(CaffeLayer):
     tops = BlobCount(0, 1)
     couples_batch = True
     param_message = "metric_loss_param"
+    refuses_forced_backward = (1,)  # LossLayer::AllowForceBackward: no diff for the labels
     spec: BatchLossSpec
 
     @classmethod

@@ -40,6 +40,8 @@ everything else (no table restates them; see :mod:`caffe_compat.layers.facts`):
 * ``refuses_in_place``: Caffe CHECKs that no top is the bottom (``"<type> Layer does not allow in-place
   computation"``: AbsVal, Reshape, Flatten, Split); checked with the blob counts, by blob name;
 * ``in_caffe_1_0``: BVLC Caffe 1.0 registers this type;
+* ``refuses_forced_backward``: the bottoms whose diff ``force_backward`` does not ask for (Caffe's
+  ``AllowForceBackward``: a ``LossLayer``'s labels, bottom 1);
 * ``param_message``: the LayerParameter field holding its parameters (by Caffe's naming convention,
   ``Convolution`` → ``convolution_param``, unless the port names another, e.g. Deconvolution's
   ``convolution_param``); what pycaffe's ``NetSpec`` keyword arguments fill.
@@ -114,6 +116,8 @@ class CaffeLayer(nn.Module):
     in_caffe_1_0: bool = False
     #: The LayerParameter field of its parameters (None: none; set from the type name by convention).
     param_message: str | None = None
+    #: Bottoms ``force_backward`` gives no diff (Caffe's ``AllowForceBackward`` false: a LossLayer's labels).
+    refuses_forced_backward: tuple[int, ...] = ()
 
     @classmethod
     def build(cls, param, bottom_shapes, phase: str = "test", rule: Shapes | None = None) -> "CaffeLayer":

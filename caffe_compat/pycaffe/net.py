@@ -542,16 +542,21 @@ class Net(NetParamsMixin, NetBatchMixin):
                     fn(index)
             return {name: self._blob_map[name].diff for name in outputs}
         self._upload_params()
+        debug = self._last.debug if self._last is not None else None
+        if debug is not None:
+            debug.forget_bottom_diffs()
         if before or after:
             if first <= last:
                 backward_layers(self, first, last, before, after)
-            return {name: self._blob_map[name].diff for name in outputs}
-        full = start is None and end is None and self._last is not None and not self._last.step_outputs.keys() ^ \
-            set(range(len(steps)))
-        if full:
-            self._backward_all()
-        elif first <= last:
-            backward_range(self, first, last)
+        else:
+            full = start is None and end is None and self._last is not None and \
+                not self._last.step_outputs.keys() ^ set(range(len(steps)))
+            if full:
+                self._backward_all()
+            elif first <= last:
+                backward_range(self, first, last)
+        if debug is not None and first <= last:  # BackwardFromTo's BackwardDebugInfo lines (net_debug)
+            debug.log_backward(first, last)
         return {name: self._blob_map[name].diff for name in outputs}
 
     # ------------------------------------------------------------------------------ layer callbacks

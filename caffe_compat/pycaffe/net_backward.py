@@ -93,8 +93,12 @@ def _recompute(net: "Net", first: int, last: int):
             feed[name] = net._blob_map[name]._data.device().detach().clone()  # nothing new; their diff only
             feed[name].requires_grad_(cnet.force_backward)  # with force_backward
         produced.update(step.tops)
-    with torch.enable_grad():
-        return cnet.run(feed, start=steps[first].name, end=steps[last].name, input_grad=False)
+    quiet, cnet.debug_info = cnet.debug_info, False  # a recomputation is no forward of Caffe's: no debug lines
+    try:
+        with torch.enable_grad():
+            return cnet.run(feed, start=steps[first].name, end=steps[last].name, input_grad=False)
+    finally:
+        cnet.debug_info = quiet
 
 
 def backward_range(net: "Net", first: int, last: int) -> list[str]:

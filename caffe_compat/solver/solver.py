@@ -48,6 +48,7 @@ import torch
 
 from caffe_compat.errors import CaffeCompatError, FormatError, TrainingDiverged
 from caffe_compat.net import CaffeNet, trained_layer_pairs
+from caffe_compat.net_debug import listening
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.solver.lr_policy import learning_rate
 from caffe_compat.solver.updates import make_optimizer
@@ -242,6 +243,10 @@ class Solver(SolverSetup, SolverSnapshots):
             objective = self.net.objective(blobs)
         if objective.requires_grad:
             self._train_backward(objective, blobs)
+        debug = getattr(blobs, "debug", None)
+        if debug is not None:  # Net::Backward's debug lines (net_debug), the diffs unscaled as the update sees them
+            debug.log_backward(whole=True, diff_scale=1.0 if self.grad_scaler is None else
+                               1.0 / float(self.grad_scaler.get_scale()))
         self.outputs = {name: blobs[name].detach() for name in self.net.output_names}
         return float(objective.detach())
 
@@ -249,6 +254,8 @@ class Solver(SolverSetup, SolverSnapshots):
         """The TRAIN net's forward of one iteration (``forward_fn`` when set): its blobs."""
         # `is not None`: a torch.compile'd module must not be truth-tested (bool() on it raises TypeError)
         forward = self.forward_fn if self.forward_fn is not None else self.net
+        if forward is not self.net and self.net.debug_info and listening():
+            forward = self.net  # an iteration that logs Caffe's debug lines runs eagerly (net_debug)
         return forward(**inputs)
 
     def _train_backward(self, objective: torch.Tensor, blobs) -> None:
@@ -327,6 +334,8 @@ class Solver(SolverSetup, SolverSnapshots):
                 if self.requested_early_exit:  # a stop asked for while testing: out before this iteration
                     break
             notify(self, "on_start")
+            # Solver::Step: net_->set_debug_info(display && param_.debug_info()), for this iteration's passes
+            self.net.debug_info = self._displaying() and bool(self.param.debug_info)
             loss = np.float32(0.0)
             for _ in range(iter_size):
                 loss = np.float32(loss + np.float32(self.forward_backward()))
