@@ -235,3 +235,23 @@ def test_pycaffe_backward_logs_no_norm_line(tmp_path, caplog):
     caplog.clear()
     net.backward()  # Caffe's BackwardFromTo: per-layer lines, no "All net params" line
     _check(_lines(caplog), backward, "Backward")
+
+
+def test_pycaffe_solver_logs_through_its_train_net(tmp_path, caplog):
+    """pycaffe's solvers run the core's Step on a pycaffe view of the TRAIN net: the flag reaches the CaffeNet."""
+    caplog.set_level(logging.INFO, logger="caffe_compat.net")
+    (tmp_path / "net.prototxt").write_text(NET.format(header="", ip_extra="", loss_extra=""))
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}" base_lr: 0.1 lr_policy: "fixed" display: 1 debug_info: true '
+        f'max_iter: 1 solver_mode: CPU')
+    solver = caffe.SGDSolver(str(tmp_path / "solver.prototxt"))
+    solver.net.params["ip"][0].data[...] = W
+    solver.net.params["ip"][1].data[...] = B
+    solver.net.blobs["data"].data[...] = X
+    solver.net.blobs["label"].data[...] = LABEL
+    solver.step(1)
+    forward, backward, norms = _closed_form()
+    lines = _lines(caplog)
+    _check(lines[:len(forward)], forward, "Forward")
+    _check(lines[len(forward):-1], backward, "Backward")
+    _check_norms(lines[-1], norms)

@@ -211,6 +211,9 @@ class SolverNet(Net):
     loss_weights = property(lambda self: self._cnet.loss_weights)
     blob_shapes = property(lambda self: self._cnet.blob_shapes)
     steps = property(lambda self: self._cnet.steps)
+    #: Caffe's ``set_debug_info``: the solver sets its TRAIN net's at every iteration (``caffe_compat.net_debug``)
+    debug_info = property(lambda self: self._cnet.debug_info,
+                          lambda self, value: setattr(self._cnet, "debug_info", bool(value)))
     layer_names = property(lambda self: self._cnet.layer_names)
 
     # ------------------------------------------------------------------------------ the last forward
