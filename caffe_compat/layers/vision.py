@@ -16,7 +16,8 @@
   ``W`` is ``N × K``, or ``K × N`` when ``transpose: true`` (then ``y = x_flat · W + b``); the top has
   shape ``shape[:axis] + (N,)``.  Defaults: axis 1, bias_term true, transpose false, fillers constant 0.
 
-Only ``axis: 1`` is supported for (De)Convolution, and 4-D blobs; anything else raises FormatError.
+Only ``axis: 1`` is supported for (De)Convolution, and 4-D blobs; anything else raises FormatError.  An output
+size of 0 is Caffe's empty top (Blob::Reshape accepts it); a negative one fails its CHECK (a ShapeMismatchError).
 
 * **Im2col** is Convolution's column buffer as a top, N-D (see :class:`Im2col`).
 """
@@ -72,8 +73,8 @@ class _ConvolutionBase(CaffeLayer):
                               f"not divisible by convolution_param.group {g.group}")
         f = deconv_out_size if cls.transposed else conv_out_size
         oh, ow = (f(size, g.kernel[a], g.stride[a], g.pad[a], g.dilation[a]) for a, size in enumerate((h, w)))
-        if oh < 1 or ow < 1:
-            raise ShapeMismatchError(f"layer '{layer.name}': input {tuple(bottoms[0])} gives an empty output "
+        if oh < 0 or ow < 0:  # Caffe's Blob::Reshape CHECK_GE(dim, 0) on the top; a size of 0 is its empty top
+            raise ShapeMismatchError(f"layer '{layer.name}': input {tuple(bottoms[0])} gives a negative output size "
                                      f"{(n, g.num_output, oh, ow)}")
         if cls.transposed:
             weight = (c, g.num_output // g.group, *g.kernel)
@@ -109,20 +110,30 @@ class _ConvolutionBase(CaffeLayer):
         # plain values (no parameter, buffer or module): straight into __dict__, as CaffeLayer.__init__ does
         self.__dict__.update(kernel=g.kernel, stride=g.stride, pad=g.pad, dilation=g.dilation, group=g.group,
                              num_output=g.num_output, bias_term=g.bias_term, channels=channels,
-                             empty_below=self._empty_below(g))
+                             empty_up_to=self._empty_up_to(g), negative_up_to=self._negative_up_to(g))
         blobs = self.rule().params
         self.weight = nn.Parameter(self.new_blob(blobs[0]))
         self.bias = nn.Parameter(self.new_blob(blobs[1])) if g.bias_term else None
 
-    def _empty_below(self, g) -> tuple[int, int]:
-        """Per spatial axis, the largest input size whose output size is <= 0 (the shape rule's refusal, which
-        a net fed another shape at run time does not re-run): two comparisons in forward instead of torch's
-        RuntimeError.  Convolution: trunc((H + 2p - e) / s) + 1 <= 0 iff H <= e - 2p - s; Deconvolution:
-        s(H - 1) + e - 2p <= 0 iff H <= 1 + floor((2p - e) / s)."""
-        extents = [d * (k - 1) + 1 for k, d in zip(g.kernel, g.dilation)]
+    def _extents(self, g) -> list[int]:
+        return [d * (k - 1) + 1 for k, d in zip(g.kernel, g.dilation)]
+
+    def _empty_up_to(self, g) -> tuple[int, int]:
+        """Per spatial axis, the largest input size whose output size is <= 0 (the shape rule, which a net fed
+        another shape at run time does not re-run): one comparison per axis in forward before torch's convolution,
+        which refuses such a plane.  Convolution: trunc((H + 2p - e) / s) + 1 <= 0 iff H <= e - 2p - s;
+        Deconvolution: s(H - 1) + e - 2p <= 0 iff H <= 1 + floor((2p - e) / s)."""
         if self.transposed:
-            return tuple(1 + (2 * p - e) // s for e, s, p in zip(extents, g.stride, g.pad))
-        return tuple(e - 2 * p - s for e, s, p in zip(extents, g.stride, g.pad))
+            return tuple(1 + (2 * p - e) // s for e, s, p in zip(self._extents(g), g.stride, g.pad))
+        return tuple(e - 2 * p - s for e, s, p in zip(self._extents(g), g.stride, g.pad))
+
+    def _negative_up_to(self, g) -> tuple[int, int]:
+        """Per spatial axis, the largest input size whose output size is < 0 (Caffe's Blob::Reshape CHECK on the
+        top).  Convolution: trunc((H + 2p - e) / s) + 1 < 0 iff H + 2p - e <= -2s; Deconvolution:
+        s(H - 1) + e - 2p < 0 iff H <= ceil((2p - e) / s)."""
+        if self.transposed:
+            return tuple(-((e - 2 * p) // s) for e, s, p in zip(self._extents(g), g.stride, g.pad))
+        return tuple(e - 2 * p - 2 * s for e, s, p in zip(self._extents(g), g.stride, g.pad))
 
     def caffe_blobs(self):
         return [self.weight] + ([self.bias] if self.bias is not None else [])
@@ -142,10 +153,27 @@ class _ConvolutionBase(CaffeLayer):
             if x.dim() != 4 or x.shape[1] != self.channels:
                 raise ShapeMismatchError(f"layer '{self.layer_name}': expected (N, {self.channels}, H, W) input, "
                                          f"got {tuple(x.shape)}")
-            if x.shape[2] <= self.empty_below[0] or x.shape[3] <= self.empty_below[1]:
-                raise ShapeMismatchError(f"layer '{self.layer_name}': input {tuple(x.shape)} gives an empty output")
-            outs.append(self._convolve(x))
+            if x.shape[2] <= self.negative_up_to[0] or x.shape[3] <= self.negative_up_to[1]:
+                raise ShapeMismatchError(f"layer '{self.layer_name}': input {tuple(x.shape)} gives a negative output "
+                                         f"size")
+            empty = x.shape[2] <= self.empty_up_to[0] or x.shape[3] <= self.empty_up_to[1]
+            if empty or not x.shape[2] or not x.shape[3]:
+                outs.append(self._degenerate(x))
+            else:
+                outs.append(self._convolve(x))
         return tuple(outs)
+
+    def _degenerate(self, x):
+        """What Caffe computes where torch's convolution refuses: an output plane of size 0 is an empty top (the
+        forward and backward loops run zero times), and an input plane of size 0 whose padding still gives outputs
+        reads only zeros (im2col's padding; Deconvolution's col2im writes nothing), so each output is the bias.
+        The top stays on the autograd graph: the weight's gradient is 0 (a product with zeros), the bias's the
+        sum of the top's gradient (its backward_cpu_bias)."""
+        f = deconv_out_size if self.transposed else conv_out_size
+        out = [f(int(size), *geometry) for size, *geometry in
+               zip(x.shape[2:], self.kernel, self.stride, self.pad, self.dilation)]
+        top = x.new_zeros((x.shape[0], self.num_output, *out)) + x.flatten()[:0].sum() + self.weight.flatten()[:0].sum()
+        return top + self.bias.view(1, -1, 1, 1) if self.bias is not None else top
 
     def extra_repr(self):
         return (f"{super().extra_repr()}, num_output={self.num_output}, kernel={self.kernel}, stride={self.stride}, "

@@ -68,9 +68,13 @@ def _cases():
     yield from EXTRA
 
 
-def _net_text(kind: str, shapes, params: str) -> str:
+def _net_text(kind: str, shapes, params: str, conv_first: bool = False) -> str:
     lines = [f'layer {{ name: "in{i}" type: "Input" top: "b{i}" input_param {{ shape {{ '
              f'{" ".join(f"dim: {d}" for d in s)} }} }} }}' for i, s in enumerate(shapes)]
+    if conv_first:  # b0 is a Convolution's top instead: kernel 3 on (N, C, 2, 2) gives (N, 2, 0, 0), an empty top
+        lines[0] = lines[0].replace('top: "b0"', 'top: "x0"')
+        lines.insert(1, 'layer { name: "conv" type: "Convolution" bottom: "x0" top: "b0" '
+                        'convolution_param { num_output: 2 kernel_size: 3 } }')
     bottoms = " ".join(f'bottom: "b{i}"' for i in range(len(shapes)))
     lines.append(f'layer {{ name: "l" type: "{kind}" {bottoms} top: "t" {params} }}')
     return "\n".join(lines)
@@ -90,3 +94,32 @@ def test_degenerate_shapes_give_caffes_result_or_a_typed_error(phase):
         except Exception as exc:  # noqa: BLE001 - collecting every untyped escape is the point
             untyped.append(f"{kind} {shapes} {params}: {type(exc).__name__}: {str(exc)[:100]}")
     assert not untyped, "\n".join(untyped)
+
+
+@pytest.mark.parametrize("phase", ["test", "train"])
+def test_an_empty_convolution_top_feeds_every_layer_as_an_empty_bottom(phase):
+    # a Convolution whose output size is 0 builds (Caffe's Blob::Reshape accepts the 0) and its empty top then
+    # feeds the next layer, which must give Caffe's result on an empty bottom or a typed error
+    untyped, ran = [], set()
+    for kind in registered_types():
+        if kind in NO_BOTTOM_OR_FILE or kind.startswith("Python:"):
+            continue
+        shapes = _bottoms(kind, (2, 2, 0, 0))
+        shapes[0] = (2, 3, 2, 2)
+        params = PARAMS.get(kind, "")
+        try:
+            net = load_net(_net_text(kind, shapes, params, conv_first=True), phase=phase)
+            assert tuple(net.blob_shapes["b0"]) == (2, 2, 0, 0)
+            net.force_backward = True
+            inputs = {f"b{i}": torch.zeros(s) for i, s in enumerate(shapes)}
+            inputs["x0"] = inputs.pop("b0")
+            blobs = net.forward(**inputs)
+            assert tuple(blobs["b0"].shape) == (2, 2, 0, 0)
+            net.backward(blobs)
+            ran.add(kind)
+        except CaffeCompatError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - collecting every untyped escape is the point
+            untyped.append(f"{kind} {shapes} {params}: {type(exc).__name__}: {str(exc)[:100]}")
+    assert not untyped, "\n".join(untyped)
+    assert {"ReLU", "Pooling", "Convolution", "Eltwise", "Concat", "Softmax", "Flatten"} <= ran, sorted(ran)

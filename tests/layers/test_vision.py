@@ -405,15 +405,75 @@ def test_convolution_with_no_channel_is_a_format_error(kind):
         _layer(f'type: "{kind}" convolution_param {{ num_output: 2 kernel_size: 1 }}', [(2, 0, 4, 4)])
 
 
-@pytest.mark.parametrize("kind, spec, fed", [
-    ("Convolution", "kernel_size: 1", (2, 3, 0, 4)),
-    ("Convolution", "kernel_size: 3 stride: 2", (2, 3, 1, 1)),  # trunc((1 - 3) / 2) + 1 = 0
-    ("Deconvolution", "kernel_size: 1", (2, 3, 4, 0)),  # 1·(0 - 1) + 1 = 0
-])
-def test_convolution_fed_an_input_with_an_empty_output_is_a_shape_mismatch_error(kind, spec, fed):
-    # a net set up for (2, 3, 8, 8) accepts another plane at run time without re-running the shape rule, which
-    # refuses an empty output; the forward now does too (we raised torch's RuntimeError)
+EMPTY_OUTPUT = [  # (type, geometry, bottom, Caffe's top): compute_output_shape gives a 0 that Blob::Reshape accepts
+    ("Convolution", "kernel_size: 1", (2, 3, 0, 4), (2, 2, 0, 4)),
+    ("Convolution", "kernel_size: 3 stride: 2", (2, 3, 1, 1), (2, 2, 0, 0)),  # trunc((1 - 3) / 2) + 1 = 0
+    ("Convolution", "kernel_size: 3", (2, 3, 2, 5), (2, 2, 0, 3)),  # (2 - 3) / 1 + 1 = 0
+    ("Convolution", "kernel_size: 4 stride: 2", (2, 3, 1, 5), (2, 2, 0, 1)),  # trunc(-3 / 2) + 1 = 0, not floor's -1
+    ("Deconvolution", "kernel_size: 1", (2, 3, 4, 0), (2, 2, 4, 0)),  # 1·(0 - 1) + 1 = 0
+    ("Deconvolution", "kernel_size: 2 pad: 1", (2, 3, 1, 3), (2, 2, 0, 2)),  # 1·(1 - 1) + 2 - 2 = 0
+]
+
+
+def _conv_net(kind, spec, shape):
+    from caffe_compat.net import load_net
+    dims = " ".join(f"dim: {d}" for d in shape)
+    return load_net(f'''layer {{ name: "in" type: "Input" top: "x" input_param {{ shape {{ {dims} }} }} }}
+        layer {{ name: "conv" type: "{kind}" bottom: "x" top: "y"
+                 convolution_param {{ num_output: 2 {spec} weight_filler {{ type: "constant" value: 1 }}
+                                      bias_filler {{ type: "constant" value: 0.5 }} }} }}''', phase="train")
+
+
+@pytest.mark.parametrize("kind, spec, fed, top", EMPTY_OUTPUT)
+def test_convolution_with_an_output_size_of_zero_gives_caffes_empty_top(kind, spec, fed, top):
+    # BaseConvolutionLayer::Reshape shapes the top with compute_output_shape's sizes and Blob::Reshape only
+    # CHECK_GE(dim, 0): a 0 is an empty top, the net builds and its forward/backward loops run zero times.  We
+    # refused it with a ShapeMismatchError ("gives an empty output"), at setup and at run time.
+    net = _conv_net(kind, spec, fed)
+    assert tuple(net.blob_shapes["y"]) == top
+    net.force_backward = True
+    blobs = net.forward(x=torch.ones(fed))
+    assert tuple(blobs["y"].shape) == top
+    net.backward(blobs, {"y": torch.ones(top)})
+    conv = net.layers[next(s.module_key for s in net.steps if s.name == "conv")]
+    assert not conv.weight.grad.any() and not conv.bias.grad.any()  # nothing accumulated (no output position)
+    # a net set up for (2, 3, 8, 8) and fed the plane at run time (no shape rule re-run) gives the same top
     port = _layer(f'type: "{kind}" convolution_param {{ num_output: 2 {spec} }}', [(2, 3, 8, 8)])
-    with pytest.raises(ShapeMismatchError, match="gives an empty output"):
+    x = torch.ones(fed, requires_grad=True)
+    (y,) = port(x)
+    assert tuple(y.shape) == top
+    y.sum().backward()
+    assert x.grad.shape == x.shape and not x.grad.any()
+    assert tuple(port(torch.zeros(2, 3, 5, 5))[0].shape[:2]) == (2, 2)
+
+
+@pytest.mark.parametrize("kind, spec, fed, top", [
+    ("Convolution", "kernel_size: 1 pad: 1", (2, 3, 0, 4), (2, 2, 2, 6)),  # (0 + 2 - 1) / 1 + 1 = 2
+    ("Deconvolution", "kernel_size: 3", (2, 3, 4, 0), (2, 2, 6, 2)),  # 1·(0 - 1) + 3 = 2
+])
+def test_convolution_of_an_empty_plane_with_outputs_gives_the_bias(kind, spec, fed, top):
+    # an empty input plane whose geometry still gives outputs: Convolution's im2col reads only padding zeros,
+    # Deconvolution's col2im zeroes the top and adds nothing, so every output is the bias (forward_cpu_bias) and
+    # the bias's gradient sums the top's (backward_cpu_bias), the weight's stays 0.  We raised torch's RuntimeError.
+    net = _conv_net(kind, spec, fed)
+    net.force_backward = True
+    blobs = net.forward(x=torch.zeros(fed))
+    assert tuple(blobs["y"].shape) == top and bool((blobs["y"] == 0.5).all())
+    net.backward(blobs, {"y": torch.ones(top)})
+    conv = net.layers[next(s.module_key for s in net.steps if s.name == "conv")]
+    assert not conv.weight.grad.any()
+    assert conv.bias.grad.tolist() == [top[0] * top[2] * top[3]] * 2
+
+
+@pytest.mark.parametrize("kind, spec, fed", [
+    ("Convolution", "kernel_size: 5", (2, 3, 1, 1)),  # (1 - 5) / 1 + 1 = -3
+    ("Convolution", "kernel_size: 4 stride: 2", (2, 3, 0, 5)),  # trunc((0 - 4) / 2) + 1 = -1
+    ("Deconvolution", "kernel_size: 1 pad: 1", (2, 3, 1, 1)),  # 1·0 + 1 - 2 = -1
+])
+def test_convolution_with_a_negative_output_size_is_a_shape_mismatch_error(kind, spec, fed):
+    # Blob::Reshape CHECK_GE(dim, 0) on the top: Caffe aborts; we refuse at setup and at run time, naming the layer
+    port = _layer(f'type: "{kind}" name: "c" convolution_param {{ num_output: 2 {spec} }}', [(2, 3, 8, 8)])
+    with pytest.raises(ShapeMismatchError, match="layer 'c'.*negative output size"):
         port(torch.zeros(fed))
-    assert port(torch.zeros(2, 3, 5, 5))[0].shape[:2] == (2, 2)
+    with pytest.raises(ShapeMismatchError, match="layer 'conv'.*negative output size"):
+        _conv_net(kind, spec, fed)
