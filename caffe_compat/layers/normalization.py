@@ -182,6 +182,17 @@ def _broadcast(value: torch.Tensor, ndim: int, axis: int) -> torch.Tensor:
     return value.reshape(broadcast_view(value.shape, ndim, axis))
 
 
+def _fitted(value: torch.Tensor, x: torch.Tensor, axis: int, layer: str, what: str) -> torch.Tensor:
+    """``value`` viewed to broadcast over ``x`` from ``axis``, after the check Scale/Bias's Reshape makes on every
+    forward (a net fed another shape at run time does not re-run the shape rule): CHECK_EQ(bottom[0]->shape(axis + i),
+    blob->shape(i)) for each of the blob's axes (a scalar blob fits anything).  A ShapeMismatchError, not torch's
+    broadcasting RuntimeError."""
+    if value.dim() and tuple(x.shape[axis:axis + value.dim()]) != tuple(value.shape):
+        raise ShapeMismatchError(f"layer '{layer}': {what} of shape {tuple(value.shape)} does not match the bottom "
+                                 f"{tuple(x.shape)} from axis {axis} (Caffe's Reshape CHECKs each dimension)")
+    return _broadcast(value, x.dim(), axis)
+
+
 @register_layer("Scale")
 class Scale(CaffeLayer):
     """``y = x ⊙ γ (+ β)``, γ broadcast over axes ``axis .. axis+num_axes-1`` of x.
@@ -222,16 +233,19 @@ class Scale(CaffeLayer):
     def forward_inplace(self, x):
         if self.scale is None:
             return None
-        x.mul_(_broadcast(self.scale, x.dim(), self.axis))
-        if self.bias is not None:
-            x.add_(_broadcast(self.bias, x.dim(), self.axis))
+        gamma = _fitted(self.scale, x, self.axis, self.layer_name, "the scale blob")
+        beta = _fitted(self.bias, x, self.axis, self.layer_name, "the bias blob") if self.bias is not None else None
+        x.mul_(gamma)
+        if beta is not None:
+            x.add_(beta)
         return x
 
     def forward(self, x, *maybe_scale):
         gamma = maybe_scale[0] if maybe_scale else self.scale
-        y = x * _broadcast(gamma, x.dim(), self.axis)
-        if self.bias is not None:
-            y.add_(_broadcast(self.bias, x.dim(), self.axis))  # y is fresh; add saves nothing for backward
+        what = "the scale (bottom 1)" if maybe_scale else "the scale blob"
+        y = x * _fitted(gamma, x, self.axis, self.layer_name, what)
+        if self.bias is not None:  # y is fresh; add saves nothing for backward
+            y.add_(_fitted(self.bias, x, self.axis, self.layer_name, "the bias blob"))
         return (y,)
 
 
@@ -267,7 +281,8 @@ class Bias(CaffeLayer):
 
     def forward(self, x, *maybe_bias):
         beta = maybe_bias[0] if maybe_bias else self.bias
-        return (x + _broadcast(beta, x.dim(), self.axis),)
+        what = "the bias (bottom 1)" if maybe_bias else "the bias blob"
+        return (x + _fitted(beta, x, self.axis, self.layer_name, what),)
 
 
 def _std_plus_eps(std: torch.Tensor, eps: float) -> torch.Tensor:

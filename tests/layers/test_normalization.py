@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -414,3 +416,42 @@ def test_mvn_fed_an_empty_batch_at_run_time_is_a_shape_mismatch_error():
     port = make_layer('type: "MVN"', [(2, 3, 4, 4)])
     with pytest.raises(ShapeMismatchError, match="no row to normalise"):
         port(torch.zeros(0, 3, 4, 4))
+
+
+
+AFFINE_RUN_TIME = [  # (layer, second bottom's shape, the run-time value, a fed shape that passes, one that does not)
+    ('type: "Scale"', None, 2.0, (3, 3, 2, 5), (2, 5, 4, 4)),
+    ('type: "Scale" scale_param { bias_term: true }', None, 4.0, (3, 3, 2, 5), (2, 5, 4, 4)),
+    ('type: "Scale" scale_param { axis: 2 num_axes: -1 }', None, 2.0, (1, 7, 4, 4), (2, 3, 4, 5)),
+    ('type: "Bias"', None, 3.0, (3, 3, 2, 5), (2, 5, 4, 4)),
+    ('type: "Scale" scale_param { bias_term: true }', (3,), 4.0, (3, 3, 2, 5), (2, 5, 4, 4)),
+    ('type: "Bias"', (3,), 3.0, (3, 3, 2, 5), (2, 5, 4, 4)),
+]
+
+
+@pytest.mark.parametrize("layer, second, value, passes, fails", AFFINE_RUN_TIME)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_scale_and_bias_fed_a_mismatched_bottom_at_run_time_are_a_shape_mismatch_error(layer, second, value, passes,
+                                                                                        fails, in_place):
+    """scale_layer.cpp / bias_layer.cpp Reshape, run before every Forward (Net::ForwardFromTo): CHECK_EQ(
+    bottom[0]->shape(axis + i), blob->shape(i)) for each axis of the scale/bias blob (bottom 1 or the learned one).
+    A net built for (2, 3, 4, 4) and fed other channels aborts in Caffe; we raised torch's broadcasting
+    RuntimeError.  Another batch or plane still runs, with Caffe's numbers (every blob 2, the input 1)."""
+    from caffe_compat.errors import ShapeMismatchError
+    from caffe_compat.net import load_net
+
+    inputs = [("x", (2, 3, 4, 4))] + ([("s", second)] if second else [])
+    text = "\n".join(f'layer {{ name: "in_{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
+                     f'{" ".join(f"dim: {d}" for d in shape)} }} }} }}' for n, shape in inputs)
+    top = "x" if in_place else "y"
+    bottoms = 'bottom: "x"' + (' bottom: "s"' if second else "")
+    net = load_net(text + f'\nlayer {{ name: "affine" {layer} {bottoms} top: "{top}" }}')
+    for blob in net.layers[next(s.module_key for s in net.steps if s.name == "affine")].caffe_blobs():
+        blob.data.fill_(2.0)
+    extra = {"s": torch.full(second, 2.0)} if second else {}
+    out = net.forward(x=torch.ones(passes), **extra)[top]  # Reshape accepts another batch or plane
+    assert tuple(out.shape) == passes and bool((out == value).all())
+    blob_shape = second or ((4, 4) if "axis: 2" in layer else (3,))
+    with pytest.raises(ShapeMismatchError, match=rf"layer 'affine'.*{re.escape(str(blob_shape))}.*"
+                                                 rf"{re.escape(str(fails))}"):
+        net.forward(x=torch.ones(fails), **extra)
