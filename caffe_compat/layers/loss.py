@@ -261,7 +261,9 @@ class _ClassAxisLoss(_LossLayer):
         if valid is not None:
             weights = weights * valid.unsqueeze(1).to(x.dtype)
         count = valid.sum() if valid is not None else None
-        loss = -(weights * log_p).sum() / get_normalizer(self.normalization, outer, inner, count)
+        # Caffe's ``loss = 0; loss -= ...``: 0 - sum, so no position (an empty batch, all ignored) is +0.0, not
+        # the -0.0 of -(sum); the normaliser is at least 1
+        loss = (0.0 - (weights * log_p).sum()) / get_normalizer(self.normalization, outer, inner, count)
         if not self.with_prob:
             return (loss,)
         return (loss, torch.softmax(scores.detach(), dim=self.axis))

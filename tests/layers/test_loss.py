@@ -410,3 +410,25 @@ def test_fed_an_empty_batch_at_run_time_is_a_shape_mismatch_error(kind):
     port = make_layer(f'type: "{kind}" bottom: "x" bottom: "y"', [(2, 3), (2,)])
     with pytest.raises(ShapeMismatchError, match="empty batch"):
         port(torch.zeros(0, 3), torch.zeros(0))
+
+
+@pytest.mark.parametrize("kind", ["SoftmaxWithLoss", "InfogainLoss"])
+@pytest.mark.parametrize("normalization", ["FULL", "VALID", "BATCH_SIZE", "NONE"])
+def test_softmax_and_infogain_loss_of_no_position_is_positive_zero(kind, normalization):
+    # softmax_loss_layer.cpp / infogain_loss_layer.cpp Forward_cpu: Dtype loss = 0; loss -= ... per valid position,
+    # then loss / get_normalizer(...), which is std::max(1.0, normalizer): no position (an empty batch, or every
+    # label ignored) leaves +0.0 / 1 = +0.0.  We computed -(sum) / normaliser: -0.0.
+    h = 'bottom: "h"' if kind == "InfogainLoss" else ""
+    text = (f'type: "{kind}" bottom: "x" bottom: "y" {h} '
+            f'loss_param {{ normalization: {normalization} ignore_label: 1 }}')
+    extra = [torch.eye(3)] if h else []
+    port = make_layer(text, [(0, 3), (0,)] + [(3, 3)] * len(extra))
+    (loss,) = port(torch.zeros(0, 3), torch.zeros(0), *extra)
+    assert loss.item() == 0.0 and math.copysign(1.0, loss.item()) == 1.0
+    port = make_layer(text, [(2, 3), (2,)] + [(3, 3)] * len(extra))
+    scores = torch.tensor([[0.5, -1.0, 2.0], [1.0, 0.0, 0.25]], requires_grad=True)
+    (loss,) = port(scores, torch.ones(2), *extra)  # every label ignored
+    assert loss.item() == 0.0 and math.copysign(1.0, loss.item()) == 1.0
+    (loss,) = port(scores, torch.tensor([2.0, 1.0]), *extra)  # one valid position: -log p, still negated
+    expected = -torch.log_softmax(scores.detach()[0], 0)[2].item() / {"FULL": 2, "BATCH_SIZE": 2}.get(normalization, 1)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
