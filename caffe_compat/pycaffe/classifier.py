@@ -41,6 +41,10 @@ def forward_all(net, blobs=None, **kwargs) -> dict:
     if any(len(a) != total for a in arrays.values()):
         raise CaffeCompatError("forward_all(): the inputs have different numbers of items")
     batch = net.blobs[next(iter(arrays))].shape[0]
+    if not batch:  # pycaffe's _batch: remainder = num % batch_size (we raised range()'s ValueError: step 0)
+        raise ZeroDivisionError(f"forward_all(): the input blob '{next(iter(arrays))}' has batch size 0, so {total} "
+                                f"rows cannot be cut into batches (pycaffe's num % batch_size is an integer modulo "
+                                f"by zero)")
     outs: dict[str, list] = {}
     for start in range(0, total, batch):
         feed = {}

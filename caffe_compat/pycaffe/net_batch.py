@@ -2,7 +2,8 @@
 (BVLC ``pycaffe.py``), as :class:`NetBatchMixin`.
 
 * ``_batch(arrays)``: the arrays (same length N) cut into batches of the net's batch size (the first
-  axis of its first blob); a last partial batch is padded with zeros to the full size.
+  axis of its first blob); a last partial batch is padded with zeros to the full size.  A batch size of 0
+  is pycaffe's ZeroDivisionError (its ``num % batch_size``), raised when the first batch is asked for.
 * ``forward_all(blobs=None, **inputs)``: one ``forward`` per batch of the keyword inputs (which must name
   the net's inputs); returns ``{blob: array}`` for the outputs and ``blobs``, the batches' rows
   concatenated and the padding rows removed.
@@ -40,7 +41,11 @@ class NetBatchMixin:
         if len(set(lengths.values())) != 1:
             raise CaffeCompatError(f"_batch: the arrays have different lengths {lengths}")
         num = next(iter(lengths.values()))
-        batch_size = next(iter(self.blobs.values())).shape[0]
+        first = next(iter(self.blobs))
+        batch_size = self.blobs[first].shape[0]
+        if not batch_size:  # pycaffe's remainder = num % batch_size: the same exception, with what it means
+            raise ZeroDivisionError(f"_batch: the net's first blob '{first}' has batch size 0, so {num} rows cannot be "
+                                    f"cut into batches (pycaffe's num % batch_size is an integer modulo by zero)")
         for start in range(0, num - num % batch_size, batch_size):
             yield {name: np.asarray(value[start:start + batch_size]) for name, value in arrays.items()}
         remainder = num % batch_size

@@ -83,6 +83,18 @@ def test_forward_all_pads_the_last_batch_and_drops_the_padding(tmp_path):
     assert out.shape == (6, 2)
 
 
+def test_the_generic_forward_all_of_a_net_with_batch_size_0_is_a_zero_division_error():
+    # classifier.forward_all on a net without its own forward_all took range(0, total, 0): range()'s ValueError
+    class Bare:
+        blobs = {"data": np.zeros((0, 3), np.float32)}
+
+        def forward(self, blobs=None, **feed):
+            raise AssertionError("no batch to run")
+
+    with pytest.raises(ZeroDivisionError, match="input blob 'data' has batch size 0"):
+        forward_all(Bare(), data=np.ones((4, 3), np.float32))
+
+
 def _png(tmp_path, rgb: np.ndarray) -> str:
     path = str(tmp_path / "image.png")
     cv2.imwrite(path, np.round(rgb[:, :, ::-1] * 255).astype(np.uint8))
