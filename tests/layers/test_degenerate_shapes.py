@@ -80,19 +80,29 @@ def _net_text(kind: str, shapes, params: str, conv_first: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _finished(untyped: list, label: str, run) -> bool:
+    """``run()``: True when it finished, False on a typed error; an untyped exception is added to ``untyped``."""
+    try:
+        run()
+        return True
+    except CaffeCompatError:
+        return False
+    except Exception as exc:  # noqa: BLE001 - collecting every untyped escape is the point
+        untyped.append(f"{label}: {type(exc).__name__}: {str(exc)[:100]}")
+        return False
+
+
 @pytest.mark.parametrize("phase", ["test", "train"])
 def test_degenerate_shapes_give_caffes_result_or_a_typed_error(phase):
     untyped = []
     for kind, shapes, params in _cases():
-        try:
+        def run():
             net = load_net(_net_text(kind, shapes, params), phase=phase)
             net.force_backward = True
             blobs = net.forward(**{f"b{i}": torch.zeros(s) for i, s in enumerate(shapes)})
             net.backward(blobs)
-        except CaffeCompatError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - collecting every untyped escape is the point
-            untyped.append(f"{kind} {shapes} {params}: {type(exc).__name__}: {str(exc)[:100]}")
+
+        _finished(untyped, f"{kind} {shapes} {params}", run)
     assert not untyped, "\n".join(untyped)
 
 
@@ -107,7 +117,8 @@ def test_an_empty_convolution_top_feeds_every_layer_as_an_empty_bottom(phase):
         shapes = _bottoms(kind, (2, 2, 0, 0))
         shapes[0] = (2, 3, 2, 2)
         params = PARAMS.get(kind, "")
-        try:
+
+        def run():
             net = load_net(_net_text(kind, shapes, params, conv_first=True), phase=phase)
             assert tuple(net.blob_shapes["b0"]) == (2, 2, 0, 0)
             net.force_backward = True
@@ -116,10 +127,8 @@ def test_an_empty_convolution_top_feeds_every_layer_as_an_empty_bottom(phase):
             blobs = net.forward(**inputs)
             assert tuple(blobs["b0"].shape) == (2, 2, 0, 0)
             net.backward(blobs)
+
+        if _finished(untyped, f"{kind} {shapes} {params}", run):
             ran.add(kind)
-        except CaffeCompatError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - collecting every untyped escape is the point
-            untyped.append(f"{kind} {shapes} {params}: {type(exc).__name__}: {str(exc)[:100]}")
     assert not untyped, "\n".join(untyped)
     assert {"ReLU", "Pooling", "Convolution", "Eltwise", "Concat", "Softmax", "Flatten"} <= ran, sorted(ran)
