@@ -8,10 +8,11 @@ Reproduced from Caffe:
   HDF5 file (its signature, as Caffe's ``H5Fis_hdf5`` tests, or a name ending in ``.h5``) is read as HDF5.
   ``save(path)``: ``ToProto`` written as a binary caffemodel.
 * ``save_hdf5(path)``: ``Net::ToHDF5`` without diffs: a group ``data`` holding one group per layer (Split
-  layers included, empty when the layer has no blobs) and in it one float32 dataset per blob, named
-  ``"0"``, ``"1"``, ...  ``load_hdf5(path)``: ``CopyTrainedLayersFromHDF5``: source layers the net lacks
-  are ignored; a layer whose blob count or a blob whose shape differs raises ShapeMismatchError naming
-  the layer and blob.  Needs ``h5py``.
+  layers included, empty when the layer has no blobs) and in it one float32 dataset per blob the layer
+  owns, named ``"0"``, ``"1"``, ... (a blob shared through ``ParamSpec.name`` is written once, by its
+  owner), written to a temporary file renamed when complete.  ``load_hdf5(path)``:
+  ``CopyTrainedLayersFromHDF5``: source layers the net lacks are ignored; a layer whose blob count or a blob
+  whose shape differs raises ShapeMismatchError naming the layer and blob.  Needs ``h5py``.
 * ``share_with(other)``: ``ShareTrainedLayersWith``: every layer of this net named like a layer of
   ``other`` with blobs takes ``other``'s very tensors (the same memory from then on, as Caffe's shared
   data); blob counts and shapes must agree.
@@ -27,18 +28,13 @@ import numpy as np
 import torch
 
 from caffe_compat.errors import CaffeCompatError, InputArraysError, ShapeMismatchError
+from caffe_compat.io.atomic import atomic_path
 from caffe_compat.net import CaffeNet
 from caffe_compat.net_weights import copy_hdf5_weights, is_hdf5_weights, trained_layer_pairs
 from caffe_compat.pycaffe.blob import grad_of
 
 __all__ = ["NetParamsMixin", "copy_hdf5_weights", "is_hdf5_weights", "set_input_arrays_of", "share_trained_layers",
            "transplant_state"]
-
-
-def _layer_blobs(cnet: CaffeNet) -> list[tuple[str, list]]:
-    """(layer name, its blobs) for every step, Split layers with no blobs."""
-    return [(s.name, list(cnet.layers[s.module_key].caffe_blobs()) if s.module_key is not None else [])
-            for s in cnet.steps]
 
 
 def share_trained_layers(source: CaffeNet, target: CaffeNet) -> bool:
@@ -137,19 +133,25 @@ class NetParamsMixin:
         self._cnet.save_caffemodel(str(path))
 
     def save_hdf5(self, path) -> None:
-        """Write the weights as Caffe's HDF5 weights file (``Net::ToHDF5``, no diffs)."""
+        """Write the weights as Caffe's HDF5 weights file (``Net::ToHDF5``, no diffs): only the blobs a layer owns
+        (a blob it shares through ``ParamSpec.name`` is its owner's dataset), into a temporary file renamed to
+        ``path`` when complete."""
         h5py = _h5py()
         self._upload_params()
-        path = os.fspath(path)
-        try:
-            with h5py.File(path, "w") as f:
-                data = f.create_group("data")
-                for name, blobs in _layer_blobs(self._cnet):
-                    group = data.require_group(name)
-                    for i, blob in enumerate(blobs):
-                        group.create_dataset(str(i), data=blob.detach().to("cpu", torch.float32).numpy())
-        except OSError as exc:
-            raise CaffeCompatError(f"save_hdf5: cannot write {path}: {exc}") from None
+        cnet = self._cnet
+        shared = {(key, i) for key, i, _, _ in cnet._shared}
+        with atomic_path(os.fspath(path)) as tmp:
+            try:
+                with h5py.File(tmp, "w") as f:
+                    data = f.create_group("data")
+                    for step in cnet.steps:
+                        group = data.require_group(step.name)
+                        blobs = cnet.layers[step.module_key].caffe_blobs() if step.module_key is not None else []
+                        for i, blob in enumerate(blobs):
+                            if (step.module_key, i) not in shared:  # ToHDF5: "Only save params that own themselves"
+                                group.create_dataset(str(i), data=blob.detach().to("cpu", torch.float32).numpy())
+            except OSError as exc:
+                raise CaffeCompatError(f"save_hdf5: cannot write {path}: {exc}") from None
 
     def load_hdf5(self, path) -> None:
         """Copy weights by layer name from Caffe's HDF5 weights file (``CopyTrainedLayersFromHDF5``)."""

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import caffe_compat as caffe
-from caffe_compat.errors import ShapeMismatchError
+from caffe_compat.errors import CaffeCompatError, ShapeMismatchError
 from caffe_compat.layers import python_user
 from caffe_compat.pycaffe import Blob
 
@@ -251,6 +251,42 @@ def test_hdf5_weights_of_a_weight_shared_net_as_caffe_writes_them(tmp_path):
         f["data/solo/1"], f["data/solo/2"] = bias, bias
     with pytest.raises(ShapeMismatchError, match="layer 'solo' has 3 blobs, the net's has 2"):
         net.copy_from(str(path))
+
+
+def test_save_hdf5_writes_only_owned_blobs_as_caffe(tmp_path):
+    """Net::ToHDF5 saves a dataset only for a blob whose param_owners_ is -1 ("Only save params that own
+    themselves"): the sharing layer's group stays empty.  Ours wrote the shared blobs again."""
+    proto = tmp_path / "siamese.prototxt"
+    proto.write_text(SIAMESE)
+    net = caffe.Net(str(proto), caffe.TEST)
+    path = tmp_path / "saved.caffemodel.h5"
+    net.save_hdf5(str(path))
+    with h5py.File(path, "r") as f:
+        assert sorted(f["data"]) == ["b_data_1_split", "data", "ip", "ip_p", "solo"]  # every layer, Split included
+        assert sorted(f["data/ip"]) == ["0", "1"] and sorted(f["data/solo"]) == ["0", "1"]
+        assert len(f["data/ip_p"]) == 0 and len(f["data/data"]) == 0
+    again = caffe.Net(str(proto), str(path), caffe.TEST)
+    for layer in ("ip", "ip_p", "solo"):
+        for mine, theirs in zip(net.params[layer], again.params[layer]):
+            np.testing.assert_array_equal(mine.data, theirs.data)
+
+
+def test_save_hdf5_writes_nothing_half_way(tmp_path, monkeypatch):
+    """A failed save leaves the file that was there (written to a temporary file, renamed when complete)."""
+    proto = tmp_path / "siamese.prototxt"
+    proto.write_text(SIAMESE)
+    net = caffe.Net(str(proto), caffe.TEST)
+    path = tmp_path / "w.h5"
+    path.write_bytes(b"the previous weights")
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", fail)
+    with pytest.raises(CaffeCompatError, match="save_hdf5: cannot write"):
+        net.save_hdf5(str(path))
+    assert path.read_bytes() == b"the previous weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["siamese.prototxt", "w.h5"]
 
 
 @pytest.mark.parametrize("name", ["snapshot_iter_10.caffemodel.h5", "weights.caffemodel"])
