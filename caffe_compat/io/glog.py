@@ -47,6 +47,8 @@ class GlogFormatter(logging.Formatter):
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
+        if getattr(record, "glog_bare_continuation", False):  # glog prefixes a message's first line only
+            return head + text
         return "\n".join(head + part for part in text.split("\n"))
 
 
