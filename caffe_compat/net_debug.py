@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["BackwardNeeds", "DebugPass", "backward_needs", "caffe_float", "listening"]
+__all__ = ["BackwardNeeds", "DebugPass", "backward_needs", "caffe_float", "listening", "loss_reach"]
 
 log = logging.getLogger("caffe_compat.net")
 
@@ -99,6 +99,22 @@ def backward_needs(net) -> BackwardNeeds:
     cached = net.__dict__.get("_backward_needs")
     if cached is not None:
         return cached
+    layer_need, bottom_need, param_down = loss_reach(net)
+    if net.force_backward:
+        for i, step in enumerate(net.steps):
+            layer_need[i] = True
+            refused = () if step.module_key is None else net.layers[step.module_key].refuses_forced_backward
+            bottom_need[i] = [need or j not in refused for j, need in enumerate(bottom_need[i])]
+            param_down[i] = [True] * len(param_down[i])
+    needs = BackwardNeeds(tuple(layer_need), tuple(map(tuple, bottom_need)), tuple(map(tuple, param_down)))
+    net.__dict__["_backward_needs"] = needs
+    return needs
+
+
+def loss_reach(net) -> tuple[list[bool], list[list[bool]], list[list[bool]]]:
+    """``Net::Init``'s flags before ``force_backward`` is applied (what its "needs backward computation" lines
+    report): per step, whether the layer needs backward, per bottom whether it gets a diff, per blob whether
+    the layer computes its diff."""
     steps, params = net.steps, net.net_param.layer
     blob_need: dict[str, bool] = {}
     layer_need, bottom_need, param_down = [], [], []
@@ -137,15 +153,7 @@ def backward_needs(net) -> BackwardNeeds:
                 bottom_need[i][j] = False
             if not bottom_need[i][j]:
                 skipped.add(bottom)
-    if net.force_backward:
-        for i, step in enumerate(steps):
-            layer_need[i] = True
-            refused = () if step.module_key is None else net.layers[step.module_key].refuses_forced_backward
-            bottom_need[i] = [need or j not in refused for j, need in enumerate(bottom_need[i])]
-            param_down[i] = [True] * len(param_down[i])
-    needs = BackwardNeeds(tuple(layer_need), tuple(map(tuple, bottom_need)), tuple(map(tuple, param_down)))
-    net.__dict__["_backward_needs"] = needs
-    return needs
+    return layer_need, bottom_need, param_down
 
 
 def _display_name(layer, index: int) -> str:
