@@ -63,6 +63,7 @@ from caffe_compat.io.weights import read_weights
 from caffe_compat.layers import layer_class
 from caffe_compat.layers.registry import blobs_overwritten
 from caffe_compat.net_graph import PHASE_NAMES, filter_net, insert_splits, make_state, net_outputs
+from caffe_compat.net_log import log_net_init
 from caffe_compat.net_run import (Blobs, DataAheadOfGraph, GraphSegments, LayerStep, NetExecution, breaking_step,
                                   compile_net, data_steps, graph_breaking_step, step_whose_port_says, traces_whole,
                                   with_data_tops)
@@ -145,6 +146,7 @@ class CaffeNet(CaffemodelWeights, NetExecution, nn.Module):
                 self.reinitialize(seed, skip=self._supplied_by(stored, blobs_of))
             else:  # the caller overwrites every blob (a checkpoint's state_dict): allocate, draw and write nothing
                 blobs_of = self._build(filtered, frozenset(layer.name for layer in filtered.layer), inferred, budget)
+            log_net_init(self, source)  # Caffe's Net::Init lines, when the net logger listens
             if stored is not None:
                 self._load_stored([(weights, stored)], strict, blobs_of)
             self._set_built_modes()

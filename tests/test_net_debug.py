@@ -82,7 +82,9 @@ def _closed_form():
 
 
 def _lines(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "caffe_compat.net"]
+    """The debug_info lines (each starts with four spaces and a bracket; building a net logs Net::Init's too)."""
+    lines = [r.getMessage() for r in caplog.records if r.name == "caffe_compat.net"]
+    return [line for line in lines if line.startswith("    [")]
 
 
 def _check(lines, expected, kind):

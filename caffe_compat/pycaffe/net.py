@@ -88,6 +88,7 @@ from caffe_compat.io.path_or_text import is_path
 from caffe_compat.layers.python_user import Layer, UserPythonLayer, keeping_user_objects
 from caffe_compat.net import CaffeNet
 from caffe_compat.net_graph import PHASE_NAMES, phase_value
+from caffe_compat.net_log import quiet
 from caffe_compat.proto import caffe_pb2
 from caffe_compat.pycaffe._mode import current_device, filler_seed
 from caffe_compat.pycaffe.blob import Blob, ParamBlob, grad_of
@@ -428,7 +429,7 @@ class Net(NetParamsMixin, NetBatchMixin):
                 for top, dims in zip(layer.top, per_top):
                     layer.input_param.shape.add().dim.extend(shapes.get(top, dims))
         users = {m.layer_name: m.user for m in self._cnet.layers.values() if isinstance(m, UserPythonLayer)}
-        with keeping_user_objects(users):  # Caffe reshapes its layers, it does not set them up again
+        with keeping_user_objects(users), quiet():  # Caffe reshapes its layers: no set-up again, no Net::Init lines
             new = CaffeNet(source, phase=self._phase, level=self._level, stages=self._stages, seed=self._seed)
         new = new.to(self._device)
         transplant_state(self._cnet, new)
