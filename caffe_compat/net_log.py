@@ -121,47 +121,47 @@ def filter_lines(layers, state: caffe_pb2.NetState, kept: caffe_pb2.NetParameter
     is included, then include rules while it is not); the included layers are appended to ``kept``."""
     lines: list[str] = []
     for layer in layers:
-        included = not layer.include
-        for rule in layer.exclude:
-            if not included:
-                break
-            broken = _broken(state, rule, layer.name)
-            if broken is None:
-                included = False
-            else:
-                lines.append(broken)
-        for rule in layer.include:
-            if included:
-                break
-            broken = _broken(state, rule, layer.name)
-            if broken is None:
-                included = True
-            else:
-                lines.append(broken)
+        included = _rules_met(layer.exclude, state, layer.name, not layer.include, False, lines)
+        included = _rules_met(layer.include, state, layer.name, included, True, lines)
         if included and kept is not None:
             kept.layer.add().CopyFrom(layer)
     return lines
 
 
+def _rules_met(rules, state, name: str, included: bool, met_gives: bool, lines: list[str]) -> bool:
+    """The layer's inclusion after ``rules`` (a rule the state meets sets it to ``met_gives``; the scan stops
+    once it is), each broken rule's line appended to ``lines``."""
+    for rule in rules:
+        if included == met_gives:
+            break
+        broken = _broken(state, rule, name)
+        if broken is None:
+            included = met_gives
+        else:
+            lines.append(broken)
+    return included
+
+
 # ------------------------------------------------------------------------------ DebugString
 
 
-def _simple_ftoa(value: float) -> str:
+def _shortest(value: float, digits: int, more: int, kind) -> str:
+    """C++ protobuf's ``SimpleFtoa``/``SimpleDtoa``: ``%.<digits>g`` when it reads back as the same ``kind``
+    (np.float32 or float), else ``%.<more>g``."""
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if math.isnan(value):
         return "nan"
-    text = f"{value:.6g}"
-    return text if np.float32(text) == np.float32(value) else f"{value:.9g}"
+    text = f"{value:.{digits}g}"
+    return text if kind(text) == kind(value) else f"{value:.{more}g}"
+
+
+def _simple_ftoa(value: float) -> str:
+    return _shortest(value, 6, 9, np.float32)
 
 
 def _simple_dtoa(value: float) -> str:
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if math.isnan(value):
-        return "nan"
-    text = f"{value:.15g}"
-    return text if float(text) == value else f"{value:.17g}"
+    return _shortest(value, 15, 17, float)
 
 
 def _scalar(field: FieldDescriptor, value) -> str:
