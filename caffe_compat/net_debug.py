@@ -182,9 +182,8 @@ class DebugPass:
     report, when ``backward``); :meth:`flush_forward` logs the forward lines, :meth:`log_backward` the
     backward ones once the gradients are in."""
 
-    def __init__(self, net, backward: bool, forward_lines: bool = True):
+    def __init__(self, net, backward: bool):
         self.net = net
-        self.forward_lines = forward_lines
         self.needs = backward_needs(net) if backward else None
         self._forward: list[tuple[str, object, int]] = []  # (text, abs sum tensor, count)
         self._bottom_sums: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
@@ -208,8 +207,6 @@ class DebugPass:
         self._bottom_sums[key] = (_abs_sum(grad), grad.numel())
 
     def after(self, index: int, blobs) -> None:
-        if not self.forward_lines:
-            return
         step = self.net.steps[index]
         for top in step.tops:
             tensor = blobs[top]

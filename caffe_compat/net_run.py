@@ -130,7 +130,7 @@ class NetExecution:
         finally:
             debug.flush_forward()
 
-    def debug_pass(self, forward_lines: bool = True):
+    def debug_pass(self):
         """A :class:`~caffe_compat.net_debug.DebugPass` for a run of this net while its ``debug_info`` flag is
         set (Caffe's ``debug_info_``) and someone listens, else None."""
         if not self.debug_info or torch.compiler.is_compiling():
@@ -139,7 +139,7 @@ class NetExecution:
 
         if not listening():
             return None
-        return DebugPass(self, backward=torch.is_grad_enabled(), forward_lines=forward_lines)
+        return DebugPass(self, backward=torch.is_grad_enabled())
 
     def _checked_inputs(self, inputs: dict | None, from_start: bool, want_grad: bool) -> dict:
         """``inputs`` as tensors on the net's device (requiring grad when ``want_grad``), after checking their
