@@ -188,9 +188,13 @@ def test_set_input_arrays_advances_and_wraps():
 def test_reshape_reinfers_shapes_and_keeps_views(googlenet_small):
     net, ref, _ = googlenet_small
     bias_view = net.params["fc_embedding"][1].data
+    batch = net.blobs["data"].shape[0]
     net.blobs["data"].reshape(1, 3, 224, 224)
     assert net.blobs["data"].shape == (1, 3, 224, 224)
-    assert net.blobs["conv1/7x7_s2"].shape[0] == 1 and net.blobs["fc_embedding"].shape == (1, 128)  # at once
+    # Caffe's Blob::Reshape changes that blob alone: the others follow at net.reshape() (or the next forward)
+    assert net.blobs["conv1/7x7_s2"].shape[0] == batch != 1 and net.blobs["fc_embedding"].shape == (batch, 128)
+    net.reshape()
+    assert net.blobs["conv1/7x7_s2"].shape[0] == 1 and net.blobs["fc_embedding"].shape == (1, 128)
     net.blobs["data"].data[...] = ref["data"][:1]
     out = net.forward()
     assert _rel(out["fc_embedding"], ref["fc_embedding"][:1]) < 1e-4

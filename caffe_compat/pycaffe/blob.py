@@ -7,8 +7,8 @@ Reproduced from pycaffe / Caffe:
   into them (what it returns are these very arrays, as in pycaffe).  ``reshape(*shape)`` is Caffe's
   ``Blob::Reshape``: memory is reallocated (zeros) only when the new count exceeds the blob's capacity
   (the largest count it had); otherwise the blob keeps its memory and values, seen in the new shape (the
-  same shape changes nothing: what the script wrote stays).  On a net input a new shape makes the net
-  re-infer every shape (see :mod:`caffe_compat.pycaffe.net`).
+  same shape changes nothing: what the script wrote stays).  On a net input the net re-infers every other
+  shape at ``net.reshape()`` or the next ``forward()``, as Caffe (see :mod:`caffe_compat.pycaffe.net`).
   ``shape``, ``count`` and the legacy 4-D accessors ``num``/``channels``/``height``/``width`` (Caffe's
   ``LegacyShape``: an axis the blob lacks counts 1, so a (N, C) blob has num N and channels C; on
   parameter blobs too).
@@ -144,7 +144,8 @@ class Blob:
 
     def reshape(self, *shape, **kwargs) -> None:
         """New shape, Caffe's ``Blob::Reshape`` (values kept within the capacity, see the module docstring).
-        On a net input, the net's shapes are re-inferred.  A keyword argument is pycaffe's RuntimeError."""
+        On a net input, the net's other shapes follow at ``net.reshape()`` / ``forward()``.  A keyword argument
+        is pycaffe's RuntimeError."""
         shape = shape_argument(self.name, shape, kwargs)
         if shape == self.shape:
             return  # Caffe: nothing changes, the data stays

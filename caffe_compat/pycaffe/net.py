@@ -24,12 +24,13 @@ What is reproduced from pycaffe / Caffe:
   The tops of a DummyData layer with a constant filler are filled once, at construction, and then read
   from the blobs (Caffe does not refill them): what a script writes into them (labels) is what the
   following forwards use.
-* ``blob.reshape(*shape)`` on a net input re-infers every shape (the net is rebuilt with the new Input shape,
-  keeping the same parameter tensors and its Python layers' objects, which are reshaped, not set up
-  again, as Caffe's ``Net::Reshape``); when the inputs are inconsistent for a moment (two inputs reshaped
-  one after the other) the new shapes are applied at ``net.reshape()`` / the next ``forward()``.
-  ``net.reshape()`` of a net with Python layers reshapes it even when no input changed (their ``reshape``
-  may shape their tops otherwise now).
+* ``blob.reshape(*shape)`` on a net input reshapes that blob alone (Caffe's ``Blob::Reshape``); the other
+  blobs keep their shapes until ``net.reshape()`` or the next ``forward()`` re-infers every shape (the net is
+  rebuilt with the new Input shapes, keeping the same parameter tensors and its Python layers' objects,
+  which are reshaped, not set up again, as Caffe's ``Net::Reshape``), so a Python layer's ``reshape`` runs
+  as often as in Caffe for ``blob.reshape(...); net.reshape(); net.forward()``.  ``net.reshape()`` of a
+  net with Python layers reshapes it even when no input changed (their ``reshape`` may shape their tops
+  otherwise now).  A solver's nets (:mod:`caffe_compat.pycaffe.solver`) still re-infer at once.
 * ``forward(blobs=None, start=None, end=None, **inputs)`` / ``_forward(start_index, end_index)``: Caffe's
   ``ForwardFromTo``; with ``start`` the layers read the blobs' stored data; returns ``{blob: data}`` for
   the outputs (``end``'s tops when given) plus ``blobs``.  A ``start``/``end`` (of ``backward`` too) naming
@@ -404,12 +405,10 @@ class Net(NetParamsMixin, NetBatchMixin):
     # ------------------------------------------------------------------------------ reshaping
 
     def _blob_reshaped(self, name: str) -> None:
+        """An input blob took a new shape: Caffe's ``Blob::Reshape`` changes that blob alone; the net takes the
+        new shapes at ``net.reshape()`` or the next ``forward()`` (``Net::Reshape`` / each layer's Reshape)."""
         if name in self._cnet.input_names:
             self._pending_inputs.add(name)
-            try:
-                self.reshape()
-            except CaffeCompatError:
-                pass  # the inputs disagree for now; applied (or raised) at reshape()/forward()
 
     def reshape(self) -> None:
         """Apply the input shapes set by ``blob.reshape`` to the whole net (pycaffe's ``net.reshape()``).

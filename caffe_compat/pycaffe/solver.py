@@ -174,9 +174,15 @@ class SolverNet(Net):
         return super()._feed_tensor(name)
 
     def _blob_reshaped(self, name: str) -> None:
+        """A solver's net re-infers its shapes at once (the solver's forward, compiled or graph-replayed, runs on
+        the core's CaffeNet, which a rebuild in the middle of a step would replace)."""
         if name in self.input_arrays and name not in self._cnet.input_names:
             return  # a constant DummyData top: the next forward reads the new array
         super()._blob_reshaped(name)
+        try:
+            self.reshape()
+        except CaffeCompatError:
+            pass  # the inputs disagree for now (two reshaped one after the other): applied (or raised) later
 
     def _replace_cnet(self, new: CaffeNet) -> None:
         new.source_param = self._cnet.source_param

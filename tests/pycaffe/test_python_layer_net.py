@@ -399,3 +399,50 @@ def test_keyword_arguments_to_reshape_and_add_blob_are_pycaffes_runtime_error(tm
         assert net.blobs["data"].shape == (2, 3) and net.params["kw"][0].shape == (2,)  # nothing changed
     finally:
         python_user.unregister_python_layer("pl_net", "Kw")
+
+
+class _ReshapeLog(caffe.Layer):
+    """Records each ``setup``/``reshape``/``forward`` call with the bottom's shape."""
+
+    calls: list = []
+
+    def setup(self, bottom, top):
+        self.calls.append("setup")
+
+    def reshape(self, bottom, top):
+        self.calls.append(("reshape", tuple(bottom[0].data.shape)))
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        self.calls.append("forward")
+        top[0].data[...] = bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+
+def test_an_input_reshape_reaches_a_python_layer_as_in_caffe(tmp_path):
+    """Caffe's ``Blob::Reshape`` changes that blob alone; ``net.reshape()`` (``Net::Reshape``) calls every layer's
+    Reshape once, and each forward calls it again (``Layer::Forward``).  Ours rebuilt the net at the blob's
+    reshape already, so the pycaffe idiom ``blob.reshape(...); net.reshape(); net.forward()`` called the Python
+    layer's ``reshape`` three times, and the other blobs took their new shapes before ``net.reshape()``."""
+    path = tmp_path / "log.prototxt"
+    path.write_text("""name: 'log'
+layer { name: 'data' type: 'Input' top: 'data' input_param { shape { dim: 2 dim: 3 } } }
+layer { name: 'log' type: 'Python' bottom: 'data' top: 'y' python_param { module: 'pl_net' layer: 'Log' } }""")
+    caffe.register_python_layer("pl_net", "Log", _ReshapeLog)
+    calls = _ReshapeLog.calls
+    try:
+        calls.clear()
+        net = caffe.Net(str(path), caffe.TEST)
+        assert calls == ["setup", ("reshape", (2, 3))]  # Layer::SetUp
+        calls.clear()
+        net.blobs["data"].reshape(4, 3)
+        assert calls == [] and net.blobs["y"].shape == (2, 3)  # the other blobs keep their shapes for now
+        net.reshape()
+        assert calls == [("reshape", (4, 3))] and net.blobs["y"].shape == (4, 3)
+        calls.clear()
+        net.forward()
+        assert calls == [("reshape", (4, 3)), "forward"]
+    finally:
+        python_user.unregister_python_layer("pl_net", "Log")
