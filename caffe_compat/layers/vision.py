@@ -17,7 +17,8 @@
   shape ``shape[:axis] + (N,)``.  Defaults: axis 1, bias_term true, transpose false, fillers constant 0.
 
 Only ``axis: 1`` is supported for (De)Convolution, and 4-D blobs; anything else raises FormatError.  An output
-size of 0 is Caffe's empty top (Blob::Reshape accepts it); a negative one fails its CHECK (a ShapeMismatchError).
+size of 0 is Caffe's empty top (Blob::Reshape accepts it, so the net builds; Caffe's forward would then fail its
+CHECK on the never-allocated top, ours computes nothing); a negative one fails its CHECK (a ShapeMismatchError).
 
 * **Im2col** is Convolution's column buffer as a top, N-D (see :class:`Im2col`).
 """

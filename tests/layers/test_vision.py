@@ -427,8 +427,10 @@ def _conv_net(kind, spec, shape):
 @pytest.mark.parametrize("kind, spec, fed, top", EMPTY_OUTPUT)
 def test_convolution_with_an_output_size_of_zero_gives_caffes_empty_top(kind, spec, fed, top):
     # BaseConvolutionLayer::Reshape shapes the top with compute_output_shape's sizes and Blob::Reshape only
-    # CHECK_GE(dim, 0): a 0 is an empty top, the net builds and its forward/backward loops run zero times.  We
-    # refused it with a ShapeMismatchError ("gives an empty output"), at setup and at run time.
+    # CHECK_GE(dim, 0): a 0 is an empty top and the net builds (a deploy net declared small and reshaped before
+    # its first forward needs that).  Caffe's forward would then CHECK-fail on the never-allocated empty top
+    # (SyncedMemory of 0 bytes); ours runs it, computing nothing.  We refused it with a ShapeMismatchError
+    # ("gives an empty output"), at setup and at run time.
     net = _conv_net(kind, spec, fed)
     assert tuple(net.blob_shapes["y"]) == top
     net.force_backward = True
