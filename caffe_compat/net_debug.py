@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from caffe_compat.io.glog import g6
 
 __all__ = ["BackwardNeeds", "DebugPass", "backward_needs", "caffe_float", "listening", "loss_reach"]
 
@@ -66,11 +67,8 @@ def listening() -> bool:
     return log.isEnabledFor(logging.INFO) and not torch.compiler.is_compiling()
 
 
-def caffe_float(value: float) -> str:
-    """A float as glog's ``operator<<`` prints it: ``%g`` (6 significant digits), NaN with its sign."""
-    if math.isnan(value):
-        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
-    return f"{value:.6g}"
+#: A float as glog's ``operator<<`` prints it (``%g``, NaN with its sign): the solver's lines use it too.
+caffe_float = g6
 
 
 def _mean_text(total: float, count: int) -> str:
@@ -89,25 +87,23 @@ class BackwardNeeds:
     param: tuple[tuple[bool, ...], ...]   # the layer's param_propagate_down, one per blob
 
 
-def _blobs(net, step) -> list:
-    return [] if step.module_key is None else list(net.layers[step.module_key].caffe_blobs())
-
-
 def backward_needs(net) -> BackwardNeeds:
     """Which layers need backward, which bottoms get a diff and which blobs' diffs each layer computes, as
-    ``Net::Init`` decides (see the module docstring); cached on the net (its layers are fixed)."""
+    ``Net::Init`` decides (see the module docstring); cached on the net (its layers are fixed; ``force_backward``,
+    which a script may set after building, is part of the key)."""
+    force = bool(net.force_backward)
     cached = net.__dict__.get("_backward_needs")
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] == force:
+        return cached[1]
     layer_need, bottom_need, param_down = loss_reach(net)
-    if net.force_backward:
+    if force:
         for i, step in enumerate(net.steps):
             layer_need[i] = True
             refused = () if step.module_key is None else net.layers[step.module_key].refuses_forced_backward
             bottom_need[i] = [need or j not in refused for j, need in enumerate(bottom_need[i])]
             param_down[i] = [True] * len(param_down[i])
     needs = BackwardNeeds(tuple(layer_need), tuple(map(tuple, bottom_need)), tuple(map(tuple, param_down)))
-    net.__dict__["_backward_needs"] = needs
+    net.__dict__["_backward_needs"] = (force, needs)
     return needs
 
 
@@ -124,7 +120,8 @@ def loss_reach(net) -> tuple[list[bool], list[list[bool]], list[list[bool]]]:
             below = blob_need.get(bottom, False)
             need |= below
             bottoms.append(bool(layer.propagate_down[j]) if layer.propagate_down else below)
-        downs = [(layer.param[i].lr_mult if i < len(layer.param) else 1.0) != 0 for i in range(len(_blobs(net, step)))]
+        downs = [(layer.param[i].lr_mult if i < len(layer.param) else 1.0) != 0
+                 for i in range(len(net.step_blobs(step)))]
         need |= any(downs)
         layer_need.append(need)
         bottom_need.append(bottoms)
@@ -213,7 +210,7 @@ class DebugPass:
             self._forward.append((f"    [Forward] Layer {step.name}, top blob {top} data: ", _abs_sum(tensor),
                                   tensor.numel()))
         layer = self.net.net_param.layer[index]
-        for i, blob in enumerate(_blobs(self.net, step)):
+        for i, blob in enumerate(self.net.step_blobs(step)):
             self._forward.append((f"    [Forward] Layer {step.name}, param blob {_display_name(layer, i)} data: ",
                                   _abs_sum(blob), blob.numel()))
 
@@ -241,7 +238,7 @@ class DebugPass:
                 kept = self._bottom_sums.get((index, j))
                 if needs.bottom[index][j] and kept is not None:
                     entries.append((f"    [Backward] Layer {step.name}, bottom blob {bottom} diff: ", *kept))
-            for i, blob in enumerate(_blobs(self.net, step)):
+            for i, blob in enumerate(self.net.step_blobs(step)):
                 if needs.param[index][i]:
                     grad = blob.grad
                     entries.append((f"    [Backward] Layer {step.name}, param blob {i} diff: ",
@@ -283,12 +280,10 @@ def _host(values: list) -> list[float]:
 
 def _owned_blobs(net) -> list[torch.Tensor]:
     """``learnable_params_``: every blob of every layer once, those shared from another layer's left out."""
-    sharers = {(key, i) for key, i, _, _ in net._shared}
+    sharers = net.shared_blobs()
     seen, owned = set(), []
     for step in net.steps:
-        if step.module_key is None:
-            continue
-        for i, blob in enumerate(net.layers[step.module_key].caffe_blobs()):
+        for i, blob in enumerate(net.step_blobs(step)):
             if (step.module_key, i) not in sharers and id(blob) not in seen:
                 seen.add(id(blob))
                 owned.append(blob)

@@ -218,7 +218,7 @@ def init_lines(net) -> list[str]:
     lines: list[str] = []
     shapes: dict[str, tuple[int, ...]] = {}
     owner_names = {step.module_key: step.name for step in net.steps if step.module_key is not None}
-    shared = {(key, i): (owner, owner_i) for key, i, owner, owner_i in net._shared}
+    shared = net.shared_blobs()
     memory = 0
     for step, layer in zip(net.steps, net.net_param.layer):
         name = step.name
@@ -239,8 +239,8 @@ def init_lines(net) -> list[str]:
                 lines.append(f"    with loss weight {g6(weight)}")
             memory += math.prod(shape)
         lines.append(f"Memory required for data: {memory * 4}")
-        if step.module_key is not None and net._shared:
-            for i in range(len(net.layers[step.module_key].caffe_blobs())):
+        if step.module_key is not None and shared:
+            for i in range(len(net.step_blobs(step))):
                 owner = shared.get((step.module_key, i))
                 if owner is not None:
                     lines.append(f"Sharing parameters '{layer.param[i].name}' owned by layer "

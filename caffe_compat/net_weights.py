@@ -130,7 +130,7 @@ def copy_hdf5_weights(cnet, path) -> None:
             raise FormatError(f"{path}: no 'data' group (not a Caffe HDF5 weights file)")
         source = f["data"]
         targets = {step.name: step.module_key for step in cnet.steps if step.module_key is not None}
-        sharers = {(key, i) for key, i, _, _ in cnet._shared}
+        sharers = cnet.shared_blobs()
         with torch.no_grad():
             for name in source:
                 key = targets.get(name)
@@ -163,15 +163,12 @@ def trained_layer_pairs(source, target, where: str) -> list:
     for step in target.steps:
         first.setdefault(step.name, step)
 
-    def blobs(net, step):
-        return list(net.layers[step.module_key].caffe_blobs()) if step.module_key is not None else []
-
     pairs = []
     for step in source.steps:
         mine = first.get(step.name)
         if mine is None:
             continue  # Caffe: "Ignoring source layer"
-        theirs, ours = blobs(source, step), blobs(target, mine)
+        theirs, ours = source.step_blobs(step), target.step_blobs(mine)
         if len(theirs) != len(ours):
             raise ShapeMismatchError(f"{where}: layer '{step.name}' has {len(ours)} blobs, the source net's has "
                                      f"{len(theirs)} (Incompatible number of blobs)")
@@ -200,6 +197,15 @@ def copy_weights_files(cnet, paths, strict: bool = False) -> None:
 
 class CaffemodelWeights:
     """Fillers and caffemodel I/O of a :class:`~caffe_compat.net.CaffeNet` (a mixin of it)."""
+
+    def step_blobs(self, step) -> list[torch.Tensor]:
+        """The blobs of the layer of ``step`` in Caffe order (none for an automatic Split layer)."""
+        return [] if step.module_key is None else list(self.layers[step.module_key].caffe_blobs())
+
+    def shared_blobs(self) -> dict[tuple[str, int], tuple[str, int]]:
+        """Blobs shared through ``ParamSpec.name``: (sharer module key, blob index) -> (owner key, owner index)
+        (Caffe's ``param_owners_`` != -1; every other blob is owned by its layer)."""
+        return {(key, i): (owner, owner_i) for key, i, owner, owner_i in self._shared}
 
     @torch.no_grad()
     def reinitialize(self, seed: int = 0, skip: frozenset[str] = frozenset()) -> None:
@@ -295,7 +301,7 @@ class CaffemodelWeights:
         caffemodel supplies) writes.  A blob shared through ``ParamSpec.name`` is one tensor, as in Caffe
         (one memory): the caffemodel's values for any layer sharing it, owner or not, are its values."""
         blobs_of = self._blobs_by_key(blobs_of)
-        root = {(key, i): (owner, owner_i) for key, i, owner, owner_i in self._shared}
+        root = self.shared_blobs()
         supplied = {root.get((key, i), (key, i)) for key in covered for i in range(len(blobs_of[key]))}
         return [step.name for step in self.steps
                 if step.module_key is not None and step.module_key not in covered

@@ -23,7 +23,7 @@ ALLOWED = {
     "net_graph": CORE,
     "net_weights": CORE | {"io", "allocator", "torch"},
     "net_run": CORE | {"net_debug", "torch"},
-    "net_debug": CORE | {"torch"},
+    "net_debug": CORE | {"io", "torch"},
     "net_log": CORE | {"io", "net_debug", "net_graph"},
     "net": CORE | {"io", "layers", "net_graph", "net_run", "net_debug", "net_log", "net_shapes", "net_weights", "fuse",
             "collector", "torch"},

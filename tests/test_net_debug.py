@@ -257,3 +257,10 @@ def test_pycaffe_solver_logs_through_its_train_net(tmp_path, caplog):
     _check(lines[:len(forward)], forward, "Forward")
     _check(lines[len(forward):-1], backward, "Backward")
     _check_norms(lines[-1], norms)
+
+
+def test_backward_needs_follow_a_force_backward_set_after_building():
+    net = _net()
+    assert backward_needs(net).layer[0] is False
+    net.force_backward = True  # scripts set it on a built net (the cached flags must not outlive it)
+    assert backward_needs(net).layer == (True,) * 7

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import logging
+import math
 import os
 import re
 import sys
@@ -24,8 +25,12 @@ __all__ = ["GlogFormatter", "GlogLine", "caffe_log", "g6", "parse_line"]
 
 
 def g6(value: float) -> str:
-    """A number the way glog/iostream prints a float (``%g``, 6 significant digits)."""
-    return f"{float(value):.6g}"
+    """A number the way glog/iostream prints a float (``%g``, 6 significant digits; glibc prints a NaN with its
+    sign, ``-nan`` for x86's default NaN)."""
+    value = float(value)
+    if math.isnan(value):
+        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+    return f"{value:.6g}"
 
 
 _LEVELS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "F"}

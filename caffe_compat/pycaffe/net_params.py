@@ -139,15 +139,14 @@ class NetParamsMixin:
         h5py = _h5py()
         self._upload_params()
         cnet = self._cnet
-        shared = {(key, i) for key, i, _, _ in cnet._shared}
+        shared = cnet.shared_blobs()
         with atomic_path(os.fspath(path)) as tmp:
             try:
                 with h5py.File(tmp, "w") as f:
                     data = f.create_group("data")
                     for step in cnet.steps:
                         group = data.require_group(step.name)
-                        blobs = cnet.layers[step.module_key].caffe_blobs() if step.module_key is not None else []
-                        for i, blob in enumerate(blobs):
+                        for i, blob in enumerate(cnet.step_blobs(step)):
                             if (step.module_key, i) not in shared:  # ToHDF5: "Only save params that own themselves"
                                 group.create_dataset(str(i), data=blob.detach().to("cpu", torch.float32).numpy())
             except OSError as exc:
