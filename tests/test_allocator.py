@@ -173,3 +173,22 @@ def test_prefault_declines_small_blocks_and_other_c_libraries(monkeypatch):
     monkeypatch.setattr(allocator, "_madvise", {})
     monkeypatch.setattr(allocator, "glibc", lambda: None)
     assert not allocator.prefault_for_writing(view.ctypes.data, view.nbytes)
+
+
+@populating
+def test_prefault_leaves_a_mapped_block_alone(monkeypatch):
+    """A block whose pages are all mapped (malloc reusing freed memory) costs no populate call; one page
+    still unmapped, anywhere in it, and the block is populated; residency is told page by page."""
+    block, view = _anonymous(32 * 4096)
+    assert not allocator.all_resident(view.ctypes.data, view.nbytes)  # fresh: nothing mapped
+    view[: 31 * 4096] = 1                                             # every page but the last
+    assert not allocator.all_resident(view.ctypes.data, view.nbytes)
+    assert allocator.all_resident(view.ctypes.data, 31 * 4096)
+    calls = []
+    madvise = allocator._libc_madvise()
+    monkeypatch.setitem(allocator._madvise, "fn", lambda *args: calls.append(args) or madvise(*args))
+    assert allocator.prefault_for_writing(view.ctypes.data, view.nbytes)
+    assert len(calls) == 1 and calls[0][2] == allocator.MADV_POPULATE_WRITE
+    assert allocator.all_resident(view.ctypes.data, view.nbytes)      # the last page is mapped now
+    assert allocator.prefault_for_writing(view.ctypes.data, view.nbytes)
+    assert len(calls) == 1                                            # all mapped: no second call
