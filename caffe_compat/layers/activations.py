@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, ShapeMismatchError
 from caffe_compat.layers.caffe_backward import caffe_abs, caffe_relu, with_caffe_backward
 from caffe_compat.layers.facts import ONE, Shapes, broadcast_view, legacy_shape, same_as_bottom
 from caffe_compat.layers.geometry import need_axes
@@ -74,7 +74,9 @@ class PReLU(NeuronLayer):
     ``dy · ((x > 0) + a_c · (x <= 0))`` (``a_c`` at exactly 0) and, for the slope, ``Σ dy · x`` over the
     positions with ``x <= 0``; ``torch.where(x > 0, ...)`` routes them by that very test.  Bottoms need at
     least 2 axes (Caffe's check) and at most 4: Caffe reads C with the legacy ``channels()``, whose CHECK
-    refuses a blob of more than 4 axes (in LayerSetUp and again in each Forward)."""
+    refuses a blob of more than 4 axes (in LayerSetUp and again in each Forward).  Fed fewer channels at
+    run time than at setup, Caffe's loop uses the first slopes (its Reshape checks no count) and so does this
+    port; more channels, where Caffe reads past the slope blob, are a ShapeMismatchError."""
 
     @classmethod
     def infer(cls, layer, bottoms):
@@ -99,8 +101,18 @@ class PReLU(NeuronLayer):
     def activation(self, x):
         if x.dim() > 4:
             legacy_shape(x.shape, f"layer '{self.layer_name}' (PReLU)")
-        slope = self.slope if self.channel_shared else self.slope.reshape(broadcast_view(self.slope.shape, x.dim(), 1))
-        return torch.where(x > 0, x, x * slope)
+        if x.dim() < 2:
+            raise ShapeMismatchError(f"layer '{self.layer_name}' (PReLU): a bottom of shape {tuple(x.shape)}; "
+                                     f"PReLU needs >= 2 axes (Caffe's CHECK in Reshape)")
+        if self.channel_shared:
+            return torch.where(x > 0, x, x * self.slope)
+        slope, channels = self.slope, x.shape[1]
+        if channels != slope.shape[0]:  # Caffe checks nothing: its loop indexes slope[c] for the bottom's c
+            if channels > slope.shape[0]:
+                raise ShapeMismatchError(f"layer '{self.layer_name}' (PReLU): the bottom has {channels} channels, "
+                                         f"the slope blob {slope.shape[0]} (Caffe would read past its slopes)")
+            slope = slope[:channels]
+        return torch.where(x > 0, x, x * slope.reshape(broadcast_view(slope.shape, x.dim(), 1)))
 
 
 @register_layer("ELU")

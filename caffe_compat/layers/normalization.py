@@ -182,12 +182,16 @@ def _broadcast(value: torch.Tensor, ndim: int, axis: int) -> torch.Tensor:
     return value.reshape(broadcast_view(value.shape, ndim, axis))
 
 
-def _fitted(value: torch.Tensor, x: torch.Tensor, axis: int, layer: str, what: str) -> torch.Tensor:
-    """``value`` viewed to broadcast over ``x`` from ``axis``, after the check Scale/Bias's Reshape makes on every
-    forward (a net fed another shape at run time does not re-run the shape rule): CHECK_EQ(bottom[0]->shape(axis + i),
-    blob->shape(i)) for each of the blob's axes (a scalar blob fits anything).  A ShapeMismatchError, not torch's
-    broadcasting RuntimeError."""
-    if value.dim() and tuple(x.shape[axis:axis + value.dim()]) != tuple(value.shape):
+def _fitted(value: torch.Tensor, x: torch.Tensor, axis: int, layer: str, what: str, field: str) -> torch.Tensor:
+    """``value`` viewed to broadcast over ``x``, after what Scale/Bias's Reshape does on every forward (a net fed
+    another shape at run time does not re-run the shape rule): the axis is ``axis`` (the parameter, negative
+    counting from the end) canonicalised on ``x``'s axes now, or 0 for a scalar blob, and CHECK_EQ(bottom[0]->
+    shape(axis + i), blob->shape(i)) for each of the blob's axes.  A FormatError naming ``field`` for an axis out
+    of range, a ShapeMismatchError (not torch's broadcasting RuntimeError) for a dimension that differs."""
+    if not value.dim():
+        return value
+    axis = canonical_axis(axis, x.dim(), layer, field)
+    if tuple(x.shape[axis:axis + value.dim()]) != tuple(value.shape):
         raise ShapeMismatchError(f"layer '{layer}': {what} of shape {tuple(value.shape)} does not match the bottom "
                                  f"{tuple(x.shape)} from axis {axis} (Caffe's Reshape CHECKs each dimension)")
     return _broadcast(value, x.dim(), axis)
@@ -215,7 +219,7 @@ class Scale(CaffeLayer):
         super().__init__(param, bottom_shapes, phase)
         p = param.scale_param
         axis, shapes = _affine_shapes(param, self.bottom_shapes, p, "scale", p.bias_term)
-        self.__dict__.update(axis=axis, scale_filler=layer_filler(p, "filler", constant_filler(1.0)),
+        self.__dict__.update(axis=axis, axis_param=int(p.axis), scale_filler=layer_filler(p, "filler", constant_filler(1.0)),
                              bias_filler=layer_filler(p, "bias_filler", caffe_pb2.FillerParameter()))
         blobs = list(shapes.params)
         self.scale = nn.Parameter(self.new_blob(blobs.pop(0), 1.0)) if len(self.bottom_shapes) == 1 else None
@@ -233,8 +237,9 @@ class Scale(CaffeLayer):
     def forward_inplace(self, x):
         if self.scale is None:
             return None
-        gamma = _fitted(self.scale, x, self.axis, self.layer_name, "the scale blob")
-        beta = _fitted(self.bias, x, self.axis, self.layer_name, "the bias blob") if self.bias is not None else None
+        gamma = _fitted(self.scale, x, self.axis_param, self.layer_name, "the scale blob", "scale_param.axis")
+        beta = (_fitted(self.bias, x, self.axis_param, self.layer_name, "the bias blob", "scale_param.axis")
+                if self.bias is not None else None)
         x.mul_(gamma)
         if beta is not None:
             x.add_(beta)
@@ -243,9 +248,9 @@ class Scale(CaffeLayer):
     def forward(self, x, *maybe_scale):
         gamma = maybe_scale[0] if maybe_scale else self.scale
         what = "the scale (bottom 1)" if maybe_scale else "the scale blob"
-        y = x * _fitted(gamma, x, self.axis, self.layer_name, what)
+        y = x * _fitted(gamma, x, self.axis_param, self.layer_name, what, "scale_param.axis")
         if self.bias is not None:  # y is fresh; add saves nothing for backward
-            y.add_(_fitted(self.bias, x, self.axis, self.layer_name, "the bias blob"))
+            y.add_(_fitted(self.bias, x, self.axis_param, self.layer_name, "the bias blob", "scale_param.axis"))
         return (y,)
 
 
@@ -269,6 +274,7 @@ class Bias(CaffeLayer):
         super().__init__(param, bottom_shapes, phase)
         p = param.bias_param
         self.axis, shapes = _affine_shapes(param, self.bottom_shapes, p, "bias", False)
+        self.axis_param = int(p.axis)
         self.bias = nn.Parameter(self.new_blob(shapes.params[0])) if shapes.params else None
         self.filler = layer_filler(p, "filler", caffe_pb2.FillerParameter())
 
@@ -282,7 +288,7 @@ class Bias(CaffeLayer):
     def forward(self, x, *maybe_bias):
         beta = maybe_bias[0] if maybe_bias else self.bias
         what = "the bias (bottom 1)" if maybe_bias else "the bias blob"
-        return (x + _fitted(beta, x, self.axis, self.layer_name, what),)
+        return (x + _fitted(beta, x, self.axis_param, self.layer_name, what, "bias_param.axis"),)
 
 
 def _std_plus_eps(std: torch.Tensor, eps: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from caffe_compat.errors import FormatError
+from caffe_compat.errors import FormatError, ShapeMismatchError
 from tests.layers.zoo_single_layer import Zoo, assert_matches, make_layer, run_and_compare
 
 
@@ -290,3 +290,22 @@ def test_power_with_scale_zero_is_caffes_pow_of_the_shift(shift, power, expected
     port = make_layer(f'type: "Power" power_param {{ power: {power} scale: 0 shift: {shift} }}', [(2, 3)])
     (y,) = port(torch.zeros(2, 3))
     np.testing.assert_array_equal(y.numpy(), np.full((2, 3), expected, np.float32))
+
+
+def test_prelu_fed_fewer_channels_uses_the_first_slopes_as_caffe():
+    """prelu_layer.cpp's Reshape checks no channel count and its loops index ``slope[c]`` for the bottom's
+    ``c``: fewer channels than at setup use the first slopes (the others get a zero diff); more would read
+    past the blob and are refused, naming the layer."""
+    port = make_layer('name: "p" type: "PReLU"', [(2, 3, 2, 2)])
+    with torch.no_grad():
+        port.slope.copy_(torch.tensor([0.5, -2.0, 7.0]))
+    x = torch.tensor([[[[1.0, -1.0], [-3.0, 0.0]], [[-2.0, 2.0], [0.0, -0.5]]]]).repeat(2, 1, 1, 1)
+    (y,) = port(x)
+    expected = torch.tensor([[[[1.0, -0.5], [-1.5, 0.0]], [[4.0, 2.0], [0.0, 1.0]]]]).repeat(2, 1, 1, 1)
+    assert torch.equal(y, expected)
+    y.sum().backward()
+    assert port.slope.grad.tolist() == [2 * (-1.0 - 3.0 + 0.0), 2 * (-2.0 + 0.0 - 0.5), 0.0]
+    with pytest.raises(ShapeMismatchError, match="layer 'p' \\(PReLU\\): the bottom has 4 channels, the slope blob 3"):
+        port(torch.zeros(2, 4, 2, 2))
+    with pytest.raises(ShapeMismatchError, match="layer 'p' \\(PReLU\\).*>= 2 axes"):
+        port(torch.zeros(3))

@@ -455,3 +455,27 @@ def test_scale_and_bias_fed_a_mismatched_bottom_at_run_time_are_a_shape_mismatch
     with pytest.raises(ShapeMismatchError, match=rf"layer 'affine'.*{re.escape(str(blob_shape))}.*"
                                                  rf"{re.escape(str(fails))}"):
         net.forward(x=torch.ones(fails), **extra)
+
+
+@pytest.mark.parametrize("layer", ['type: "Scale" scale_param { axis: -1 bias_term: true }',
+                                   'type: "Bias" bias_param { axis: -1 }'])
+def test_scale_and_bias_recompute_a_negative_axis_on_the_bottom_fed_at_run_time(layer):
+    """scale_layer.cpp / bias_layer.cpp Reshape set ``axis_ = CanonicalAxisIndex(param.axis())`` on the bottom of
+    every Forward: a net built for (2, 3, 4) with axis -1 (axis 2, a blob of shape (4,)) and fed a (5, 4) bottom
+    broadcasts over its axis 1; we kept axis 2 from setup and refused it.  A bottom with too few axes for the
+    parameter fails CanonicalAxisIndex's CHECK, a FormatError naming the field."""
+    from caffe_compat.net import load_net
+
+    net = load_net('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 } } }\n'
+                   f'layer {{ name: "affine" {layer} bottom: "x" top: "y" }}')
+    port = net.layer("affine")
+    with torch.no_grad():
+        for blob in port.caffe_blobs():
+            blob.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    x = torch.arange(20, dtype=torch.float32).reshape(5, 4)
+    row = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    expected = x * row + row if "Scale" in layer else x + row
+    assert torch.equal(net.forward(x=x)["y"], expected)
+    field = "scale_param.axis" if "Scale" in layer else "bias_param.axis"
+    with pytest.raises(FormatError, match=rf"layer 'affine': {field} -1 is out of range for a 0-axis blob"):
+        net.forward(x=torch.tensor(1.0))
