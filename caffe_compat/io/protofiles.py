@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 
 from google.protobuf import message as _pb_message
 from google.protobuf import text_format
 
 from caffe_compat.errors import ParseError
 from caffe_compat.io.atomic import write_bytes_atomic, write_text_atomic
-from caffe_compat.io.fast_text import merge_fast, plus_sign
+from caffe_compat.io.fast_text import CppTokenError, cpp_text, merge_fast, plus_sign
 from caffe_compat.io.path_or_text import is_path
 from caffe_compat.io.safe_open import PROTOBUF_MAX_BYTES, read_regular_bytes
 
@@ -72,18 +73,38 @@ def parse_text(text: str, message, source: str = "<text>"):
 
     Plain Caffe files take the fast path of :mod:`caffe_compat.io.fast_text`; anything else, and every
     error, goes through protobuf's own text parser.  A value signed with ``+``, which protobuf's Python
-    parser takes and Caffe's C++ one refuses, is refused (:func:`~caffe_compat.io.fast_text.plus_sign`)."""
+    parser takes and Caffe's C++ one refuses, is refused (:func:`~caffe_compat.io.fast_text.plus_sign`), and so is
+    what the C++ tokenizer refuses (:func:`~caffe_compat.io.fast_text.cpp_text`: ``1_000``, ``1.5ff``, ``"\\q"``,
+    ``inff``...); ``- 1``, which it takes, is read as -1."""
     fast = not message.ByteSize() and merge_fast(text, message)
     if not fast:
         try:
-            text_format.Parse(text, message)  # like Caffe's TextFormat::Parse: a singular field only once
+            checked = cpp_text(text, message.DESCRIPTOR)
+        except CppTokenError as exc:
+            raise ParseError(_first_error(text, message, source, exc)) from None
+        try:
+            text_format.Parse(checked, message)  # like Caffe's TextFormat::Parse: a singular field only once
         except text_format.ParseError as exc:
-            raise ParseError(describe_text_error(exc, source, text)) from None
+            raise ParseError(describe_text_error(exc, source, checked)) from None
     where = plus_sign(text) if "+" in text else None
     if where is not None:
         raise ParseError(f"{source}:{where[0]}:{where[1]}: '+' before a value: Caffe's parser (protobuf's C++ "
                          f"TextFormat) takes only '-' as a sign (\"Expected ..., got: +\")")
     return message
+
+
+def _first_error(text: str, message, source: str, exc: CppTokenError) -> str:
+    """The error Caffe's parser reports first: protobuf's C++ tokenizer reads lazily, so a syntax error
+    before the token it refuses (``exc``) stops the parse there."""
+    try:
+        with warnings.catch_warnings():  # its unescaping warns on the escapes C++ refuses ("\\q")
+            warnings.simplefilter("ignore", DeprecationWarning)
+            text_format.Parse(text, type(message)())
+    except text_format.ParseError as earlier:
+        if (earlier.GetLine() or 0, earlier.GetColumn() or 0) < (exc.line, exc.column) and earlier.GetLine():
+            return describe_text_error(earlier, source, text)
+    return (f"{source}:{exc.line}:{exc.column}: {exc} (Caffe's parser, protobuf's C++ TextFormat, refuses "
+            "this)")
 
 
 def parse_binary(data: bytes, message, source: str = "<bytes>"):
