@@ -351,8 +351,10 @@ def cpp_text(text: str, descriptor=None) -> str:
                 error = "Invalid control characters encountered in text."
             elif not token.isascii():
                 error = f"Interpreting non ascii codepoint {token.encode('utf-8', 'surrogatepass')[0]}."
-            elif token == "-" and after in _VALUE_START and field is not None and field.cpp_type in _UNSIGNED:
-                error = "Expected integer, got: -"
+            elif (token == "-" and after in _VALUE_START and field is not None and field.cpp_type in _UNSIGNED
+                  and _next_token(text, end) is not None and _cpp_integer(_next_token(text, end)) == 0):
+                # Python reads -0 as 0 (a nonzero value it refuses itself: "Value out of range")
+                error = f"field '{field.name}': Expected integer, got: -"
             elif token in ":[" and previous is not None and previous[0] == "ident":
                 field = _field(stack[-1][0], previous[1])
             elif token in "{<":
@@ -381,6 +383,16 @@ def cpp_text(text: str, descriptor=None) -> str:
         last = stop
     pieces.append(text[last:])
     return "".join(pieces)
+
+
+def _next_token(text: str, pos: int) -> str | None:
+    """The next number token after ``pos`` (blanks and comments skipped), None if another kind comes."""
+    while pos < len(text):
+        match = _CPP_TOKEN.match(text, pos)
+        if match.lastgroup not in ("space", "comment"):
+            return match.group() if match.lastgroup == "number" else None
+        pos = match.end()
+    return None
 
 
 def _field(descriptor, name: str):
