@@ -242,7 +242,7 @@ _CPP_TOKEN = re.compile(r"""
 """, re.VERBOSE)
 _ESCAPE_PAIR = re.compile(r"\\.", re.DOTALL)
 _VALID_ESCAPE = re.compile(r"""\\(?:[abfnrtv\\?'"]|[0-7]|[xX][0-9a-fA-F]|u[0-9a-fA-F]{4}|U00[01][0-9a-fA-F]{5})""")
-_BAD_EXPONENT = re.compile(r"[eE][-+]?(?![0-9])")
+_BAD_EXPONENT = re.compile(r"[eE](?![-+]?[0-9])")
 _SUFFIXED_SPECIAL = frozenset({"inff", "infinityf", "nanf"})
 
 

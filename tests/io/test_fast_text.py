@@ -264,3 +264,13 @@ def test_a_bool_written_as_hex_or_octal_is_taken_like_caffe(value, expected):
 
     assert read_net(f"force_backward: {value}\n").force_backward is expected
     assert list(read_net(f"layer {{ propagate_down: [{value}, 1] }}\n").layer[0].propagate_down) == [expected, True]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.rsplit("/", 2)[-2] + "/" + p.rsplit("/", 1)[-1])
+def test_every_reference_file_passes_the_cpp_token_rules_unchanged(path):
+    """Files Caffe reads pass cpp_text untouched (it runs on every file the fast path hands over: one escape
+    anywhere is enough).  Its exponent check refused the adam solver's ``delta: 1e-08``."""
+    from caffe_compat.io.fast_text import cpp_text
+
+    text = open(path).read()
+    assert cpp_text(text, _message(path).DESCRIPTOR) == text
