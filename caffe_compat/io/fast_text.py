@@ -326,13 +326,11 @@ def cpp_text(text: str, descriptor=None) -> str:
     pending_minus = None  # end offset of a '-' whose number has not come yet
     stack = [(descriptor, None)]  # each open '{' or '<': its message type (None: not followed), outer field
     field = None  # the field whose value comes after ':' (or in its '[...]' list)
-    pos, n = 0, len(text)
-    while pos < n:
-        match = _CPP_TOKEN.match(text, pos)
-        kind, token, end = match.lastgroup, match.group(), match.end()
-        if kind in ("space", "comment"):
-            pos = end
+    for match in _CPP_TOKEN.finditer(text):  # every character is in some token: the matches tile the text
+        kind = match.lastgroup
+        if kind == "space" or kind == "comment":
             continue
+        token, pos, end = match.group(), match.start(), match.end()
         following = text[end:end + 1]
         after = previous[1] if previous is not None else None
         error = None
@@ -373,7 +371,6 @@ def cpp_text(text: str, descriptor=None) -> str:
             edits.append((pending_minus, end, text[pos:end] + "\n" * text.count("\n", pending_minus, pos)))
         pending_minus = end if kind == "symbol" and token == "-" else None
         previous = (kind, token, end)
-        pos = end
     if not edits:
         return text
     pieces, last = [], 0
