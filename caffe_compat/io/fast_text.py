@@ -8,6 +8,10 @@ exactly that subset and returns ``False`` on anything else (escapes, ``[a, b]`` 
 delimiters, bytes fields, unknown names, any malformed input), in which case the caller runs
 ``google.protobuf.text_format`` on a fresh message, so error messages and rare syntax are protobuf's.
 Tests check that both parsers build equal messages on every reference file.
+
+Caffe itself reads prototxt with protobuf's C++ TextFormat, whose tokenizer is stricter in some places and
+looser in others than the Python parser; :func:`cpp_text` applies its rules before the Python parser runs
+(and the fast path's converters take only what C++ takes), so both paths accept exactly what Caffe does.
 """
 
 from __future__ import annotations
