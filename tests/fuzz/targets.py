@@ -643,6 +643,207 @@ def _list_seeds():
     return [b"a.png 0\nb.jpg 1\n", b"a.png 3\n\nb.jpg 4\na.png 5\n"]
 
 
+# -- built and run nets: a structure-aware prototxt mutator and a reader that builds, runs and differentiates -----
+
+#: Nets with Input layers (small shapes): what the ``net`` target mutates.
+_NET_SEEDS = ("layer_zoo/deploy.prototxt", "layer_zoo_nondiff/deploy.prototxt", "solvers/nesterov/net.prototxt",
+              "solvers/sgd_fappy_authors_setup/net.prototxt", "losses/softmax_axis2.prototxt",
+              "losses/softmax_valid_ignore2.prototxt", "losses/sigmoid_ce_valid_ignore_minus1.prototxt",
+              "losses/contrastive_margin1.3_legacy_false.prototxt", "losses/hinge_l2_lw0.5.prototxt",
+              "losses/euclidean.prototxt", "losses/multinomial_logistic.prototxt")
+
+_INT_EDGES = [0, 0, -1, 1, 1, 2, 3, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, 2 ** 40, -2 ** 31, -2, -3, 4, 5]
+_FLOAT_EDGES = [0.0, -0.0, 1.0, -1.0, 2.0, 0.5, 1e-30, 1e30, -1e30, 3.4e38, float("nan"), float("inf"), float("-inf")]
+_INT_RANGES = {"TYPE_INT32": (-2 ** 31, 2 ** 31 - 1), "TYPE_SINT32": (-2 ** 31, 2 ** 31 - 1),
+               "TYPE_SFIXED32": (-2 ** 31, 2 ** 31 - 1), "TYPE_UINT32": (0, 2 ** 32 - 1),
+               "TYPE_FIXED32": (0, 2 ** 32 - 1), "TYPE_INT64": (-2 ** 63, 2 ** 63 - 1),
+               "TYPE_SINT64": (-2 ** 63, 2 ** 63 - 1), "TYPE_SFIXED64": (-2 ** 63, 2 ** 63 - 1),
+               "TYPE_UINT64": (0, 2 ** 64 - 1), "TYPE_FIXED64": (0, 2 ** 64 - 1)}
+#: LayerParameter fields the mutator leaves alone (data sources, blobs, rules: not the layer's own facts).
+_SKIP_FIELDS = {"blobs", "include", "exclude", "phase", "python_param", "data_param", "image_data_param",
+                "hdf5_data_param", "hdf5_output_param", "window_data_param", "memory_data_param", "transform_param",
+                "dummy_data_param", "source", "mean_file", "file"}
+
+
+def _type_name(fd) -> str:
+    from google.protobuf.descriptor import FieldDescriptor
+
+    return next(k for k, v in vars(FieldDescriptor).items() if k.startswith("TYPE_") and v == fd.type)
+
+
+def _edge_value(rng, fd, old=None):
+    kind = _type_name(fd)
+    if kind in _INT_RANGES:
+        low, high = _INT_RANGES[kind]
+        choices = list(_INT_EDGES)
+        if isinstance(old, int):
+            choices += [old + 1, old - 1, old * 2, -old, old * 1000]
+        return min(max(rng.choice(choices), low), high)
+    if kind in ("TYPE_FLOAT", "TYPE_DOUBLE"):
+        return rng.choice(_FLOAT_EDGES)
+    if kind == "TYPE_BOOL":
+        return not old if old is not None and rng.random() < 0.7 else rng.random() < 0.5
+    if kind == "TYPE_ENUM":
+        return rng.choice(fd.enum_type.values).number
+    if kind == "TYPE_STRING":
+        return rng.choice(["", "x", "data", "label", "gaussian", "constant", "xavier", "msra", "SUM", "-1"])
+    return None
+
+
+def _param_slots(message, depth=0):
+    """``(message, fd)`` for every scalar fd of ``message`` and its set sub-messages (set or not)."""
+    for fd in message.DESCRIPTOR.fields:
+        if fd.name in _SKIP_FIELDS:
+            continue
+        if fd.message_type is not None:
+            if depth < 3:
+                if fd.is_repeated:
+                    for sub in getattr(message, fd.name):
+                        yield from _param_slots(sub, depth + 1)
+                elif message.HasField(fd.name):
+                    yield from _param_slots(getattr(message, fd.name), depth + 1)
+            continue
+        yield message, fd
+
+
+def _mutate_field(rng, message, fd):
+    repeated = fd.is_repeated
+    values = getattr(message, fd.name)
+    if repeated:
+        op = rng.random()
+        if op < 0.2 or not values:
+            values.append(_edge_value(rng, fd))
+        elif op < 0.35:
+            del values[:]
+        elif op < 0.5:
+            values.append(values[rng.randrange(len(values))])
+        elif op < 0.6:
+            del values[rng.randrange(len(values))]
+        else:
+            i = rng.randrange(len(values))
+            values[i] = _edge_value(rng, fd, values[i])
+    else:
+        setattr(message, fd.name, _edge_value(rng, fd, values if message.HasField(fd.name) else None))
+
+
+def _mutate_net(rng, net):
+    layers = net.layer
+    if not layers:
+        return
+    op = rng.random()
+    i = rng.randrange(len(layers))
+    layer = layers[i]
+    if op < 0.6:  # a parameter fd of a layer (its own *_param, param specs, loss_weight, input shapes)
+        slots = [(m, f) for m, f in _param_slots(layer) if f.name not in ("name", "type", "bottom", "top")]
+        if not slots:
+            return
+        message, fd = rng.choice(slots)
+        try:
+            _mutate_field(rng, message, fd)
+        except (ValueError, TypeError):
+            pass
+    elif op < 0.68:  # an unset *_param sub-message fd of the layer (often the one its type reads)
+        from caffe_compat.layers.registry import conventional_param_message
+
+        params = [f.name for f in layer.DESCRIPTOR.fields if f.name.endswith("_param") and f.name not in _SKIP_FIELDS]
+        own = conventional_param_message(layer.type.replace("WithLoss", ""))
+        sub = getattr(layer, own if own and rng.random() < 0.8 else rng.choice(params))
+        scalar = [f for f in sub.DESCRIPTOR.fields if f.message_type is None]
+        if scalar:
+            try:
+                _mutate_field(rng, sub, rng.choice(scalar))
+            except (ValueError, TypeError):
+                pass
+    elif op < 0.76 and layer.bottom:  # bottoms: swapped, another blob, duplicated, dropped
+        tops = [t for other in layers[:i] for t in other.top] or ["data"]
+        choice = rng.random()
+        if choice < 0.3 and len(layer.bottom) > 1:
+            a, b = rng.sample(range(len(layer.bottom)), 2)
+            layer.bottom[a], layer.bottom[b] = layer.bottom[b], layer.bottom[a]
+        elif choice < 0.6:
+            layer.bottom[rng.randrange(len(layer.bottom))] = rng.choice(tops)
+        elif choice < 0.8:
+            layer.bottom.append(rng.choice(tops))
+        else:
+            del layer.bottom[rng.randrange(len(layer.bottom))]
+    elif op < 0.82:  # tops: in place, an extra one, one fewer
+        choice = rng.random()
+        if choice < 0.4 and layer.bottom and layer.top:
+            layer.top[0] = layer.bottom[0]
+        elif choice < 0.7:
+            layer.top.append(f"{layer.name}_extra")
+        elif layer.top:
+            del layer.top[-1]
+    elif op < 0.88:  # a duplicated layer (same name, or renamed), right after itself or at the end
+        copy = layers.add()
+        copy.CopyFrom(layer)
+        if rng.random() < 0.5:
+            copy.name += "_dup"
+            copy.top[:] = [t + "_dup" if rng.random() < 0.5 else t for t in copy.top]
+        if rng.random() < 0.5:
+            moved = list(layers)
+            moved.insert(i + 1, moved.pop())
+            del layers[:]
+            layers.extend(moved)
+    elif op < 0.93:  # another type with the same parameters
+        from caffe_compat.layers.registry import registered_types
+
+        layer.type = rng.choice([t for t in registered_types() if ":" not in t])
+    elif op < 0.97:  # a layer removed
+        del layers[i]
+    else:  # two layers swapped
+        j = rng.randrange(len(layers))
+        moved = list(layers)
+        moved[i], moved[j] = moved[j], moved[i]
+        del layers[:]
+        layers.extend(moved)
+
+
+def _net_mutator(rng, data, seeds):
+    from google.protobuf import text_format
+
+    from caffe_compat.io import read_net
+
+    if rng.random() < 0.15:
+        return mutate.mutate_text(rng, data)
+    net = read_net(data.decode())
+    for _ in range(rng.choice([1, 1, 1, 2, 2, 3])):
+        _mutate_net(rng, net)
+    text = text_format.MessageToString(net).encode()
+    return mutate.mutate_text(rng, text) if rng.random() < 0.05 else text
+
+
+def _run_net(path):
+    """Build the net (train or test phase, from the case's bytes), run forward on inputs of the Input shapes
+    (labels 0, the rest uniform) and backward of its loss, or of the sum of its outputs."""
+    import zlib
+
+    import torch
+
+    from caffe_compat.net import CaffeNet
+
+    os.environ["CAFFE_COMPAT_MEMORY_BUDGET"] = "256M"
+    torch.manual_seed(0)
+    phase = "train" if zlib.crc32(path.encode()) % 2 else "test"
+    net = CaffeNet(path, phase=phase)
+    inputs = {}
+    for name in net.input_names:
+        shape = net.blob_shapes[name]
+        fill = torch.zeros if "label" in name or name in ("idx", "sim") else torch.rand
+        inputs[name] = fill(shape)
+    blobs = net.forward(**inputs)
+    if net.loss_weights:
+        objective = net.objective(blobs)
+        if objective.requires_grad:
+            net.backward(blobs)
+        return
+    outputs = [blobs[n] for n in net.output_names if n in blobs and blobs[n].is_floating_point()
+               and blobs[n].requires_grad]
+    if outputs:
+        torch.autograd.grad(sum(o.sum() for o in outputs), [p for p in net.parameters() if p.requires_grad] or outputs,
+                            allow_unused=True)
+
+
 TARGETS = {t.name: t for t in [
     Target("prototxt", _file_seeds("layer_zoo/deploy.prototxt", "authors/cub200/train.prototxt"), _text,
            _read_prototxt, ".prototxt"),
@@ -668,6 +869,7 @@ TARGETS = {t.name: t for t in [
     Target("cli_upgrade", _v1_seeds, _text, _cli_upgrade, ".prototxt"),
     Target("cli_upgrade_solver", _solver_seeds, _text, _cli_upgrade_solver, ".prototxt"),
     Target("cli_make_lmdb", _list_seeds, _text, _cli_make_lmdb, ".txt"),
+    Target("net", _file_seeds(*_NET_SEEDS), _net_mutator, _run_net, ".prototxt"),
 ]}
 
 
@@ -688,5 +890,9 @@ def preload() -> None:
     import caffe_compat.export.metadata  # noqa: F401
     import caffe_compat.export.preprocess  # noqa: F401
     import caffe_compat.solver  # noqa: F401
+    import caffe_compat.net  # noqa: F401
+    from caffe_compat.layers.registry import registered_types
+
+    registered_types()  # every port imported
 
     build_parser()
