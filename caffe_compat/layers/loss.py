@@ -100,11 +100,20 @@ class _LossLayer(CaffeLayer):
     tops = BlobCount(0, 1)
     in_caffe_1_0 = True
     refuses_forced_backward = (1,)  # LossLayer::AllowForceBackward: no diff for the labels
+    #: Its Reshape reads bottom 0's axes after LossLayer::Reshape made top 0 a scalar: in place (top 0 is bottom
+    #: 0, one Blob) that bottom has 0 axes by then, and the read CHECK-fails (see ``infer``).
+    reshape_reads_axes_after_loss_shape: bool = False
 
     @classmethod
     def infer(cls, layer, bottoms):
         """A scalar loss; Caffe's LossLayer CHECK: data and label have the same first dimension (read with
-        ``shape(0)``, whose axis CHECK refuses a 0-axis bottom)."""
+        ``shape(0)``, whose axis CHECK refuses a 0-axis bottom).  In place (top 0 named as bottom 0), Caffe's
+        ``LossLayer::Reshape`` reshapes that shared Blob to the 0-axis loss before the type's own Reshape reads
+        its axes (``reshape_reads_axes_after_loss_shape``): a CHECK failure at setup, a FormatError here."""
+        if cls.reshape_reads_axes_after_loss_shape and layer.top[:1] and layer.top[0] == layer.bottom[0]:
+            raise FormatError(f"layer '{layer.name}' ({layer.type}): computed in place (top '{layer.top[0]}' is "
+                              f"bottom 0): Caffe's LossLayer::Reshape makes that blob the 0-axis loss before "
+                              f"{layer.type}'s Reshape reads its axes, a CHECK failure")
         s0, s1 = tuple(bottoms[0]), tuple(bottoms[1])
         if not s0 or not s1:
             raise FormatError(f"layer '{layer.name}' ({layer.type}): LossLayer reads each bottom's first dimension, "
@@ -193,6 +202,8 @@ class EuclideanLoss(_LossLayer):
     force_backward to the target too); the bottoms need equal counts per sample, not equal shapes.  Caffe
     takes N from the legacy ``num()`` (of each bottom, in Backward), so neither may have more than 4 axes."""
 
+    reshape_reads_axes_after_loss_shape = True  # Reshape's bottom[0]->count(1): CHECK_LE(1, num_axes())
+
     def __init__(self, param, bottom_shapes, phase: str = "test"):
         super().__init__(param, bottom_shapes, phase)
         a, b = self.bottom_shapes
@@ -217,6 +228,7 @@ class _ClassAxisLoss(_LossLayer):
     tops = BlobCount(0, 2)
     default_normalization = _Norm.VALID
     log_threshold = FLT_MIN
+    reshape_reads_axes_after_loss_shape = True  # the inner Softmax's Reshape: CanonicalAxisIndex on 0 axes
 
     def _axis(self) -> int:
         raise NotImplementedError

@@ -827,10 +827,12 @@ def _run_net(path):
     phase = "train" if zlib.crc32(path.encode()) % 2 else "test"
     net = CaffeNet(path, phase=phase)
     inputs = {}
-    for name in net.input_names:
-        shape = net.blob_shapes[name]
-        fill = torch.zeros if "label" in name or name in ("idx", "sim") else torch.rand
-        inputs[name] = fill(shape)
+    for step in net.steps:  # the shapes the Input layers declare (an in-place layer may change a blob's later)
+        if step.type == "Input" and step.module_key is not None:
+            for name, shape in zip(step.tops, net.layers[step.module_key].output_shapes()):
+                if name in net.input_names:
+                    fill = torch.zeros if "label" in name or name in ("idx", "sim") else torch.rand
+                    inputs[name] = fill(shape)
     blobs = net.forward(**inputs)
     if net.loss_weights:
         objective = net.objective(blobs)

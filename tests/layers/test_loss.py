@@ -432,3 +432,28 @@ def test_softmax_and_infogain_loss_of_no_position_is_positive_zero(kind, normali
     (loss,) = port(scores, torch.tensor([2.0, 1.0]), *extra)  # one valid position: -log p, still negated
     expected = -torch.log_softmax(scores.detach()[0], 0)[2].item() / {"FULL": 2, "BATCH_SIZE": 2}.get(normalization, 1)
     assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("type_name, label_shape, extra", [
+    ("SoftmaxWithLoss", (4, 2, 3), ""),
+    ("InfogainLoss", (4, 2, 3), 'bottom: "h"'),
+    ("EuclideanLoss", (4, 5, 2, 3), ""),
+])
+def test_a_loss_computed_in_place_is_refused_as_caffe_does_at_setup(type_name, label_shape, extra):
+    """The net fuzz target's finding (``top: "score"`` on a SoftmaxWithLoss whose bottom 0 is ``score``): Caffe's
+    LossLayer::Reshape reshapes top 0, the same Blob as bottom 0, to the 0-axis loss, and the type's Reshape then
+    reads that blob's axes (softmax_loss_layer.cpp Reshape -> SoftmaxLayer::Reshape's CanonicalAxisIndex;
+    euclidean_loss_layer.cpp Reshape's count(1)): a CHECK failure.  The build accepted it, and a forward fed the
+    blob's shape after building (the scalar) raised an IndexError."""
+    from caffe_compat.net import CaffeNet
+
+    h = 'layer { name: "h" type: "Input" top: "h" input_param { shape { dim: 5 dim: 5 } } }' if extra else ""
+    dims = " ".join(f"dim: {d}" for d in label_shape)
+    text = f"""
+    layer {{ name: "score" type: "Input" top: "score" input_param {{ shape {{ dim: 4 dim: 5 dim: 2 dim: 3 }} }} }}
+    layer {{ name: "label" type: "Input" top: "label" input_param {{ shape {{ {dims} }} }} }}
+    {h}
+    layer {{ name: "loss_layer" type: "{type_name}" bottom: "score" bottom: "label" {extra} top: "score" }}"""
+    with pytest.raises(FormatError, match=f"layer 'loss_layer' \\({type_name}\\): computed in place"):
+        CaffeNet(parse_net(text))
+    CaffeNet(parse_net(text.replace('top: "score" }', 'top: "loss" }')))  # not in place: built
