@@ -151,3 +151,25 @@ def test_a_datum_label_outside_int32_is_a_format_error(label):
         make_datum(image, label)
     with pytest.raises(FormatError, match="label is an int32"):
         array_to_datum(image, label)
+
+
+_IN_PLACE_LOSS = """
+layer { name: "score" type: "Input" top: "score" input_param { shape { dim: 4 dim: 5 dim: 2 dim: 3 } } }
+layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 4 dim: 2 dim: 3 } } }
+layer { name: "loss_layer" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" top: "score" }
+"""
+
+
+@pytest.mark.parametrize("text", [_IN_PLACE_LOSS,
+                                  _IN_PLACE_LOSS.replace("SoftmaxWithLoss", "EuclideanLoss").replace(
+                                      "dim: 4 dim: 2 dim: 3", "dim: 4 dim: 5 dim: 2 dim: 3")])
+def test_net_target_a_loss_in_place_is_typed(tmp_path, monkeypatch, text):
+    """The net target's finding (seed 1, cases 758 and 1555, minimized): a loss layer computed in place, which
+    Caffe refuses at setup, was built, and the forward raised IndexError."""
+    from tests.fuzz.targets import _run_net
+
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "256M")  # what the reader sets (in its child): restored after
+    path = tmp_path / "net.prototxt"
+    path.write_text(text)
+    with pytest.raises(FormatError, match="layer 'loss_layer' .* computed in place"):
+        _run_net(str(path))
