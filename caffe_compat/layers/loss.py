@@ -181,8 +181,10 @@ class ContrastiveLossLayer(_LossLayer):
 
     def forward(self, a, b, sim):
         n = a.shape[0]
-        diff = a - b
-        diff = diff.flatten(1) if diff.dim() > 1 else diff.unsqueeze(1)  # reshape(0, -1) is ambiguous
+        # Caffe subtracts the bottoms' memory element by element (caffe_sub over count): (N, C, 1) and (N, C) pair
+        # up as two (N, C) tables, never broadcast against each other.  reshape(0, -1) is ambiguous: flatten.
+        rows = [t.flatten(1) if t.dim() > 1 else t.unsqueeze(1) for t in (a, b)]
+        diff = rows[0] - rows[1]
         similar = int_labels(sim).reshape(n) != 0
         dist_sq = (diff * diff).sum(dim=1)
         if self.legacy:

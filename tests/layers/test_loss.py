@@ -457,3 +457,20 @@ def test_a_loss_computed_in_place_is_refused_as_caffe_does_at_setup(type_name, l
     with pytest.raises(FormatError, match=f"layer 'loss_layer' \\({type_name}\\): computed in place"):
         CaffeNet(parse_net(text))
     CaffeNet(parse_net(text.replace('top: "score" }', 'top: "loss" }')))  # not in place: built
+
+
+@pytest.mark.parametrize("n", [8, 5])
+def test_contrastive_pairs_a_and_b_of_different_legacy_forms_element_by_element(n):
+    """The net fuzz target's finding: a (N, 5, 1) against b (N, 5), which Caffe's legacy CHECKs accept and its
+    Forward subtracts element by element over the count (contrastive_loss_layer.cpp Forward_cpu: caffe_sub), raised
+    torch's RuntimeError for N = 8 and broadcast to an (N, N, 5) difference, silently wrong, for N = 5."""
+    torch.manual_seed(0)
+    a, b = torch.rand(n, 5, 1, requires_grad=True), torch.rand(n, 5)
+    sim = (torch.arange(n) % 2).float()
+    layer = layer_from("ContrastiveLoss", [tuple(a.shape), tuple(b.shape), (n,)], "contrastive_loss_param { margin: 7 }")
+    flat = layer_from("ContrastiveLoss", [(n, 5), (n, 5), (n,)], "contrastive_loss_param { margin: 7 }")
+    (loss,) = layer(a, b, sim)
+    (expected,) = flat(a.detach().reshape(n, 5), b, sim)
+    assert loss.shape == () and torch.allclose(loss, expected)
+    loss.backward()
+    assert a.grad.shape == (n, 5, 1)
