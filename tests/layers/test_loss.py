@@ -467,8 +467,9 @@ def test_contrastive_pairs_a_and_b_of_different_legacy_forms_element_by_element(
     torch.manual_seed(0)
     a, b = torch.rand(n, 5, 1, requires_grad=True), torch.rand(n, 5)
     sim = (torch.arange(n) % 2).float()
-    layer = layer_from("ContrastiveLoss", [tuple(a.shape), tuple(b.shape), (n,)], "contrastive_loss_param { margin: 7 }")
-    flat = layer_from("ContrastiveLoss", [(n, 5), (n, 5), (n,)], "contrastive_loss_param { margin: 7 }")
+    margin = "contrastive_loss_param { margin: 7 }"
+    layer = layer_from("ContrastiveLoss", [tuple(a.shape), tuple(b.shape), (n,)], margin)
+    flat = layer_from("ContrastiveLoss", [(n, 5), (n, 5), (n,)], margin)
     (loss,) = layer(a, b, sim)
     (expected,) = flat(a.detach().reshape(n, 5), b, sim)
     assert loss.shape == () and torch.allclose(loss, expected)
