@@ -173,3 +173,18 @@ def test_net_target_a_loss_in_place_is_typed(tmp_path, monkeypatch, text):
     path.write_text(text)
     with pytest.raises(FormatError, match="layer 'loss_layer' .* computed in place"):
         _run_net(str(path))
+
+
+def test_net_target_contrastive_features_of_two_legacy_forms_run(tmp_path, monkeypatch):
+    """The net target's finding (seed 2, cases 863 and 1293, minimized): ContrastiveLoss on a (8, 5, 1) and a
+    (8, 5), which Caffe accepts and subtracts element by element, raised torch's RuntimeError."""
+    from tests.fuzz.targets import _run_net
+
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "256M")
+    path = tmp_path / "net.prototxt"
+    path.write_text("""force_backward: true
+    layer { name: "a" type: "Input" top: "a" input_param { shape { dim: 8 dim: 5 dim: 1 } } }
+    layer { name: "b" type: "Input" top: "b" input_param { shape { dim: 8 dim: 5 } } }
+    layer { name: "sim" type: "Input" top: "sim" input_param { shape { dim: 8 } } }
+    layer { name: "loss_layer" type: "ContrastiveLoss" bottom: "a" bottom: "b" bottom: "sim" top: "loss" }""")
+    _run_net(str(path))
