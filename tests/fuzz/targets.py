@@ -729,10 +729,24 @@ def _mutate_net(rng, net):
     layers = net.layer
     if not layers:
         return
+    inputs = [layer for layer in layers if layer.type == "Input" and layer.input_param.shape]
+    if inputs and rng.random() < 0.12:  # an Input's shape: a dimension 0, 1 or 2, an axis of 1 added or dropped
+        dims = rng.choice(rng.choice(inputs).input_param.shape).dim
+        choice = rng.random()
+        if choice < 0.4 and dims:
+            dims[rng.randrange(len(dims))] = rng.choice([0, 1, 2])
+        elif choice < 0.7:
+            moved = list(dims)
+            moved.insert(rng.randint(0, len(moved)), 1)
+            del dims[:]
+            dims.extend(moved)
+        elif dims:
+            del dims[rng.randrange(len(dims))]
+        return
     op = rng.random()
     i = rng.randrange(len(layers))
     layer = layers[i]
-    if op < 0.6:  # a parameter fd of a layer (its own *_param, param specs, loss_weight, input shapes)
+    if op < 0.6:  # a parameter field of a layer (its own *_param, param specs, loss_weight, input shapes)
         slots = [(m, f) for m, f in _param_slots(layer) if f.name not in ("name", "type", "bottom", "top")]
         if not slots:
             return
@@ -741,7 +755,7 @@ def _mutate_net(rng, net):
             _mutate_field(rng, message, fd)
         except (ValueError, TypeError):
             pass
-    elif op < 0.68:  # an unset *_param sub-message fd of the layer (often the one its type reads)
+    elif op < 0.68:  # an unset *_param sub-message field of the layer (often the one its type reads)
         from caffe_compat.layers.registry import conventional_param_message
 
         params = [f.name for f in layer.DESCRIPTOR.fields if f.name.endswith("_param") and f.name not in _SKIP_FIELDS]
