@@ -182,6 +182,10 @@ def run_lmdb(args) -> int:
     from caffe_compat.data.imageset import convert_imageset
     from caffe_compat.io.atomic import require_folder
 
+    if args.shuffle and not 0 <= args.seed < 2 ** 32:  # numpy's RandomState takes 0 .. 2**32 - 1
+        from caffe_compat.errors import CaffeCompatError
+
+        raise CaffeCompatError(f"--seed must be 0 to 2**32 - 1, got {args.seed}")
     require_folder(args.out)
     progress = not args.quiet
 

@@ -122,6 +122,10 @@ def run(args) -> int:
     from caffe_compat.export.verify import check_verify_input_path
     from caffe_compat.io.atomic import refuse_special_target, require_folder
 
+    if args.tolerance is not None and not args.tolerance >= 0:  # NaN too: no max_rel is <= NaN
+        from caffe_compat.errors import CaffeCompatError
+
+        raise CaffeCompatError(f"--tolerance must be a number >= 0, got {args.tolerance}")
     if args.compile:
         require_onnxscript()  # before any work: a missing package is one line, exit 2
     opset = default_opset(args.compile) if args.opset is None else args.opset

@@ -266,7 +266,10 @@ def export_onnx(prototxt=None, weights=None, checkpoint=None, output_blob: str |
                                    where="export" if origin == "given" else f"export ({origin})")
     if spec is None:
         origin, assumed = "assumed", assumed_preprocessing(embedder.input_shape)
-    example = example_input(embedder.input_shape, fixed or 2)
+    try:
+        example = example_input(embedder.input_shape, fixed or 2)
+    except (MemoryError, ValueError) as exc:  # numpy: "Maximum allowed dimension exceeded", "Unable to allocate"
+        raise CaffeCompatError(f"--batch {fixed}: cannot make an example batch of that size ({exc})") from None
     if compile:
         blocker = whole_graph_blocker(embedder)
         if blocker is not None:

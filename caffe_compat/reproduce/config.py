@@ -88,6 +88,9 @@ def resolve(config: ReproduceConfig) -> tuple[ReproduceConfig, ReproduceSetup]:
     max_iter = int(setup.max_iter if config.max_iter is None else config.max_iter)  # 0 is refused, not the default
     if max_iter < 1:
         raise CaffeCompatError(f"reproduce {dataset}: --max-iter must be >= 1, got {max_iter}")
+    for option, value in (("--max-iter", max_iter), ("--snapshot-every", config.snapshot_every)):
+        if value is not None and int(value) > 2 ** 31 - 1:  # int32 fields of the solver (max_iter, snapshot)
+            raise CaffeCompatError(f"reproduce {dataset}: {option} must be <= {2 ** 31 - 1}, got {value}")
     if config.weights is not None:
         require_regular_file(config.weights, "--weights",  # a FIFO, a device or a folder is named as such
                              missing=f"reproduce {dataset}: --weights {config.weights}: no such file")

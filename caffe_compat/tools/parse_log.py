@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caffe_compat.errors import DataError
+from caffe_compat.errors import CaffeCompatError, DataError
 from caffe_compat.io.safe_open import read_regular_text
 from caffe_compat.io.glog import parse_line
 
@@ -120,7 +120,10 @@ class _Table:
 
 
 def parse_log(path, year: int | None = None) -> TrainingLog:
-    """The train and test tables of the log at ``path`` (module docstring)."""
+    """The train and test tables of the log at ``path`` (module docstring).  A ``year`` outside 1..9999 (the
+    dates Python's datetime holds) is a :class:`CaffeCompatError` before the log is read."""
+    if year is not None and not 1 <= year <= 9999:
+        raise CaffeCompatError(f"--year must be 1 to 9999, got {year}")
     path = Path(path)
     try:
         text = read_regular_text(path, "the log", encoding="utf-8", errors="replace")
