@@ -23,7 +23,7 @@ import numpy as np
 
 from caffe_compat.errors import DataError, MemoryBudgetError
 from caffe_compat.io.datum_lmdb import cv_reason
-from caffe_compat.io.image_header import check_decode_budget
+from caffe_compat.io.image_header import check_decode_budget, imread
 from caffe_compat.io.safe_open import check_regular_file, memory_budget
 
 
@@ -50,7 +50,7 @@ def load_image_bgr(path: str | Path, color: bool = True, new_height: int = 0, ne
     flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
     check_decode_budget(path, f"{path}{named}", flag)  # the decoded size from the header, before OpenCV allocates it
     try:
-        image = cv2.imread(str(path), flag)
+        image = imread(path, flag)
     except cv2.error as exc:
         raise DataError(f"{path}{named}: OpenCV could not decode the image ({cv_reason(exc)})") from None
     if image is None:

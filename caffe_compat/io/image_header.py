@@ -317,3 +317,25 @@ def check_decode_budget(source, where: str, flag: int = IMREAD_COLOR,
             f"({header.depth * 8}-bit); decoding it needs {need} bytes, more than the memory budget of {budget} "
             f"bytes (CAFFE_COMPAT_MEMORY_BUDGET)")
     return header
+
+
+def imread(path, flag: int):
+    """``cv2.imread(path, flag)``, except for a path that is not UTF-8 (a file name's Latin-1 byte, which
+    Python holds as a lone surrogate): OpenCV's binding cannot convert it and the process died of a
+    segmentation fault, so its bytes are read here and decoded with ``cv2.imdecode`` (the same decoders and
+    EXIF orientation).  None where the file cannot be read or decoded, as ``cv2.imread`` gives."""
+    import cv2
+
+    text = os.fsdecode(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        import numpy as np
+
+        try:
+            with open(os.fsencode(text), "rb") as handle:
+                data = np.frombuffer(handle.read(), dtype=np.uint8)
+        except OSError:
+            return None
+        return cv2.imdecode(data, flag) if data.size else None
+    return cv2.imread(text, flag)

@@ -65,7 +65,7 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
 
     from caffe_compat.io.safe_open import check_regular_file
 
-    from caffe_compat.io.image_header import IMREAD_UNCHANGED, check_decode_budget
+    from caffe_compat.io.image_header import IMREAD_UNCHANGED, check_decode_budget, imread
 
     if check_regular_file(filename, "load_image") is None:  # could not stat it: missing (or unreadable)
         try:
@@ -76,7 +76,7 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
             pass  # no permission, a NUL byte: OpenCV's read below fails and says so
     check_decode_budget(filename, str(filename), IMREAD_UNCHANGED)
     try:
-        image = cv2.imread(str(filename), cv2.IMREAD_UNCHANGED)
+        image = imread(filename, cv2.IMREAD_UNCHANGED)
     except cv2.error as exc:
         from caffe_compat.io.datum_lmdb import cv_reason
 
