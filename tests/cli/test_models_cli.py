@@ -312,3 +312,15 @@ def test_a_file_name_on_several_cards_is_checked_against_each(cards, tmp_path, c
                                     "against another card)")
     status, out, _ = verify(deploy, "--card", "zeta", capsys=capsys)
     assert status == 1 and "picked by the file name" not in out
+
+
+def test_fetch_into_a_cache_that_is_a_file_exits_2(tmp_path):
+    """``--cache`` naming a file: one line naming the folder it cannot create (was NotADirectoryError's
+    traceback, exit 1); nothing is downloaded."""
+    from tests.cli.test_cli_errors import assert_usage_error, run_cli
+
+    cache = tmp_path / "cache"
+    cache.write_text("x")
+    done = run_cli("models", "fetch", "open_nsfw", "--cache", cache)
+    assert_usage_error(done, "models", f"{cache}/nsfw: cannot create the cache folder (Not a directory)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
