@@ -8,9 +8,22 @@ unread (an int32 flag still has to be an integer, as gflags checks)."""
 
 from __future__ import annotations
 
+
+
+def int32(text: str) -> int:
+    """An int32 gflag's value (argparse ``type``): an integer from -2**31 to 2**31 - 1, as gflags refuses
+    others ("illegal value"); ``-iterations 9223372036854775808`` had ``caffe time`` loop for ever."""
+    import argparse
+
+    value = int(text)  # not an integer: argparse's "invalid int32 value"
+    if not -2 ** 31 <= value <= 2 ** 31 - 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range for an int32 flag (-2147483648 to 2147483647)")
+    return value
+
+
 #: tools/caffe.cpp's gflags: name -> value type (DEFINE_string / DEFINE_int32)
-CAFFE_FLAGS = {"gpu": str, "solver": str, "model": str, "phase": str, "level": int, "stage": str, "snapshot": str,
-               "weights": str, "iterations": int, "sigint_effect": str, "sighup_effect": str}
+CAFFE_FLAGS = {"gpu": str, "solver": str, "model": str, "phase": str, "level": int32, "stage": str, "snapshot": str,
+               "weights": str, "iterations": int32, "sigint_effect": str, "sighup_effect": str}
 
 
 def accept_caffe_flags(p) -> None:
@@ -19,7 +32,7 @@ def accept_caffe_flags(p) -> None:
     for name, kind in CAFFE_FLAGS.items():
         if f"-{name}" not in p._option_string_actions:
             p.add_argument(f"--{name}", f"-{name}", dest=f"unused_caffe_flag_{name}", type=kind,
-                           metavar="INT" if kind is int else "VALUE",
+                           metavar="INT" if kind is int32 else "VALUE",
                            help="the caffe binary's flag, accepted and not read by this command")
 
 
@@ -28,12 +41,12 @@ def add_net_flags(p, *, weights_help: str, iterations_help: str, phase: str | No
                    help="the model definition (prototxt; data layers read their sources relative to the working "
                         "directory, as in Caffe)")
     p.add_argument("--weights", "-weights", metavar="W.caffemodel", help=weights_help)
-    p.add_argument("--iterations", "-iterations", type=int, default=50, metavar="N",
+    p.add_argument("--iterations", "-iterations", type=int32, default=50, metavar="N",
                    help=iterations_help + " (default 50, as Caffe)")
     if phase is not None:  # Caffe's get_phase_from_flags: "" is the default, else exactly TRAIN or TEST
         p.add_argument("--phase", "-phase", choices=["TRAIN", "TEST", ""], default=phase,
                        help=f"network phase, TRAIN or TEST spelt so (default, or empty: {phase}, as Caffe)")
-    p.add_argument("--level", "-level", type=int, default=0, help="network level (default 0, as Caffe)")
+    p.add_argument("--level", "-level", type=int32, default=0, help="network level (default 0, as Caffe)")
     p.add_argument("--stage", "-stage", default="", metavar="S1,S2",
                    help="network stages, comma-separated (not to be confused with the phase)")
     add_device_flags(p)

@@ -34,3 +34,29 @@ def test_unread_flags_change_nothing(capsys):
     assert "Average Forward pass" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # gflags: "illegal value 'abc' specified for int32 flag 'iterations'"
         build_parser().parse_args(["device_query", "-iterations", "abc"])
+
+
+@pytest.mark.parametrize("command, flag, value", [
+    ("time", "-iterations", str(2 ** 63)),  # looped for ever: an iteration count no int32 holds
+    ("test", "-iterations", str(2 ** 31)),
+    ("test", "-level", str(-2 ** 31 - 1)),
+    ("train", "-level", str(2 ** 31)),
+    ("device_query", "-iterations", str(2 ** 31)),  # accepted and unread, still an int32 as gflags checks
+])
+def test_int32_flags_refuse_values_beyond_int32(capsys, command, flag, value):
+    """gflags refuses an int32 flag's value outside -2**31 .. 2**31 - 1; so does our parser (exit 2 with one
+    error line, before any file is read)."""
+    with pytest.raises(SystemExit) as raised:
+        build_parser().parse_args([command, "-model", ZOO, flag, value] if command != "train"
+                                  else [command, "s.prototxt", flag, value])
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"caffe-compat {command if command != 'device_query' else 'device-query'}: error: "
+                                    f"argument --{flag[1:]}/{flag}: '{value}' is out of range for an int32 flag "
+                                    f"(-2147483648 to 2147483647)")
+    assert "Traceback" not in err
+
+
+def test_an_int32_flag_at_its_bounds_parses():
+    args = build_parser().parse_args(["test", "-model", ZOO, "-iterations", str(2 ** 31 - 1), "-level", str(-2 ** 31)])
+    assert (args.iterations, args.level) == (2 ** 31 - 1, -2 ** 31)
