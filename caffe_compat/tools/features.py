@@ -166,6 +166,14 @@ def check_request(net, blob_names, datasets, num_mini_batches: int, db_type: str
         raise CaffeCompatError(f"num_mini_batches must be >= 1, got {num_mini_batches}")
     if kind == "hdf5":
         _h5py()
+    if kind != "lmdb":  # each file's target checked before any is written: a later one refused left the first
+        from caffe_compat.errors import WriteError
+        from caffe_compat.io.atomic import refuse_special_target
+
+        for path in datasets:
+            if path.is_dir():
+                raise WriteError(f"{path}: cannot write (Is a directory)")
+            refuse_special_target(path)
     if kind == "lmdb":
         for path in datasets:
             if path.exists():
