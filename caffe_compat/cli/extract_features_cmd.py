@@ -55,6 +55,11 @@ def run(args) -> int:
             raise CaffeCompatError(f"the device id after GPU must be >= 0 (Caffe's CHECK_GE(device_id, 0)), "
                                    f"got {args.device_id!r}")
         gpu = str(gpu)
+    if args.gpu is not None:  # the -gpu flag its help offers (was parsed and not read: the CPU ran)
+        if gpu is not None:
+            raise CaffeCompatError(f"-gpu {args.gpu} and the mode GPU (device {gpu}) both choose the device; give "
+                                   f"one of them")
+        gpu = args.gpu
     device = resolve_device(gpu, args.device)
     net = build_net(args.feature_extraction_proto_file, args.pretrained_net_param, phase="test", device=device)
     inputs = load_inputs(args.input, net)

@@ -24,3 +24,22 @@ def test_a_folder_among_the_outputs_writes_none_of_them(tmp_path, db_type):
     assert done.stderr.splitlines()[-1] == "caffe-compat extract_features: error: adir: cannot write (Is a directory)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "net.prototxt"]
     assert list((tmp_path / "adir").iterdir()) == []
+
+
+def test_the_gpu_flag_is_read(tmp_path):
+    """``-gpu ID`` (offered by its help as Caffe's flag) chooses the device: on a machine without CUDA it is
+    refused as test and time refuse it (it was parsed and never read, and the CPU ran)."""
+    import torch
+
+    (tmp_path / "net.prototxt").write_text(TRAINABLE)
+    args = [WEIGHTS, "net.prototxt", "ip", "f.npy", 1, "npy"]
+    both = run_cli("extract_features", *args, "GPU", "0", "-gpu", "0", "--no-progress", cwd=tmp_path)
+    assert both.returncode == 2 and both.stderr.splitlines()[-1] == (
+        "caffe-compat extract_features: error: -gpu 0 and the mode GPU (device 0) both choose the device; give one "
+        "of them")
+    if torch.cuda.is_available():
+        return
+    done = run_cli("extract_features", *args, "-gpu", "0", "--no-progress", cwd=tmp_path)
+    assert "Traceback" not in done.stderr and done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("caffe-compat extract_features: error: -gpu 0: CUDA is not available")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.prototxt"]
