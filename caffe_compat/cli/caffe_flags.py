@@ -46,7 +46,7 @@ def add_net_flags(p, *, weights_help: str, iterations_help: str, phase: str | No
     if phase is not None:  # Caffe's get_phase_from_flags: "" is the default, else exactly TRAIN or TEST
         p.add_argument("--phase", "-phase", choices=["TRAIN", "TEST", ""], default=phase,
                        help=f"network phase, TRAIN or TEST spelt so (default, or empty: {phase}, as Caffe)")
-    p.add_argument("--level", "-level", type=int32, default=0, help="network level (default 0, as Caffe)")
+    p.add_argument("--level", "-level", type=int, default=0, help="network level (default 0, as Caffe)")
     p.add_argument("--stage", "-stage", default="", metavar="S1,S2",
                    help="network stages, comma-separated (not to be confused with the phase)")
     add_device_flags(p)

@@ -52,7 +52,7 @@ import argparse
 import logging
 import os
 
-from caffe_compat.cli.caffe_flags import accept_caffe_flags, int32
+from caffe_compat.cli.caffe_flags import accept_caffe_flags
 from caffe_compat.cli.signal_effects import EFFECTS
 
 
@@ -77,7 +77,7 @@ def register(sub) -> None:
     p.add_argument("--gpu", "-gpu", metavar="ID",
                    help="Caffe's flag: train on CUDA device ID (instead of --device; one device: several GPUs "
                         "train under torchrun)")
-    p.add_argument("--level", "-level", type=int32, default=0,
+    p.add_argument("--level", "-level", type=int, default=0,
                    help="the train net's level (default 0, as caffe train, which sets it even where the net's own "
                         "state names another)")
     p.add_argument("--stage", "-stage", default="", metavar="S1,S2",
