@@ -9,7 +9,6 @@ unread (an int32 flag still has to be an integer, as gflags checks)."""
 from __future__ import annotations
 
 
-
 def int32(text: str) -> int:
     """An int32 gflag's value (argparse ``type``): an integer from -2**31 to 2**31 - 1, as gflags refuses
     others ("illegal value"); ``-iterations 9223372036854775808`` had ``caffe time`` loop for ever."""
