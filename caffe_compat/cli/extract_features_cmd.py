@@ -12,7 +12,7 @@ Caffe's ``Extracted features of N query images for feature blob B`` lines and a 
 
 from __future__ import annotations
 
-from caffe_compat.cli.caffe_flags import add_device_flags, atoi
+from caffe_compat.cli.caffe_flags import add_device_flags, atoi, int32
 from caffe_compat.errors import CaffeCompatError
 
 
@@ -23,7 +23,7 @@ def register(sub) -> None:
     p.add_argument("feature_extraction_proto_file", help="the net (prototxt) with its data layer")
     p.add_argument("extract_feature_blob_names", help="blob name(s) to extract, comma-separated")
     p.add_argument("save_feature_dataset_names", help="one output path per blob, comma-separated")
-    p.add_argument("num_mini_batches", type=int, help="number of forward passes (mini-batches)")
+    p.add_argument("num_mini_batches", type=int32, help="number of forward passes (mini-batches; an int, as Caffe's)")
     p.add_argument("db_type", help="lmdb (Caffe's Datum records), npy or hdf5")
     p.add_argument("mode", nargs="?", default="CPU",
                    help="GPU, or CPU (the default; as Caffe, any word other than GPU, lower case too, means CPU)")

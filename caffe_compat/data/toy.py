@@ -58,7 +58,8 @@ import cv2
 import numpy as np
 
 from caffe_compat.data.vehicleid import TEST_SIZES
-from caffe_compat.errors import DataError
+from caffe_compat.errors import DataError, MemoryBudgetError
+from caffe_compat.io.safe_open import memory_budget
 
 KINDS = ("cub", "sop", "vehicleid")
 TOY_TEST_SIZES = {"small": 8, "medium": 16, "large": 24}
@@ -136,6 +137,13 @@ def _write_lines(path: Path, lines: list[str]) -> None:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
+#: The largest image side: libjpeg's limit (JPEG_MAX_DIMENSION), as the toy sets are JPEG files.
+MAX_SIDE = 65500
+#: What rendering one image holds at its peak, per pixel: the float32 resize and its two rounding temporaries
+#: (12 bytes), the uint8 plane, then three tinted planes, the merged BGR image and the JPEG being encoded.
+RENDER_BYTES_PER_PIXEL = 16
+
+
 def make_toy_data(
     kind: str,
     out_dir: str | Path,
@@ -151,8 +159,12 @@ def make_toy_data(
     """
     if kind not in KINDS:
         raise DataError(f"toy data kind must be one of {KINDS}, got {kind!r}")
-    if size < 8:
-        raise DataError(f"toy data image size must be >= 8 pixels, got {size}")
+    if not 8 <= size <= MAX_SIDE:
+        raise DataError(f"toy data image size must be 8..{MAX_SIDE} pixels (JPEG's largest side), got {size}")
+    need, budget = RENDER_BYTES_PER_PIXEL * size * size, memory_budget()
+    if need > budget:  # one image at a time, before OpenCV is asked to resize to it
+        raise MemoryBudgetError(f"toy data: an image of {size} x {size} pixels needs {need} bytes, more than the "
+                                f"memory budget of {budget} bytes (CAFFE_COMPAT_MEMORY_BUDGET)")
     default_classes, default_count = _DEFAULTS[kind]
     num_classes = default_classes if num_classes is None else int(num_classes)
     minimum = TOY_TEST_SIZES["large"] + 2 if kind == "vehicleid" else 2

@@ -43,3 +43,15 @@ def test_the_gpu_flag_is_read(tmp_path):
     assert "Traceback" not in done.stderr and done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1].startswith("caffe-compat extract_features: error: -gpu 0: CUDA is not available")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net.prototxt"]
+
+
+@pytest.mark.parametrize("count", [2 ** 31, 2 ** 63])
+def test_a_batch_count_beyond_int_is_refused_in_one_line(tmp_path, count):
+    """Caffe reads num_mini_batches into an ``int``: a larger count is refused when the arguments are parsed (its
+    message was numpy's OverflowError, "Python int too large to convert to C long", after the net was built)."""
+    (tmp_path / "net.prototxt").write_text(TRAINABLE)
+    done = run_cli("extract_features", WEIGHTS, "net.prototxt", "ip", "f.npy", count, "npy", "--no-progress",
+                   cwd=tmp_path)
+    assert "Traceback" not in done.stderr and done.returncode == 2, done.stderr
+    assert "out of range for an int32" in done.stderr and "OverflowError" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.prototxt"]

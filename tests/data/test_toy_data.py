@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 
 from caffe_compat.data import labels_of, make_toy_data, read_cub200, read_sop
 from caffe_compat.data.toy import style_name
-from caffe_compat.errors import DataError
+from caffe_compat.errors import DataError, MemoryBudgetError
 
 
 def _tree_files(root):
@@ -137,3 +137,18 @@ def test_failure_midway_leaves_no_partial_tree(tmp_path, monkeypatch):
         make_toy_data("cub", tmp_path / "cub", size=16)
     assert len(calls) == 5 and calls[0].is_relative_to(tmp_path) and not calls[0].is_relative_to(tmp_path / "cub")
     assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary sibling exists
+
+
+@pytest.mark.parametrize("size, error, match", [
+    (7, DataError, "8..65500 pixels"),
+    (65501, DataError, "8..65500 pixels"),             # libjpeg's largest side
+    (2 ** 63, DataError, "8..65500 pixels"),           # was OpenCV's "Can't parse 'dsize'" traceback
+    (1000, MemoryBudgetError, "1000 x 1000 pixels needs 16000000 bytes"),
+])
+def test_an_image_size_out_of_reach_is_refused_before_anything_is_written(tmp_path, monkeypatch, size, error, match):
+    """The side must fit a JPEG, and rendering one image (16 bytes a pixel at its peak) the memory budget:
+    --size 60000 was killed by the kernel for want of memory (rc 137), 2**63 a traceback from OpenCV."""
+    monkeypatch.setenv("CAFFE_COMPAT_MEMORY_BUDGET", "8M")
+    with pytest.raises(error, match=match):
+        make_toy_data("cub", tmp_path / "toy", size=size)
+    assert not (tmp_path / "toy").exists()
