@@ -127,9 +127,14 @@ def _class_members(num_classes: int, counts: np.ndarray, targets: np.ndarray, se
 
 
 def _write(path: Path, image: np.ndarray) -> None:
+    """Encode in memory and write the bytes ourselves: ``cv2.imwrite`` (the same encoder and defaults) kills the
+    process with a segmentation fault on a path that is not UTF-8, as ``cv2.imread`` does
+    (:func:`~caffe_compat.io.image_header.imread`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not cv2.imwrite(str(path), image):
-        raise DataError(f"{path}: OpenCV could not write the image")
+    ok, encoded = cv2.imencode(path.suffix, image)
+    if not ok:
+        raise DataError(f"{path}: OpenCV could not encode the image")
+    path.write_bytes(encoded.tobytes())
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:

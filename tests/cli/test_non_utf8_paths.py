@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from caffe_compat.io.image_header import imread
-from tests.cli.test_cli_errors import run_cli
+from tests.cli.test_cli_errors import REPO, run_cli
 from tests.conftest import fixture_path
 
 NET = fixture_path("nets/googlenet_small/deploy.prototxt")
@@ -39,3 +39,17 @@ def test_export_verify_input_with_a_latin1_name_exits_2(tmp_path):
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "could not open or find the image (OpenCV could not decode it)" in done.stderr
     assert sorted(os.listdir(os.fsencode(tmp_path))) == [LATIN + b".txt"]  # no temporary model left
+
+
+def test_make_toy_data_into_a_latin1_folder_writes_its_images(tmp_path):
+    """``cv2.imwrite`` on such a path died of a segmentation fault too (exit -11): the toy sets encode in memory
+    and write the bytes (the same encoder and defaults, so the same files)."""
+    import subprocess
+    import sys
+
+    out = os.fsencode(tmp_path) + b"/" + LATIN
+    done = subprocess.run([sys.executable, "-m", "caffe_compat.cli", "make-toy-data", "cub", out, "--size", "16"],
+                          capture_output=True, timeout=120, cwd=REPO)  # bytes: stdout names the folder
+    assert b"Traceback" not in done.stderr and done.returncode == 0, (done.returncode, done.stderr)
+    images = [os.path.join(top, name) for top, _, names in os.walk(out) for name in names if name.endswith(b".jpg")]
+    assert images and imread(os.fsdecode(images[0]), cv2.IMREAD_COLOR).shape == (16, 16, 3)
