@@ -34,6 +34,7 @@ RATIO_CONVENTION = "ratio = peer time ÷ our time (> 1: ours faster)"
 CAFFE_REFERENCE = {
     "AMD EPYC": {
         "machine": "2-vCPU AMD EPYC VM (AVX2+FMA)",
+        "capability": "AVX2",
         "fappy": {(128, 512, 10, 1e-2): 0.261, (128, 512, 10, 1e-3): 0.361, (128, 512, 10, 1e-4): 0.714,
                   (150, 1024, 16, 1e-4): 1.607},
         "fappy_inputs": ("standard-normal features, not this script's batches (the layer's time barely depends "
@@ -42,6 +43,7 @@ CAFFE_REFERENCE = {
     },
     "Intel Xeon": {
         "machine": "2-vCPU Intel Xeon VM (family 6 model 207, AVX-512, no AMX)",
+        "capability": "AVX512",
         "fappy": {(128, 512, 10, 1e-2): 0.315, (128, 512, 10, 1e-3): 0.408, (128, 512, 10, 1e-4): 0.943,
                   (150, 1024, 16, 1e-4): 2.108},
         "fappy_inputs": "this script's own batches, as ours",
@@ -83,13 +85,21 @@ def print_header(peer: str) -> None:
 
 
 def caffe_reference() -> tuple[dict | None, str]:
-    """Real Caffe's times recorded on this CPU's class, and a line saying which (or that none applies)."""
+    """Real Caffe's times recorded on this CPU's class, and a line saying which (or that none applies, or that
+    this CPU's vector extensions differ from those of the machine the column was timed on)."""
     kind = cpu_class()
     if kind is None:
         return None, (f"real Caffe (README section 6) was timed on AMD EPYC and Intel Xeon VMs only; this CPU "
                       f"({cpu_model_name()}) is neither, so no ratio against it is printed")
     table = CAFFE_REFERENCE[kind]
-    return table, f"real Caffe reference: the {table['machine']} column of README section 6 (this CPU is {kind})"
+    note = f"real Caffe reference: the {table['machine']} column of README section 6 (this CPU is {kind}"
+    capability = cpu_capability()
+    if capability and capability.upper() != table["capability"]:
+        # one class name covers several microarchitectures (an AVX2 EPYC and an AVX-512 one were both seen here):
+        # the vector width changes real Caffe's time too, so the column was timed on another machine
+        return table, (f"{note}, but its torch CPU capability is {capability}, the column's machine's "
+                       f"{table['capability']}: the ratios are against another machine, not this CPU)")
+    return table, note + ")"
 
 
 def fmt_ratio(peer_seconds: float | None, our_seconds: float | None, width: int = 8, digits: int = 2) -> str:
