@@ -9,18 +9,18 @@ wire format: a varint key ``field << 3 | wire type``, then a varint, 4 or 8 byte
 and that many bytes); each packed ``data``/``double_data`` run becomes a read-only numpy view of the
 mapped file, and the one copy is the caller's copy into its own tensors.
 
-Fields used (names and numbers of caffe.proto): NetParameter ``layer`` = 100 (LayerParameter:
-``name`` = 1, ``blobs`` = 7); BlobProto ``num, channels, height, width`` = 1-4, ``data`` = 5 (packed
-float), ``double_data`` = 8 (packed double), ``shape`` = 7 (BlobShape ``dim`` = 1, packed int64).
-Protobuf's merge rules are kept: a repeated field may come in several runs (concatenated), the last
-``name`` wins, ``shape`` messages merge, an ``int32`` keeps the low 32 bits of its varint and any varint
-its low 64.  The fields it does not use are checked as protobuf's parser checks them (the framing of
-every known sub-message per caffe.proto's descriptors, packed runs whole), so it accepts only bytes
-that protobuf accepts, with the same values — ``tests/io/test_weights_differential.py`` compares both on
-thousands of mutated caffemodels.  Anything else — legacy ``layers`` (V1/V0, which need Caffe's
-upgrade), a text file, unpacked floats, a known field with another wire type, groups, invalid UTF-8 in a
-name, a truncated or corrupt file — is :class:`Deferred` to :func:`caffe_compat.io.read_net`, which
-upgrades the net and raises the precise error.
+Fields used (names and numbers of caffe.proto): NetParameter ``layer`` = 100, LayerParameter ``blobs`` = 7,
+BlobProto ``data`` = 5, ``diff`` = 6 (packed float), ``double_data`` = 8, ``double_diff`` = 9 (packed double):
+the walk in Python goes no deeper than a blob and only locates those packed runs.  Every other byte (the
+net's fields, each layer's name, type and parameters, each blob's dims and shape) is copied, framed as it
+was, into one small NetParameter that protobuf's own parser reads: protobuf decides on that part exactly as
+on the whole file (wire types, UTF-8, nesting depth, merging, the last ``name`` winning, an int32 keeping
+the low 32 bits of its varint), and the blob shapes and layer names come from its parse.  So the reader
+accepts only bytes that protobuf accepts, with the same values — ``tests/io/test_weights_differential.py``
+compares both on thousands of mutated caffemodels.  Anything else — legacy ``layers`` (V1/V0, which need
+Caffe's upgrade), a text file, unpacked floats, a group directly in the net, a layer or a blob, a
+truncated or corrupt file — is :class:`Deferred` to :func:`caffe_compat.io.read_net`,
+which upgrades the net and raises the precise error.
 ``double_data`` wins over ``data`` when present, as in ``Blob::FromProto``; so does ``double_diff`` over
 ``diff`` (fields 6 and 9: the diffs a ``snapshot_diff: true`` snapshot carries, which ``FromProto`` copies
 into the blob's diff too).
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from caffe_compat.io.blobs import blob_shape, is_legacy
 from caffe_compat.io.path_or_text import is_existing_file
@@ -43,11 +44,9 @@ from caffe_compat.proto import caffe_pb2
 
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
 _NET_LAYER, _NET_LEGACY_LAYERS = 100, 2
-_LAYER_NAME, _LAYER_BLOBS = 1, 7
-_BLOB_LEGACY_DIMS = (1, 2, 3, 4)
-_BLOB_DATA, _BLOB_SHAPE, _BLOB_DOUBLE_DATA = 5, 7, 8
+_LAYER_BLOBS = 7
+_BLOB_DATA, _BLOB_DOUBLE_DATA = 5, 8
 _BLOB_DIFF, _BLOB_DOUBLE_DIFF = 6, 9
-_SHAPE_DIM = 1
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,6 @@ def parse_in_place(buf) -> list[tuple[str, list[StoredBlob]]]:
 
 
 _MASK64, _MASK32 = (1 << 64) - 1, (1 << 32) - 1
-_MAX_DEPTH = 100  # protobuf's default recursion limit
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
@@ -154,21 +152,13 @@ def _varint(buf, pos: int) -> tuple[int, int]:
             raise ValueError("varint longer than 10 bytes")
 
 
-def _int32(value: int) -> int:
-    """An ``int32`` field's value from its varint: protobuf keeps the low 32 bits, then the sign."""
-    value &= _MASK32
-    return value - (1 << 32) if value >= 1 << 31 else value
-
-
-def _int64(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
 def _fields(buf, pos: int, end: int):
-    """``(field number, wire type, value)`` of the message in ``buf[pos:end]``; the value of a
-    length-delimited field is its ``(start, stop)``, of a varint its integer, of fixed fields None.
-    (One-byte tags and values, nearly all of a caffemodel's, are decoded inline: the same numbers.)"""
+    """``(field number, wire type, value, start, stop)`` of the message in ``buf[pos:end]``: ``buf[start:stop]``
+    is the whole field, key included; the value of a length-delimited field is its ``(start, stop)``, of a
+    varint its integer, of fixed fields None.  (One-byte tags and values, nearly all of a caffemodel's, are
+    decoded inline: the same numbers.)"""
     while pos < end:
+        start = pos
         key = buf[pos]
         if key < 0x80:
             pos += 1
@@ -193,119 +183,109 @@ def _fields(buf, pos: int, end: int):
             raise Deferred  # groups (not in caffe.proto), a stray end-group, wire types 6 and 7
         if pos > end or field == 0:
             raise ValueError("field runs past its message")
-        yield field, wire, value
+        yield field, wire, value, start, pos
 
 
-# -- protobuf's checks of the fields the fast reader does not use ------------------------------------
-# protobuf parses every known field of every message (a LayerParameter's convolution_param, a blob's
-# diff, the net's state), so corruption there is corruption of the file: the fast reader checks those
-# fields' framing against caffe.proto's descriptors, and defers to protobuf on anything it does not
-# model exactly (a known field with another wire type, groups).
-
-_F = caffe_pb2.NetParameter.DESCRIPTOR.fields_by_name["layer"].__class__  # FieldDescriptor
-_VARINT_TYPES = {_F.TYPE_INT32, _F.TYPE_INT64, _F.TYPE_UINT32, _F.TYPE_UINT64, _F.TYPE_SINT32, _F.TYPE_SINT64,
-                 _F.TYPE_BOOL, _F.TYPE_ENUM}
-_FIXED32_TYPES = {_F.TYPE_FIXED32, _F.TYPE_SFIXED32, _F.TYPE_FLOAT}
-_FIXED64_TYPES = {_F.TYPE_FIXED64, _F.TYPE_SFIXED64, _F.TYPE_DOUBLE}
+# -- everything but the blobs' values, parsed by protobuf ---------------------------------------------
+# The walk locates the blobs' packed value runs and nothing else.  Every other byte of the file (the net's
+# own fields; each layer's name, type, convolution_param, ...; each blob's dims and shape) is copied, framed
+# as it was, into one small NetParameter that protobuf's parser reads: protobuf decides on that part exactly
+# as on the whole file (wire types, UTF-8 of the strings, the nesting depth, merged sub-messages, the last
+# ``name`` winning, an int32 keeping the low 32 bits of its varint), and the walk never goes below a blob.
 
 
-def _is_repeated(field) -> bool:
-    flag = getattr(field, "is_repeated", None)  # protobuf >= 5.28; protobuf 7 dropped `label`
-    return bool(flag) if flag is not None else field.label == _F.LABEL_REPEATED
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
-def _check_field(buf, descriptor, number: int, wire: int, value, depth: int) -> None:
-    """Check one field of a message of type ``descriptor`` as protobuf's parser would (ValueError when it
-    is corrupt, :class:`Deferred` when protobuf must decide)."""
-    field = descriptor.fields_by_number.get(number)
-    if field is None:
-        return  # an unknown field: protobuf keeps it as is, its framing is all that is checked
-    kind = field.type
-    if kind == _F.TYPE_MESSAGE:
-        if wire != _BYTES:
-            raise Deferred
-        _check_message(buf, *value, field.message_type, depth + 1)
-    elif kind in (_F.TYPE_STRING, _F.TYPE_BYTES):
-        if wire != _BYTES:
-            raise Deferred
-    elif wire == _BYTES:
-        if not _is_repeated(field):
-            raise Deferred
-        start, stop = value
-        if kind in _VARINT_TYPES:
-            pos = start
-            while pos < stop:
-                _, pos = _varint(buf, pos)
-            if pos != stop:
-                raise ValueError("packed varints overrun their field")
-        elif (stop - start) % (4 if kind in _FIXED32_TYPES else 8):
-            raise ValueError("packed run is not a whole number of values")
-    elif wire != (_VARINT if kind in _VARINT_TYPES else _FIXED32 if kind in _FIXED32_TYPES
-                  else _FIXED64 if kind in _FIXED64_TYPES else -1):
-        raise Deferred
+_LAYER_KEY = _varint_bytes(_NET_LAYER << 3 | _BYTES)
+_BLOBS_KEY = _varint_bytes(_LAYER_BLOBS << 3 | _BYTES)
 
 
-def _check_message(buf, pos: int, end: int, descriptor, depth: int) -> None:
-    if depth > _MAX_DEPTH:
-        raise Deferred
-    for number, wire, value in _fields(buf, pos, end):
-        _check_field(buf, descriptor, number, wire, value, depth)
+def _without(buf, pos: int, end: int, cuts: list) -> bytes:
+    """``buf[pos:end]`` with each field ``(start, stop, replacement)`` of ``cuts`` (in order) replaced."""
+    parts = []
+    for start, stop, replacement in cuts:
+        parts += (buf[pos:start], replacement)
+        pos = stop
+    parts.append(buf[pos:end])
+    return b"".join(parts)
 
 
-_NET, _LAYER, _BLOB, _SHAPE = (caffe_pb2.NetParameter.DESCRIPTOR, caffe_pb2.LayerParameter.DESCRIPTOR,
-                               caffe_pb2.BlobProto.DESCRIPTOR, caffe_pb2.BlobShape.DESCRIPTOR)
+def _framed(key: bytes, body: bytes) -> bytes:
+    return key + _varint_bytes(len(body)) + body
 
 
 def _net_layers(buf, pos: int, end: int) -> list[tuple[str, list[StoredBlob]]]:
-    layers = []
-    for field, wire, value in _fields(buf, pos, end):
-        if field == _NET_LEGACY_LAYERS:
-            raise Deferred  # V1/V0 layers: Caffe upgrades them first
+    cuts, runs_of = [], []
+    for field, wire, value, start, stop in _fields(buf, pos, end):
         if field == _NET_LAYER and wire == _BYTES:
-            layers.append(_layer(buf, *value))
-        else:
-            _check_field(buf, _NET, field, wire, value, 1)
-    return layers
+            body, runs = _layer(buf, *value)
+            cuts.append((start, stop, _framed(_LAYER_KEY, body)))
+            runs_of.append(runs)
+        elif field == _NET_LEGACY_LAYERS:
+            raise Deferred  # V1/V0 layers: Caffe upgrades them first
+    try:
+        net = caffe_pb2.NetParameter.FromString(_without(buf, pos, end, cuts))
+    except (DecodeError, RecursionError):
+        raise Deferred from None  # read_net names the problem
+    return [(layer.name, [_stored_in_place(blob, blob_runs) for blob, blob_runs in zip(layer.blobs, runs, strict=True)])
+            for layer, runs in zip(net.layer, runs_of, strict=True)]
 
 
-def _layer(buf, pos: int, end: int) -> tuple[str, list[StoredBlob]]:
-    name, blobs = "", []
-    for field, wire, value in _fields(buf, pos, end):
-        if field == _LAYER_NAME and wire == _BYTES:
-            name = bytes(buf[value[0]:value[1]]).decode("utf-8")  # invalid UTF-8: protobuf decides
-        elif field == _LAYER_BLOBS and wire == _BYTES:
-            blobs.append(_blob(buf, *value))
-        else:
-            _check_field(buf, _LAYER, field, wire, value, 2)
-    return name, blobs
+def _layer(buf, pos: int, end: int) -> tuple[bytes, list]:
+    """The layer's bytes without its blobs' values, and each blob's ``(value runs, legacy fields seen)``."""
+    cuts, runs = [], []
+    for field, wire, value, start, stop in _fields(buf, pos, end):
+        if field == _LAYER_BLOBS and wire == _BYTES:
+            body, blob_runs = _blob(buf, *value)
+            cuts.append((start, stop, _framed(_BLOBS_KEY, body)))
+            runs.append(blob_runs)
+    return (_without(buf, pos, end, cuts) if cuts else buf[pos:end]), runs
 
 
-def _blob(buf, pos: int, end: int) -> StoredBlob:
-    legacy, dims = {}, []
-    runs = {_BLOB_DATA: [], _BLOB_DOUBLE_DATA: [], _BLOB_DIFF: [], _BLOB_DOUBLE_DIFF: []}
-    for field, wire, value in _fields(buf, pos, end):
-        if field in _BLOB_LEGACY_DIMS and wire == _VARINT:
-            legacy[field] = _int32(value)
-        elif field == _BLOB_SHAPE and wire == _BYTES:
-            dims.extend(_shape_dims(buf, *value))
-        elif field in runs:
+def _blob(buf, pos: int, end: int) -> tuple[bytes, tuple[dict, bool]]:
+    """The blob's bytes without its ``data``/``diff`` runs; those runs by field number, and whether a field
+    numbered as a legacy dimension (``num`` .. ``width``) is there."""
+    cuts, runs, legacy = [], {}, False
+    for field, wire, value, start, stop in _fields(buf, pos, end):
+        if field in _VALUE_DTYPES:
             if wire != _BYTES:
                 raise Deferred  # one unpacked value per field: valid, rare, left to protobuf
-            runs[field].append(_packed(buf, value, "<f8" if field in (_BLOB_DOUBLE_DATA, _BLOB_DOUBLE_DIFF) else "<f4"))
-        else:
-            _check_field(buf, _BLOB, field, wire, value, 3)
-    if legacy:
-        shape = tuple(legacy.get(f, 0) for f in _BLOB_LEGACY_DIMS)  # proto2 defaults 0
-    else:
-        shape = tuple(dims)
-    values = _first_present(_joined(runs[_BLOB_DOUBLE_DATA]), _joined(runs[_BLOB_DATA]))
-    diff = _first_present(_joined(runs[_BLOB_DOUBLE_DIFF]), _joined(runs[_BLOB_DIFF]))
-    return StoredBlob(shape, bool(legacy), np.zeros(0, np.float32) if values is None else values, diff)
+            runs.setdefault(field, []).append(_packed(buf, value, _VALUE_DTYPES[field]))
+            cuts.append((start, stop, b""))
+        elif field <= 4:
+            legacy = True
+    return _without(buf, pos, end, cuts), (runs, legacy)
 
 
-def _joined(runs: list) -> np.ndarray | None:
+_VALUE_DTYPES = {_BLOB_DATA: "<f4", _BLOB_DIFF: "<f4", _BLOB_DOUBLE_DATA: "<f8", _BLOB_DOUBLE_DIFF: "<f8"}
+_NO_VALUES = np.zeros(0, np.float32)
+_NO_VALUES.flags.writeable = False
+
+
+def _stored_in_place(blob: caffe_pb2.BlobProto, found: tuple[dict, bool]) -> StoredBlob:
+    """A StoredBlob from protobuf's parse of the blob's dims and shape and the walk's value runs (protobuf is
+    asked about the legacy dims only where a field of their numbers was there)."""
+    runs, maybe_legacy = found
+    legacy = maybe_legacy and is_legacy(blob)
+    shape = (blob.num, blob.channels, blob.height, blob.width) if legacy else tuple(blob.shape.dim)
+    if len(runs) == 1 and _BLOB_DATA in runs:  # the usual blob: float data, no diff
+        values = _joined(runs[_BLOB_DATA])
+        return StoredBlob(shape, legacy, _NO_VALUES if values is None else values)
+    values = _first_present(_joined(runs.get(_BLOB_DOUBLE_DATA)), _joined(runs.get(_BLOB_DATA)))
+    diff = _first_present(_joined(runs.get(_BLOB_DOUBLE_DIFF)), _joined(runs.get(_BLOB_DIFF)))
+    return StoredBlob(shape, legacy, _NO_VALUES if values is None else values, diff)
+
+
+def _joined(runs: list | None) -> np.ndarray | None:
     """The values of a packed field given in ``runs`` (protobuf concatenates them), None when it has none."""
-    values = runs[0] if len(runs) == 1 else np.concatenate(runs) if runs else None
+    values = runs[0] if runs and len(runs) == 1 else np.concatenate(runs) if runs else None
     return values if values is not None and values.size else None
 
 
@@ -316,27 +296,10 @@ def _first_present(doubles: np.ndarray | None, floats: np.ndarray | None) -> np.
 
 def _packed(buf, value, dtype: str) -> np.ndarray:
     start, stop = value
-    itemsize = np.dtype(dtype).itemsize
+    itemsize = 8 if dtype == "<f8" else 4
     if (stop - start) % itemsize:
         raise ValueError("packed run is not a whole number of values")
     return np.frombuffer(buf, dtype=dtype, count=(stop - start) // itemsize, offset=start)
-
-
-def _shape_dims(buf, pos: int, end: int) -> list[int]:
-    dims = []
-    for field, wire, value in _fields(buf, pos, end):
-        if field == _SHAPE_DIM and wire == _VARINT:
-            dims.append(_int64(value))
-        elif field == _SHAPE_DIM and wire == _BYTES:
-            p, stop = value
-            while p < stop:
-                dim, p = _varint(buf, p)
-                dims.append(_int64(dim))
-            if p != stop:
-                raise ValueError("packed dims overrun")
-        else:
-            _check_field(buf, _SHAPE, field, wire, value, 4)
-    return dims
 
 
 def mismatch_message(files: str, net_name: str, ignored: list[str], left: list[str]) -> str:
