@@ -222,16 +222,9 @@ def _framed(key: bytes, body: bytes) -> bytes:
 
 
 def _net_layers(buf, pos: int, end: int) -> list[tuple[str, list[StoredBlob]]]:
-    cuts, runs_of = [], []
-    for field, wire, value, start, stop in _fields(buf, pos, end):
-        if field == _NET_LAYER and wire == _BYTES:
-            body, runs = _layer(buf, *value)
-            cuts.append((start, stop, _framed(_LAYER_KEY, body)))
-            runs_of.append(runs)
-        elif field == _NET_LEGACY_LAYERS:
-            raise Deferred  # V1/V0 layers: Caffe upgrades them first
+    body, runs_of = _without_values(buf, pos, end, _NET_LAYER, _LAYER_KEY, _layer, deferring=_NET_LEGACY_LAYERS)
     try:
-        net = caffe_pb2.NetParameter.FromString(_without(buf, pos, end, cuts))
+        net = caffe_pb2.NetParameter.FromString(body)
     except (DecodeError, RecursionError):
         raise Deferred from None  # read_net names the problem
     return [(layer.name, [_stored_in_place(blob, blob_runs) for blob, blob_runs in zip(layer.blobs, runs, strict=True)])
@@ -240,13 +233,23 @@ def _net_layers(buf, pos: int, end: int) -> list[tuple[str, list[StoredBlob]]]:
 
 def _layer(buf, pos: int, end: int) -> tuple[bytes, list]:
     """The layer's bytes without its blobs' values, and each blob's ``(value runs, legacy fields seen)``."""
-    cuts, runs = [], []
+    return _without_values(buf, pos, end, _LAYER_BLOBS, _BLOBS_KEY, _blob)
+
+
+def _without_values(buf, pos: int, end: int, number: int, key: bytes, read_child,
+                    deferring: int | None = None) -> tuple[bytes, list]:
+    """The message ``buf[pos:end]`` with each sub-message field ``number`` replaced by ``read_child``'s copy of
+    it (framed with ``key``), and what ``read_child`` found in each, in order; :class:`Deferred` at a field
+    ``deferring`` (the net's legacy V1/V0 ``layers``: Caffe upgrades them first)."""
+    cuts, found = [], []
     for field, wire, value, start, stop in _fields(buf, pos, end):
-        if field == _LAYER_BLOBS and wire == _BYTES:
-            body, blob_runs = _blob(buf, *value)
-            cuts.append((start, stop, _framed(_BLOBS_KEY, body)))
-            runs.append(blob_runs)
-    return (_without(buf, pos, end, cuts) if cuts else buf[pos:end]), runs
+        if field == number and wire == _BYTES:
+            body, inner = read_child(buf, *value)
+            cuts.append((start, stop, _framed(key, body)))
+            found.append(inner)
+        elif field == deferring:
+            raise Deferred
+    return (_without(buf, pos, end, cuts) if cuts else buf[pos:end]), found
 
 
 def _blob(buf, pos: int, end: int) -> tuple[bytes, tuple[dict, bool]]:
