@@ -277,7 +277,7 @@ def _stored_in_place(blob: caffe_pb2.BlobProto, found: tuple[dict, bool]) -> Sto
     asked about the legacy dims only where a field of their numbers was there)."""
     runs, maybe_legacy = found
     legacy = maybe_legacy and is_legacy(blob)
-    shape = (blob.num, blob.channels, blob.height, blob.width) if legacy else tuple(blob.shape.dim)
+    shape = blob_shape(blob) if legacy else tuple(blob.shape.dim)
     if len(runs) == 1 and _BLOB_DATA in runs:  # the usual blob: float data, no diff
         values = _joined(runs[_BLOB_DATA])
         return StoredBlob(shape, legacy, _NO_VALUES if values is None else values)

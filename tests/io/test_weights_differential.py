@@ -116,8 +116,8 @@ print(len(found), found[:3])
 
 def test_mutations_agree_with_protobufs_pure_python_backend_too():
     """The in-place reader hands all but the blobs' values to the protobuf installed, so it agrees with its
-    pure-Python backend as with upb (which, unlike upb, refuses invalid UTF-8 in every string field of
-    caffe.proto's proto2 messages: the reader that checked the fields itself disagreed on 8 of these 250)."""
+    pure-Python backend as with upb (that backend, unlike upb, refuses invalid UTF-8 in every string field
+    of caffe.proto's proto2 messages: the reader that checked the fields itself disagreed on 8 of these 250)."""
     env = dict(os.environ, PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="python")
     child = subprocess.run([sys.executable, "-c", _PURE_PYTHON_CHILD], capture_output=True, text=True, cwd=REPO,
                            env=env, timeout=600, check=False)
